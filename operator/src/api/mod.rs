@@ -1,0 +1,3 @@
+//! Custom resource types. `v1alpha1` is the single source of truth for the CRD schema: the doc
+//! comments on its fields become the descriptions `kubectl explain` shows.
+pub mod v1alpha1;

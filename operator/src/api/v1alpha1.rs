@@ -1,0 +1,274 @@
+//! `gatehouse.dev/v1alpha1`.
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// API group of every Gatehouse resource.
+pub const GROUP: &str = "gatehouse.dev";
+
+/// A Policy mutates and/or validates the objects it matches. Gatehouse wires each Policy into one
+/// entry of its MutatingWebhookConfiguration (when `mutate` is set) and one of its
+/// ValidatingWebhookConfiguration (when `validate` is set).
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "gatehouse.dev",
+    version = "v1alpha1",
+    kind = "Policy",
+    plural = "policies",
+    shortname = "gpol",
+    status = "PolicyStatus",
+    printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority"}"#,
+    printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicySpec {
+    /// Order among mutating Policies: lower runs first, ties are broken by name.
+    #[serde(default = "default_priority")]
+    pub priority: i32,
+
+    /// Which requests this Policy applies to.
+    #[serde(rename = "match")]
+    pub match_: MatchSpec,
+
+    /// What the API server does when the webhook cannot be reached or an expression fails at run
+    /// time: `Fail` rejects the request, `Ignore` admits it.
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+
+    /// How long the API server waits for this Policy's webhook, in seconds.
+    #[serde(default = "default_timeout_seconds")]
+    #[schemars(range(min = 1, max = 30))]
+    pub timeout_seconds: i32,
+
+    /// `IfNeeded` asks the API server to call this Policy's mutating webhook again when a later
+    /// mutating webhook changed the object. Gatehouse mutations are idempotent, so this is safe.
+    #[serde(default)]
+    pub reinvocation_policy: ReinvocationPolicy,
+
+    /// Mutations, applied in order. Each is idempotent: applying it twice equals applying it once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mutate: Vec<Mutation>,
+
+    /// CEL rules the (final, mutated) object must satisfy.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub validate: Vec<ValidationRule>,
+}
+
+fn default_priority() -> i32 {
+    100
+}
+
+fn default_timeout_seconds() -> i32 {
+    10
+}
+
+/// Which requests a Policy applies to. Same meaning as the matching fields of an
+/// admissionregistration.k8s.io/v1 webhook.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MatchSpec {
+    /// Operations and resources this Policy matches; a request matches when any rule matches.
+    #[schemars(length(min = 1))]
+    pub rules: Vec<Rule>,
+
+    /// Only objects in namespaces whose labels match. Gatehouse always adds an exclusion of
+    /// kube-system and its own namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace_selector: Option<LabelSelector>,
+
+    /// Only objects whose labels match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_selector: Option<LabelSelector>,
+
+    /// CEL match conditions, evaluated by the API server before it calls the webhook
+    /// (`matchConditions`). All must be true for the Policy to apply.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<MatchCondition>,
+}
+
+/// Operations and resources, with the meaning of admissionregistration.k8s.io/v1
+/// RuleWithOperations.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Rule {
+    /// Operations matched: CREATE, UPDATE, DELETE, CONNECT or `*` for all.
+    #[schemars(length(min = 1))]
+    pub operations: Vec<Operation>,
+    /// API groups matched; `""` is the core group, `*` all groups.
+    #[schemars(length(min = 1))]
+    pub api_groups: Vec<String>,
+    /// API versions matched; `*` for all.
+    #[schemars(length(min = 1))]
+    pub api_versions: Vec<String>,
+    /// Resources matched, e.g. `pods`, `pods/status`, `*`, `*/scale`.
+    #[schemars(length(min = 1))]
+    pub resources: Vec<String>,
+    /// Cluster, Namespaced, or `*` for both.
+    #[serde(default)]
+    pub scope: Scope,
+}
+
+/// An admission operation.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum Operation {
+    #[serde(rename = "CREATE")]
+    Create,
+    #[serde(rename = "UPDATE")]
+    Update,
+    #[serde(rename = "DELETE")]
+    Delete,
+    #[serde(rename = "CONNECT")]
+    Connect,
+    #[serde(rename = "*")]
+    All,
+}
+
+impl Operation {
+    /// The wire form, as admissionregistration.k8s.io/v1 spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+            Operation::Connect => "CONNECT",
+            Operation::All => "*",
+        }
+    }
+}
+
+/// Resource scope a rule matches.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum Scope {
+    Cluster,
+    Namespaced,
+    #[default]
+    #[serde(rename = "*")]
+    All,
+}
+
+impl Scope {
+    /// The wire form, as admissionregistration.k8s.io/v1 spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Cluster => "Cluster",
+            Scope::Namespaced => "Namespaced",
+            Scope::All => "*",
+        }
+    }
+}
+
+/// A CEL condition evaluated by the API server before calling the webhook.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MatchCondition {
+    /// Unique name of the condition within the Policy.
+    pub name: String,
+    /// CEL expression over `object`, `oldObject`, `request`, `authorizer`; must return bool.
+    pub expression: String,
+}
+
+/// Failure policy of the webhook entry.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum FailurePolicy {
+    #[default]
+    Fail,
+    Ignore,
+}
+
+impl FailurePolicy {
+    /// The wire form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailurePolicy::Fail => "Fail",
+            FailurePolicy::Ignore => "Ignore",
+        }
+    }
+}
+
+/// Reinvocation policy of a mutating webhook entry.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum ReinvocationPolicy {
+    #[default]
+    Never,
+    IfNeeded,
+}
+
+impl ReinvocationPolicy {
+    /// The wire form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReinvocationPolicy::Never => "Never",
+            ReinvocationPolicy::IfNeeded => "IfNeeded",
+        }
+    }
+}
+
+/// One mutation: merge an object into the reviewed object, or into each element of an array.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Mutation {
+    /// Dotted path to an array in the object (e.g. `spec.containers`); `merge` is then applied to
+    /// each element. An absent path is a no-op.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub for_each: Option<String>,
+
+    /// CEL guard over `object`, `oldObject`, `request` and, with `forEach`, `element`: the merge
+    /// applies only where it is true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<String>,
+
+    /// The object merged in. Objects recurse; arrays of objects with a `name` key merge by name;
+    /// arrays of scalars are unioned; `null` removes a key (with `overwrite`).
+    #[schemars(schema_with = "preserved_object")]
+    pub merge: serde_json::Value,
+
+    /// false (default): defaulting, only absent fields are set. true: existing scalars are
+    /// replaced and `null` removes keys.
+    #[serde(default)]
+    pub overwrite: bool,
+}
+
+/// A CEL rule the object must satisfy.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ValidationRule {
+    /// CEL expression over `object`, `oldObject` (null on CREATE) and `request`; must return bool.
+    /// true means the object complies.
+    pub expression: String,
+    /// Shown to the user when the expression is false.
+    pub message: String,
+    /// Deny rejects the request; Warn admits it and returns the message as a warning.
+    #[serde(default)]
+    pub action: ValidationAction,
+}
+
+/// What a failed validation rule does.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum ValidationAction {
+    #[default]
+    Deny,
+    Warn,
+}
+
+/// Observed state of a Policy, written by the Gatehouse controller.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyStatus {
+    /// The generation the conditions describe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Kubernetes-style conditions; `Ready` says whether the Policy is wired into the webhook
+    /// configurations.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+fn preserved_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
