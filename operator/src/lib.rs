@@ -1,9 +1,11 @@
 //! Gatehouse: a Kubernetes operator that manages admission webhooks and their side effects.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod api;
 pub mod cli;
 pub mod controller;
 pub mod engine;
 pub mod tls;
+pub mod telemetry;
 pub mod webhook;

@@ -1,1 +1,4 @@
-fn main(){}
+//! End-to-end tests against a real kube-apiserver (see `tests/cluster/up`).
+
+mod smoke;
+mod operator;

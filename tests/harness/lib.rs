@@ -1,1 +1,22 @@
-//! e2e harness
+//! Harness for Gatehouse's end-to-end tests against a real kube-apiserver.
+//!
+//! [`cluster()`] hands out the shared test control plane: the one named by the
+//! `GATEHOUSE_TEST_KUBECONFIG` environment variable, or else the one `tests/cluster/up` starts (or
+//! reuses) on first use. Tests get isolation from [`TestNamespace`], poll with [`await_condition`],
+//! and run an in-process HTTPS admission webhook with [`TestWebhook`].
+//!
+//! Every `#[tokio::test]` runs its own runtime, and a `kube::Client` must live in the runtime that
+//! created it, so [`Cluster::client`] builds a fresh client on each call.
+
+pub mod gatehouse;
+mod cluster;
+mod namespace;
+mod wait;
+mod webhook;
+
+pub use cluster::{
+    Cluster, DeleteGuard, KUBECONFIG_ENV, cluster, dump_logs, run_test, try_cluster,
+};
+pub use namespace::{E2E_LABEL, TestNamespace};
+pub use wait::{await_condition, await_resource};
+pub use webhook::{Responder, TestWebhook, allow, deny, install_crypto_provider};

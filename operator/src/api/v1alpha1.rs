@@ -18,6 +18,7 @@ pub const GROUP: &str = "gatehouse.dev";
     plural = "policies",
     shortname = "gpol",
     status = "PolicyStatus",
+    doc = "A Policy: mutations and CEL validations that Gatehouse serves as admission webhooks.",
     printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
@@ -55,6 +56,21 @@ pub struct PolicySpec {
     /// CEL rules the (final, mutated) object must satisfy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub validate: Vec<ValidationRule>,
+}
+
+/// The spec the API server's defaulting produces for an empty object.
+impl Default for PolicySpec {
+    fn default() -> Self {
+        Self {
+            priority: default_priority(),
+            match_: MatchSpec::default(),
+            failure_policy: FailurePolicy::default(),
+            timeout_seconds: default_timeout_seconds(),
+            reinvocation_policy: ReinvocationPolicy::default(),
+            mutate: Vec::new(),
+            validate: Vec::new(),
+        }
+    }
 }
 
 fn default_priority() -> i32 {

@@ -1,1 +1,26 @@
-//! engine
+//! The admission engine: pure functions from (Policy, AdmissionReview) to a decision.
+//!
+//! Nothing here does I/O, so the webhook server, the controller and `gatehouse eval` share one
+//! implementation and the tests need no cluster:
+//!
+//! * [`policy`]: [`validate`] (every problem, with its field path) and [`compile`] (CEL compiled
+//!   once per Policy generation into a `Send + Sync` [`CompiledPolicy`]);
+//! * [`merge`]: the idempotent JSON merge every mutation is made of;
+//! * [`mutate`]: a Policy's `mutate` list applied to a fixed point;
+//! * [`cel`]: the CEL environment, variable checks and evaluation;
+//! * [`review`]: AdmissionReview wire types, [`parse_review`], [`review`] and [`response_review`];
+//! * [`matcher`]: rules, objectSelector and match conditions, for offline evaluation.
+pub mod cel;
+pub mod matcher;
+pub mod merge;
+pub mod mutate;
+pub mod policy;
+pub mod review;
+
+pub use matcher::{MatchError, matches};
+pub use merge::merge;
+pub use policy::{CompiledPolicy, InvalidPolicy, Problem, compile, validate};
+pub use review::{
+    Phase, Request, Response, ReviewError, Status, parse_review, response_review, review,
+    review_policy_object,
+};

@@ -1,1 +1,105 @@
-//! tls
+//! Serving TLS for the webhook server: a self-managed CA and serving certificate, shared by
+//! all replicas through one Secret, rotated without restarts or failed requests.
+//!
+//! * [`config`]: what to maintain ([`TlsConfig`], [`San`]).
+//! * [`rotation`]: the pure state machine ([`plan`], [`apply`]) over the stored
+//!   [`TlsMaterial`].
+//! * [`resolver`]: the hot-swappable [`CertResolver`] and the rustls [`server_config`].
+//! * [`manager`]: the [`TlsManager`] that ties the Secret, the resolver and the published
+//!   [`TlsState`] together.
+//!
+//! Timeline (defaults CA 1 year, serving 30 days; `g` = effective bundle propagation):
+//! serving renewed at 2/3 of its lifetime; at 2/3 of the CA lifetime a new CA joins the
+//! bundle, `g` later it signs the serving certificate, `g` after that the old CA leaves the
+//! bundle.
+pub mod config;
+pub mod manager;
+mod pki;
+pub mod resolver;
+pub mod rotation;
+
+#[cfg(test)]
+mod tests;
+
+pub use config::{
+    DEFAULT_BUNDLE_PROPAGATION, DEFAULT_CA_VALIDITY, DEFAULT_CERT_VALIDITY, DEFAULT_SECRET_NAME,
+    San, TlsConfig,
+};
+pub use manager::TlsManager;
+pub use pki::CertKeyPem;
+pub use resolver::{CertResolver, server_config};
+pub use rotation::{Action, Reason, TlsMaterial, TlsState, apply, plan};
+
+/// Everything that can go wrong in this module, named after the failing step.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("invalid TLS configuration: {reason}")]
+    InvalidConfig { reason: String },
+    #[error("generating the {what} key pair: {source}")]
+    GenerateKey {
+        what: &'static str,
+        #[source]
+        source: rcgen::Error,
+    },
+    #[error("signing the {what}: {source}")]
+    SignCertificate {
+        what: &'static str,
+        #[source]
+        source: rcgen::Error,
+    },
+    #[error("invalid DNS SAN {san:?}: {source}")]
+    InvalidSan {
+        san: String,
+        #[source]
+        source: rcgen::Error,
+    },
+    #[error("loading the CA private key: {source}")]
+    LoadCaKey {
+        #[source]
+        source: rcgen::Error,
+    },
+    #[error("loading the CA certificate as issuer: {source}")]
+    LoadCaCertificate {
+        #[source]
+        source: rcgen::Error,
+    },
+    #[error("parsing the {what} PEM: {reason}")]
+    ParsePem { what: &'static str, reason: String },
+    #[error("parsing a certificate: {reason}")]
+    ParseCertificate { reason: String },
+    #[error("loading the serving certificate and key into rustls: {source}")]
+    LoadServingKey {
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("building the rustls server config: {source}")]
+    BuildServerConfig {
+        #[source]
+        source: rustls::Error,
+    },
+    #[error("cannot {action}: {reason}")]
+    ApplyAction {
+        action: &'static str,
+        reason: &'static str,
+    },
+    #[error("reading Secret {name}: {source}")]
+    ReadSecret {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("creating Secret {name}: {source}")]
+    CreateSecret {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("updating Secret {name}: {source}")]
+    UpdateSecret {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("TLS Secret did not settle after {steps} create/update attempts")]
+    ReconcileNotSettled { steps: usize },
+}

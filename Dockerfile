@@ -1,0 +1,15 @@
+# Two stages: build a static-enough binary, ship it on a distroless base with no shell.
+FROM rust:1.95-bookworm AS build
+WORKDIR /src
+COPY Cargo.toml Cargo.lock rustfmt.toml ./
+COPY operator ./operator
+COPY tests ./tests
+COPY crds ./crds
+RUN cargo build --release --locked -p gatehouse --bin gatehouse
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=build /src/target/release/gatehouse /usr/local/bin/gatehouse
+USER 65532:65532
+EXPOSE 8443 8080
+ENTRYPOINT ["/usr/local/bin/gatehouse"]
+CMD ["run"]

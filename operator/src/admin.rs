@@ -1,0 +1,82 @@
+//! The plain-HTTP admin port: `/livez`, `/readyz`, `/metrics`. Kept off the TLS webhook port so
+//! probes and scrapes never depend on the certificate the operator is rotating.
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{StatusCode, header};
+use http_body_util::Full;
+use hyper::{Request, Response};
+
+use crate::controller::Readiness;
+use crate::telemetry::Metrics;
+
+/// What the admin handler reads.
+pub struct AdminState {
+    pub readiness: Arc<Readiness>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Handles one admin request.
+pub fn handle<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> {
+    match req.uri().path() {
+        "/livez" | "/healthz" => text(StatusCode::OK, "ok\n".into(), "text/plain"),
+        "/readyz" => {
+            if state.readiness.is_ready() {
+                text(StatusCode::OK, "ok\n".into(), "text/plain")
+            } else {
+                text(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "not ready: caches not synced or no certificate loaded\n".into(),
+                    "text/plain",
+                )
+            }
+        }
+        "/metrics" => match state.metrics.encode() {
+            Ok(body) => text(
+                StatusCode::OK,
+                body,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            ),
+            Err(e) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("encoding metrics: {e}\n"),
+                "text/plain",
+            ),
+        },
+        other => text(StatusCode::NOT_FOUND, format!("no such path {other}\n"), "text/plain"),
+    }
+}
+
+fn text(status: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    fn get(state: &AdminState, path: &str) -> Response<Full<Bytes>> {
+        handle(state, &Request::get(path).body(()).unwrap())
+    }
+
+    #[test]
+    fn readyz_follows_caches_and_certificate() {
+        let state = AdminState {
+            readiness: Arc::new(Readiness::default()),
+            metrics: Arc::new(Metrics::new()),
+        };
+        assert_eq!(get(&state, "/livez").status(), StatusCode::OK);
+        assert_eq!(get(&state, "/readyz").status(), StatusCode::SERVICE_UNAVAILABLE);
+        state.readiness.caches_synced.store(true, Ordering::Release);
+        assert_eq!(get(&state, "/readyz").status(), StatusCode::SERVICE_UNAVAILABLE);
+        state.readiness.certificate_loaded.store(true, Ordering::Release);
+        assert_eq!(get(&state, "/readyz").status(), StatusCode::OK);
+        assert_eq!(get(&state, "/metrics").status(), StatusCode::OK);
+        assert_eq!(get(&state, "/nope").status(), StatusCode::NOT_FOUND);
+    }
+}

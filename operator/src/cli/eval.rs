@@ -1,0 +1,578 @@
+//! `gatehouse eval`: evaluate Policies offline against an object or an AdmissionReview, as the
+//! API server would call Gatehouse's webhooks (like `kwctl run` or `kyverno apply`).
+//!
+//! The sequence mirrors the API server's admission chain, so what `eval` prints is what a cluster
+//! would do: matching mutating Policies run in (priority, name) order, each seeing the previous
+//! one's output; Policies with `reinvocationPolicy: IfNeeded` that ran before a later Policy
+//! changed the object are called once more; then every matching validating Policy judges the
+//! final object. The namespaceSelector is taken as matching (there are no Namespace labels
+//! offline), and `authorizer` is unavailable to match conditions.
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::api::v1alpha1::{FailurePolicy, Operation, Policy, ReinvocationPolicy};
+use crate::engine::review::{GroupVersionKind, GroupVersionResource, UserInfo, review_json};
+use crate::engine::{
+    self, CompiledPolicy, MatchError, Phase, Request, Response, ReviewError, parse_review,
+};
+
+/// Exit status when every Policy admitted the request.
+pub const ADMITTED: i32 = 0;
+/// Exit status when a Policy denied the request.
+pub const DENIED: i32 = 1;
+/// Exit status for unreadable files, invalid Policies and malformed reviews.
+pub const BAD_INPUT: i32 = 2;
+
+/// The uid of a synthesised request: fixed so that output is reproducible.
+pub const SYNTHETIC_UID: &str = "00000000-0000-0000-0000-000000000000";
+/// The user of a synthesised request.
+pub const SYNTHETIC_USER: &str = "gatehouse-eval";
+
+/// Arguments of `gatehouse eval`.
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct EvalArgs {
+    /// A Policy file, YAML or JSON; a YAML file may hold several documents. Repeatable.
+    #[arg(long = "policy", value_name = "FILE", required = true)]
+    pub policies: Vec<PathBuf>,
+
+    /// An admission.k8s.io/v1 AdmissionReview (JSON or YAML) to evaluate.
+    #[arg(
+        long,
+        value_name = "REVIEW.json",
+        required_unless_present = "object",
+        conflicts_with_all = ["object", "old_object", "namespace", "resource"]
+    )]
+    pub request: Option<PathBuf>,
+
+    /// The object under review (YAML or JSON); a request is synthesised around it.
+    #[arg(long, value_name = "OBJ.yaml")]
+    pub object: Option<PathBuf>,
+
+    /// The existing object, for UPDATE (and DELETE, where it defaults to --object).
+    #[arg(long, value_name = "OLD.yaml", requires = "object")]
+    pub old_object: Option<PathBuf>,
+
+    /// The operation of the synthesised request.
+    #[arg(long, default_value = "CREATE", value_parser = parse_operation)]
+    pub operation: Operation,
+
+    /// Namespace of the synthesised request; defaults to the object's, else `default` for
+    /// namespaced kinds.
+    #[arg(long, requires = "object")]
+    pub namespace: Option<String>,
+
+    /// Resource (plural, optionally `res/sub`) of the synthesised request; guessed from the kind
+    /// when absent.
+    #[arg(long, requires = "object")]
+    pub resource: Option<String>,
+
+    /// What to print: the AdmissionReview response, or the final object.
+    #[arg(long, value_enum, default_value_t = Output::Review)]
+    pub output: Output,
+}
+
+/// `--output`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Output {
+    /// The AdmissionReview response: patch from the original to the final object, warnings,
+    /// denial.
+    #[default]
+    Review,
+    /// The final object, as JSON.
+    Object,
+}
+
+fn parse_operation(s: &str) -> Result<Operation, String> {
+    match s.to_ascii_uppercase().as_str() {
+        "CREATE" => Ok(Operation::Create),
+        "UPDATE" => Ok(Operation::Update),
+        "DELETE" => Ok(Operation::Delete),
+        "CONNECT" => Ok(Operation::Connect),
+        _ => Err(format!(
+            "{s:?} is not an operation: want CREATE, UPDATE, DELETE or CONNECT"
+        )),
+    }
+}
+
+/// Why `eval` could not evaluate: all exit with [`BAD_INPUT`].
+#[derive(Debug, thiserror::Error)]
+pub enum EvalError {
+    /// A file could not be read.
+    #[error("{}: {source}", .path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A file is not YAML/JSON.
+    #[error("{}: not YAML or JSON: {source}", .path.display())]
+    Parse {
+        path: PathBuf,
+        source: serde_yaml::Error,
+    },
+    /// A policy document is not a Policy, or does not decode as one.
+    #[error("{}: document {index}: {message}", .path.display())]
+    NotAPolicy {
+        path: PathBuf,
+        index: usize,
+        message: String,
+    },
+    /// One or more Policies are invalid; each line is `FILE: policy "NAME": PATH: MESSAGE`.
+    #[error("invalid Policies:\n{}", .0.join("\n"))]
+    InvalidPolicies(Vec<String>),
+    /// No Policy document in any file.
+    #[error("no Policy found in {0}")]
+    NoPolicies(String),
+    /// The --object file is not a Kubernetes object.
+    #[error("{}: {message}", .path.display())]
+    BadObject { path: PathBuf, message: String },
+    /// The --request file is not an AdmissionReview.
+    #[error("{}: {source}", .path.display())]
+    Review { path: PathBuf, source: ReviewError },
+    /// Printing failed.
+    #[error("writing the output: {0}")]
+    Write(String),
+}
+
+/// The outcome of evaluating every Policy against one request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Admission {
+    /// The request as received (or synthesised).
+    pub request: Request,
+    /// The combined decision: patch from the original to the final object, all warnings, and
+    /// the denial message(s).
+    pub response: Response,
+    /// The object after every mutating Policy that ran (the original when none did).
+    pub object: Option<Value>,
+}
+
+/// Runs `gatehouse eval`, printing to `out` and diagnostics to `err`; returns the exit status.
+pub fn run(args: &EvalArgs, out: &mut impl Write, err: &mut impl Write) -> i32 {
+    let admission = match load(args) {
+        Ok((request, policies)) => admit(&request, &policies),
+        Err(e) => {
+            // Nothing useful is left to do if stderr itself fails.
+            let _ = writeln!(err, "gatehouse eval: {e}");
+            return BAD_INPUT;
+        }
+    };
+    let printed = match args.output {
+        Output::Review => review_json(&admission.request, &admission.response),
+        Output::Object => admission.object.clone().unwrap_or(Value::Null),
+    };
+    let written = serde_json::to_string_pretty(&printed)
+        .map_err(|e| EvalError::Write(e.to_string()))
+        .and_then(|s| writeln!(out, "{s}").map_err(|e| EvalError::Write(e.to_string())));
+    if let Err(e) = written {
+        let _ = writeln!(err, "gatehouse eval: {e}");
+        return BAD_INPUT;
+    }
+    for warning in &admission.response.warnings {
+        let _ = writeln!(err, "warning: {warning}");
+    }
+    match admission.response.message() {
+        None => ADMITTED,
+        Some(message) => {
+            let _ = writeln!(err, "denied: {message}");
+            DENIED
+        }
+    }
+}
+
+/// Reads and compiles the Policies and reads or synthesises the request.
+pub fn load(args: &EvalArgs) -> Result<(Request, Vec<CompiledPolicy>), EvalError> {
+    let policies = load_policies(&args.policies)?;
+    let request = match &args.request {
+        Some(path) => {
+            let body = read(path)?;
+            // A YAML review is accepted too: parse_review wants JSON bytes.
+            let body = match serde_json::from_slice::<Value>(&body) {
+                Ok(_) => body,
+                Err(_) => match yaml_documents(path, &body)?.into_iter().next() {
+                    Some(v) => v.to_string().into_bytes(),
+                    None => body,
+                },
+            };
+            parse_review(&body).map_err(|source| EvalError::Review {
+                path: path.clone(),
+                source,
+            })?
+        }
+        None => synthesize(args)?,
+    };
+    Ok((request, policies))
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, EvalError> {
+    std::fs::read(path).map_err(|source| EvalError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Every non-empty YAML document of a file, as JSON values (JSON is YAML).
+fn yaml_documents(path: &Path, bytes: &[u8]) -> Result<Vec<Value>, EvalError> {
+    let mut docs = Vec::new();
+    for doc in serde_yaml::Deserializer::from_slice(bytes) {
+        let value = Value::deserialize(doc).map_err(|source| EvalError::Parse {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+/// Reads every Policy of every file and compiles them, reporting every problem of every Policy
+/// (prefixed with its file and name) rather than stopping at the first.
+pub fn load_policies(paths: &[PathBuf]) -> Result<Vec<CompiledPolicy>, EvalError> {
+    let mut compiled = Vec::new();
+    let mut invalid = Vec::new();
+    let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for path in paths {
+        let bytes = read(path)?;
+        for (index, doc) in yaml_documents(path, &bytes)?.into_iter().enumerate() {
+            let not_a_policy = |message: String| EvalError::NotAPolicy {
+                path: path.clone(),
+                index,
+                message,
+            };
+            let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+            let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default();
+            if api_version != "gatehouse.dev/v1alpha1" || kind != "Policy" {
+                return Err(not_a_policy(format!(
+                    "{api_version:?}/{kind:?} is not a gatehouse.dev/v1alpha1 Policy"
+                )));
+            }
+            let policy: Policy =
+                serde_json::from_value(doc).map_err(|e| not_a_policy(e.to_string()))?;
+            let Some(name) = policy.metadata.name.clone().filter(|n| !n.is_empty()) else {
+                return Err(not_a_policy("metadata.name: must be set".to_string()));
+            };
+            if let Some(first) = seen.insert(name.clone(), path.clone()) {
+                return Err(not_a_policy(format!(
+                    "policy {name:?} is already defined in {}",
+                    first.display()
+                )));
+            }
+            match engine::compile(&policy) {
+                Ok(c) => compiled.push(c),
+                Err(e) => invalid.extend(e.problems.iter().map(|p| {
+                    format!("{}: policy {name:?}: {p}", path.display())
+                })),
+            }
+        }
+    }
+    if !invalid.is_empty() {
+        return Err(EvalError::InvalidPolicies(invalid));
+    }
+    if compiled.is_empty() {
+        let files: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        return Err(EvalError::NoPolicies(files.join(", ")));
+    }
+    Ok(compiled)
+}
+
+/// Builds the request the API server would send for `--object`.
+pub fn synthesize(args: &EvalArgs) -> Result<Request, EvalError> {
+    let Some(path) = &args.object else {
+        return Err(EvalError::BadObject {
+            path: PathBuf::new(),
+            message: "either --request or --object is required".to_string(),
+        });
+    };
+    let object = read_object(path)?;
+    let old_object = args.old_object.as_deref().map(read_object).transpose()?;
+    let bad = |message: String| EvalError::BadObject {
+        path: path.clone(),
+        message,
+    };
+    let api_version = object
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("apiVersion: must be set".to_string()))?;
+    let kind = object
+        .get("kind")
+        .and_then(Value::as_str)
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| bad("kind: must be set".to_string()))?
+        .to_string();
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let (group, version) = (group.to_string(), version.to_string());
+    let (resource, sub_resource) = match &args.resource {
+        Some(r) => match r.split_once('/') {
+            Some((res, sub)) => (res.to_string(), Some(sub.to_string())),
+            None => (r.clone(), None),
+        },
+        None => (plural(&kind), None),
+    };
+    let metadata = |field: &str| {
+        object
+            .pointer(&format!("/metadata/{field}"))
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    };
+    let namespace = args
+        .namespace
+        .clone()
+        .or_else(|| metadata("namespace"))
+        .unwrap_or_else(|| {
+            if CLUSTER_SCOPED.contains(&kind.as_str()) {
+                String::new()
+            } else {
+                "default".to_string()
+            }
+        });
+    let name = metadata("name").unwrap_or_default();
+    let (object, old_object) = match args.operation {
+        // The API server sends the object being deleted as oldObject.
+        Operation::Delete => (None, Some(old_object.unwrap_or(object))),
+        _ => (Some(object), old_object),
+    };
+    Ok(Request {
+        uid: SYNTHETIC_UID.to_string(),
+        kind: GroupVersionKind {
+            group: group.clone(),
+            version: version.clone(),
+            kind,
+        },
+        resource: GroupVersionResource {
+            group,
+            version,
+            resource,
+        },
+        sub_resource,
+        request_kind: None,
+        request_resource: None,
+        request_sub_resource: None,
+        name,
+        namespace,
+        operation: args.operation,
+        user_info: UserInfo {
+            username: SYNTHETIC_USER.to_string(),
+            groups: vec!["system:authenticated".to_string()],
+            ..UserInfo::default()
+        },
+        object,
+        old_object,
+        dry_run: false,
+        options: None,
+    })
+}
+
+fn read_object(path: &Path) -> Result<Value, EvalError> {
+    let bytes = read(path)?;
+    let mut docs = yaml_documents(path, &bytes)?;
+    match docs.len() {
+        1 if docs[0].is_object() => Ok(docs.remove(0)),
+        1 => Err(EvalError::BadObject {
+            path: path.to_path_buf(),
+            message: "not a Kubernetes object (a mapping with apiVersion and kind)".to_string(),
+        }),
+        n => Err(EvalError::BadObject {
+            path: path.to_path_buf(),
+            message: format!("want exactly one object, found {n} documents"),
+        }),
+    }
+}
+
+/// Kinds of the built-in cluster-scoped resources, for the default namespace.
+const CLUSTER_SCOPED: &[&str] = &[
+    "Namespace",
+    "Node",
+    "PersistentVolume",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "StorageClass",
+    "PriorityClass",
+    "RuntimeClass",
+    "IngressClass",
+    "CustomResourceDefinition",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "APIService",
+    "CertificateSigningRequest",
+    "CSIDriver",
+    "CSINode",
+    "VolumeAttachment",
+    "Policy",
+];
+
+/// The resource name for a kind: the lowercase plural, with English spelling rules and a table
+/// of the irregular built-ins. Use `--resource` for anything it gets wrong.
+pub fn plural(kind: &str) -> String {
+    let lower = kind.to_lowercase();
+    const IRREGULAR: &[(&str, &str)] = &[("endpoints", "endpoints")];
+    if let Some((_, p)) = IRREGULAR.iter().find(|(k, _)| *k == lower) {
+        return (*p).to_string();
+    }
+    let consonant_y = lower.ends_with('y')
+        && !lower.ends_with("ay")
+        && !lower.ends_with("ey")
+        && !lower.ends_with("oy")
+        && !lower.ends_with("uy");
+    if consonant_y {
+        format!("{}ies", &lower[..lower.len() - 1])
+    } else if ["s", "x", "z", "ch", "sh"].iter().any(|s| lower.ends_with(s)) {
+        format!("{lower}es")
+    } else {
+        format!("{lower}s")
+    }
+}
+
+/// What happened when one Policy was offered the request.
+enum Step {
+    /// The Policy does not match (or its match conditions failed under Ignore).
+    Skipped,
+    /// The Policy ran; `changed` says whether its patch changed the object.
+    Ran { changed: bool },
+}
+
+/// Plays the admission chain for `request`. Pure: everything `eval` prints is derived from this.
+pub fn admit(request: &Request, policies: &[CompiledPolicy]) -> Admission {
+    let mut mutating: Vec<&CompiledPolicy> = policies.iter().filter(|p| p.has_mutations()).collect();
+    mutating.sort_by(|a, b| (a.spec().priority, a.name()).cmp(&(b.spec().priority, b.name())));
+    let mut validating: Vec<&CompiledPolicy> =
+        policies.iter().filter(|p| p.has_validations()).collect();
+    validating.sort_by(|a, b| a.name().cmp(b.name()));
+
+    let mut current = request.clone();
+    let mut warnings = Vec::new();
+    let deny = |current: &Request, warnings: Vec<String>, denial: Response| Admission {
+        request: request.clone(),
+        response: Response {
+            warnings,
+            ..denial
+        },
+        object: current.object.clone(),
+    };
+
+    // First pass; an IfNeeded Policy that ran is reinvoked when a later one changes the object.
+    let mut invoked: Vec<usize> = Vec::new();
+    let mut reinvoke = vec![false; mutating.len()];
+    for (i, policy) in mutating.iter().enumerate() {
+        match mutate_step(&mut current, policy, &mut warnings) {
+            Err(denial) => return deny(&current, warnings, denial),
+            Ok(Step::Skipped) => {}
+            Ok(Step::Ran { changed }) => {
+                if changed {
+                    for &j in &invoked {
+                        reinvoke[j] = true;
+                    }
+                }
+                if policy.spec().reinvocation_policy == ReinvocationPolicy::IfNeeded {
+                    invoked.push(i);
+                }
+            }
+        }
+    }
+    // The reinvocation pass: at most once each, in order.
+    for (i, policy) in mutating.iter().enumerate() {
+        if reinvoke[i] {
+            if let Err(denial) = mutate_step(&mut current, policy, &mut warnings) {
+                return deny(&current, warnings, denial);
+            }
+        }
+    }
+
+    // Validating Policies judge the final object; every denial is reported.
+    let mut denials: Vec<Response> = Vec::new();
+    for policy in validating {
+        match matches(&current, policy, &mut warnings) {
+            Err(denial) => denials.push(denial),
+            Ok(false) => {}
+            Ok(true) => {
+                let resp = engine::review(&current, policy, Phase::Validating);
+                warnings.extend(resp.warnings.iter().cloned());
+                if !resp.allowed {
+                    denials.push(resp);
+                }
+            }
+        }
+    }
+    if !denials.is_empty() {
+        let messages: Vec<&str> = denials.iter().filter_map(Response::message).collect();
+        // Forbidden when any Policy said no; otherwise the first failure's code.
+        let forbidden = denials
+            .iter()
+            .find(|d| d.status.as_ref().is_some_and(|s| s.code == 403))
+            .or(denials.first());
+        let (code, reason) = forbidden
+            .and_then(|d| d.status.as_ref())
+            .map_or((403, "Forbidden".to_string()), |s| (s.code, s.reason.clone()));
+        let denial = Response::deny(code, &reason, messages.join("; "));
+        return deny(&current, warnings, denial);
+    }
+
+    let mut response = Response::allow();
+    if let (Some(original), Some(last)) = (&request.object, &current.object) {
+        response.patch = json_patch::diff(original, last);
+    }
+    response.warnings = warnings;
+    Admission {
+        request: request.clone(),
+        response,
+        object: current.object,
+    }
+}
+
+/// Whether `policy` applies to `current`; a match condition error follows the failurePolicy:
+/// Fail denies (`Err`), Ignore skips the Policy with a warning.
+fn matches(
+    current: &Request,
+    policy: &CompiledPolicy,
+    warnings: &mut Vec<String>,
+) -> Result<bool, Response> {
+    match engine::matches(current, policy) {
+        Ok(m) => Ok(m),
+        Err(e @ MatchError::Condition { .. }) => {
+            let message = format!("policy {:?}: {e}", policy.name());
+            match policy.spec().failure_policy {
+                FailurePolicy::Fail => Err(Response::deny(500,
+                    "InternalError",
+                    message,
+                )),
+                FailurePolicy::Ignore => {
+                    warnings.push(format!("{message} (policy skipped: failurePolicy is Ignore)"));
+                    Ok(false)
+                }
+            }
+        }
+    }
+}
+
+/// Offers `current` to one mutating Policy and applies its patch, as the API server does.
+fn mutate_step(
+    current: &mut Request,
+    policy: &CompiledPolicy,
+    warnings: &mut Vec<String>,
+) -> Result<Step, Response> {
+    if !matches(current, policy, warnings)? {
+        return Ok(Step::Skipped);
+    }
+    let resp = engine::review(current, policy, Phase::Mutating);
+    warnings.extend(resp.warnings.iter().cloned());
+    if !resp.allowed {
+        return Err(resp);
+    }
+    if !resp.patched() {
+        return Ok(Step::Ran { changed: false });
+    }
+    let Some(object) = current.object.as_mut() else {
+        return Ok(Step::Ran { changed: false });
+    };
+    json_patch::patch(object, &resp.patch).map_err(|e| {
+        Response::deny(500,
+            "InternalError",
+            format!("policy {:?}: its patch does not apply: {e}", policy.name()),
+        )
+    })?;
+    Ok(Step::Ran { changed: true })
+}

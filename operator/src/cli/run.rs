@@ -1,0 +1,364 @@
+//! `gatehouse run`: the operator process. One shutdown signal fans out to every task; the
+//! webhook server stops accepting and lets in-flight reviews finish before the process exits.
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tracing::{error, info};
+
+use crate::admin::{self, AdminState};
+use crate::controller::wiring::{Endpoint, Wiring};
+use crate::controller::{self, Context, Readiness};
+use crate::telemetry::{self, CertLabels, Metrics};
+use crate::tls::{self, CertResolver, San, TlsConfig, TlsManager};
+use crate::webhook::{self, Handler, PolicyStore, WebhookState};
+
+/// Flags of `gatehouse run`; every flag is also an environment variable.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Address of the TLS webhook server.
+    #[arg(long, env = "GATEHOUSE_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+
+    /// Address of the plain-HTTP admin server (/livez, /readyz, /metrics).
+    #[arg(long, env = "GATEHOUSE_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    pub admin_listen: SocketAddr,
+
+    /// Namespace of the TLS Secret, Events and Lease; always excluded from every webhook.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "gatehouse-system")]
+    pub namespace: String,
+
+    /// Service mode: name of the Service in front of the webhook server.
+    #[arg(long, env = "GATEHOUSE_SERVICE_NAME", default_value = "gatehouse-webhook")]
+    pub service_name: String,
+
+    /// Service mode: port of that Service.
+    #[arg(long, env = "GATEHOUSE_SERVICE_PORT", default_value_t = 443)]
+    pub service_port: u16,
+
+    /// URL mode (out of cluster): base URL the API server calls, e.g. https://127.0.0.1:9443.
+    /// Overrides service mode.
+    #[arg(long, env = "GATEHOUSE_WEBHOOK_URL")]
+    pub webhook_url: Option<String>,
+
+    /// Namespaces no webhook ever touches, in addition to --namespace.
+    #[arg(
+        long,
+        env = "GATEHOUSE_EXCLUDE_NAMESPACES",
+        value_delimiter = ',',
+        default_value = "kube-system,kube-node-lease"
+    )]
+    pub exclude_namespaces: Vec<String>,
+
+    /// Lifetime of the generated CA (e.g. 1y, 90d, 30s).
+    #[arg(long, env = "GATEHOUSE_CA_VALIDITY", default_value = "1y", value_parser = super::duration::parse)]
+    pub ca_validity: Duration,
+
+    /// Lifetime of the serving certificate (e.g. 30d, 10s).
+    #[arg(long, env = "GATEHOUSE_CERT_VALIDITY", default_value = "30d", value_parser = super::duration::parse)]
+    pub cert_validity: Duration,
+
+    /// How long a new CA bundle is given to reach the API server before certificates signed by
+    /// the new CA are served.
+    #[arg(long, env = "GATEHOUSE_BUNDLE_PROPAGATION", default_value = "10s", value_parser = super::duration::parse)]
+    pub bundle_propagation: Duration,
+
+    /// On shutdown, how long in-flight reviews may take to finish.
+    #[arg(long, env = "GATEHOUSE_DRAIN_TIMEOUT", default_value = "20s", value_parser = super::duration::parse)]
+    pub drain_timeout: Duration,
+
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "GATEHOUSE_LOG_JSON")]
+    pub log_json: bool,
+}
+
+impl RunArgs {
+    /// How the API server reaches us, and the SANs the serving certificate needs for that.
+    pub fn endpoint(&self) -> anyhow::Result<(Endpoint, Vec<San>)> {
+        match &self.webhook_url {
+            Some(url) => {
+                let uri: http::Uri = url
+                    .parse()
+                    .with_context(|| format!("--webhook-url {url:?} is not a URL"))?;
+                if uri.scheme_str() != Some("https") {
+                    bail!("--webhook-url {url:?} must use https: the API server only calls webhooks over TLS");
+                }
+                let Some(host) = uri.host() else {
+                    bail!("--webhook-url {url:?} has no host");
+                };
+                if uri.query().is_some() {
+                    bail!("--webhook-url {url:?} must not have a query");
+                }
+                let base = url.trim_end_matches('/').to_string();
+                Ok((Endpoint::Url { base }, vec![San::parse(host)]))
+            }
+            None => {
+                let (svc, ns) = (&self.service_name, &self.namespace);
+                if svc.is_empty() {
+                    bail!("--service-name must not be empty (or give --webhook-url)");
+                }
+                let sans = [
+                    svc.clone(),
+                    format!("{svc}.{ns}"),
+                    format!("{svc}.{ns}.svc"),
+                    format!("{svc}.{ns}.svc.cluster.local"),
+                ]
+                .into_iter()
+                .map(San::Dns)
+                .collect();
+                Ok((
+                    Endpoint::Service {
+                        namespace: ns.clone(),
+                        name: svc.clone(),
+                        port: i32::from(self.service_port),
+                    },
+                    sans,
+                ))
+            }
+        }
+    }
+
+    /// The excluded namespaces: the flag's list plus our own namespace, always.
+    pub fn excluded_namespaces(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .exclude_namespaces
+            .iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        out.push(self.namespace.clone());
+        out.sort();
+        out.dedup();
+        out
+    }
+}
+
+/// Runs the operator until SIGTERM or SIGINT.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    telemetry::init_logging(args.log_json);
+    let (endpoint, sans) = args.endpoint()?;
+    let wiring = Wiring {
+        endpoint,
+        excluded_namespaces: args.excluded_namespaces(),
+    };
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+
+    let metrics = Arc::new(Metrics::new());
+    let policies = Arc::new(PolicyStore::new());
+    let readiness = Arc::new(Readiness::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
+
+    // TLS: the manager keeps the Secret and the resolver right and publishes the CA bundle.
+    let resolver = CertResolver::new();
+    let mut tls_config = TlsConfig::new(args.namespace.clone(), sans);
+    tls_config.ca_validity = args.ca_validity;
+    tls_config.cert_validity = args.cert_validity;
+    tls_config.bundle_propagation = args.bundle_propagation;
+    let manager = TlsManager::new(tls_config, client.clone(), resolver.clone());
+    let mut tls_state = manager.subscribe();
+    let (bundle_tx, bundle_rx) = watch::channel::<Option<String>>(None);
+    let bundle_task = {
+        let (metrics, readiness, resolver) = (metrics.clone(), readiness.clone(), resolver.clone());
+        let stopped = stopped();
+        async move {
+            let publish = async {
+                loop {
+                    let state = tls_state.borrow_and_update().clone();
+                    if let Some(state) = state {
+                        metrics
+                            .cert_not_after
+                            .get_or_create(&CertLabels { cert: "ca".into() })
+                            .set(state.ca_not_after);
+                        metrics
+                            .cert_not_after
+                            .get_or_create(&CertLabels { cert: "serving".into() })
+                            .set(state.serving_not_after);
+                        readiness
+                            .certificate_loaded
+                            .store(resolver.is_loaded(), Ordering::Release);
+                        bundle_tx.send_if_modified(|b| {
+                            let changed = b.as_deref() != Some(state.ca_bundle_pem.as_str());
+                            if changed {
+                                *b = Some(state.ca_bundle_pem.clone());
+                            }
+                            changed
+                        });
+                    }
+                    if tls_state.changed().await.is_err() {
+                        return;
+                    }
+                }
+            };
+            tokio::select! { () = publish => {}, () = stopped => {} }
+        }
+    };
+    let tls_task = {
+        let stopped = stopped();
+        async move {
+            if let Err(e) = manager.run(stopped).await {
+                error!(error = %e, "TLS manager stopped");
+            }
+        }
+    };
+
+    // The webhook server.
+    let webhook_listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding the webhook server to {}", args.listen))?;
+    let server_config = Arc::new(tls::server_config(resolver.clone())?);
+    let state = Arc::new(WebhookState {
+        policies: policies.clone(),
+        metrics: metrics.clone(),
+    });
+    let webhook_handler: Handler = Arc::new(move |req| {
+        let state = state.clone();
+        Box::pin(async move { webhook::handle(state, req).await })
+    });
+    let webhook_task = webhook::serve_tls(
+        webhook_listener,
+        server_config,
+        webhook_handler,
+        stopped(),
+        args.drain_timeout,
+    );
+
+    // The admin server.
+    let admin_listener = TcpListener::bind(args.admin_listen)
+        .await
+        .with_context(|| format!("binding the admin server to {}", args.admin_listen))?;
+    let admin_state = Arc::new(AdminState {
+        readiness: readiness.clone(),
+        metrics: metrics.clone(),
+    });
+    let admin_handler: Handler = Arc::new(move |req| {
+        let resp = admin::handle(&admin_state, &req);
+        Box::pin(async move { resp })
+    });
+    let admin_task = webhook::serve_http(
+        admin_listener,
+        admin_handler,
+        stopped(),
+        Duration::from_secs(1),
+    );
+
+    let ctx = Arc::new(Context::new(
+        client,
+        metrics.clone(),
+        policies,
+        wiring,
+        readiness,
+    ));
+    let controller_task = controller::run(ctx, bundle_rx, stopped());
+
+    let signals = async move {
+        wait_for_signal().await;
+        info!("shutdown requested; draining");
+        let _ = stop_tx.send(true);
+    };
+    info!(listen = %args.listen, admin = %args.admin_listen, "gatehouse running");
+    tokio::join!(
+        signals,
+        bundle_task,
+        tls_task,
+        webhook_task,
+        admin_task,
+        controller_task
+    );
+    info!("stopped");
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        // Without signal handlers we can still stop on Ctrl-C.
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    fn parse(args: &[&str]) -> RunArgs {
+        T::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
+            .unwrap()
+            .run
+    }
+
+    #[test]
+    fn service_mode_is_the_default_with_cluster_dns_sans() {
+        let args = parse(&["--namespace", "gh"]);
+        let (endpoint, sans) = args.endpoint().unwrap();
+        assert_eq!(
+            endpoint,
+            Endpoint::Service {
+                namespace: "gh".into(),
+                name: "gatehouse-webhook".into(),
+                port: 443
+            }
+        );
+        let names: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
+        assert_eq!(
+            names,
+            [
+                "gatehouse-webhook",
+                "gatehouse-webhook.gh",
+                "gatehouse-webhook.gh.svc",
+                "gatehouse-webhook.gh.svc.cluster.local"
+            ]
+        );
+        assert_eq!(
+            args.excluded_namespaces(),
+            ["gh", "kube-node-lease", "kube-system"]
+        );
+    }
+
+    #[test]
+    fn url_mode_uses_the_host_as_san() {
+        let args = parse(&["--webhook-url", "https://127.0.0.1:9443/"]);
+        let (endpoint, sans) = args.endpoint().unwrap();
+        assert_eq!(
+            endpoint,
+            Endpoint::Url {
+                base: "https://127.0.0.1:9443".into()
+            }
+        );
+        assert_eq!(sans, vec![San::parse("127.0.0.1")]);
+    }
+
+    #[test]
+    fn bad_urls_and_durations_are_refused_with_reasons() {
+        let http = parse(&["--webhook-url", "http://127.0.0.1:9443"]);
+        assert!(http.endpoint().unwrap_err().to_string().contains("must use https"));
+        let err = T::try_parse_from(["t", "--cert-validity", "10"]).err().unwrap();
+        assert!(err.to_string().contains("lacks a unit"));
+    }
+}

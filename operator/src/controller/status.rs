@@ -1,0 +1,123 @@
+//! Policy status as a pure function of what the reconcile decided.
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::api::v1alpha1::{Policy, PolicyStatus};
+
+/// Condition type saying whether the Policy is wired into the webhook configurations.
+pub const READY: &str = "Ready";
+/// Reason of a Policy that failed `validate()`.
+pub const REASON_INVALID: &str = "InvalidSpec";
+/// Reason of a wired Policy.
+pub const REASON_WIRED: &str = "Wired";
+
+/// What the reconcile made of one Policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Valid and present in the applied configurations.
+    Wired,
+    /// Invalid: every problem, each with its field path.
+    Invalid(Vec<String>),
+}
+
+/// The status the Policy should have, or `None` when what it has already says the same (so an
+/// unchanged Policy costs no write). `lastTransitionTime` moves only when the status flips.
+pub fn desired_status(policy: &Policy, outcome: &Outcome, now: Time) -> Option<PolicyStatus> {
+    let generation = policy.metadata.generation;
+    let (status, reason, message) = match outcome {
+        Outcome::Wired => (
+            "True",
+            REASON_WIRED,
+            "wired into the Gatehouse webhook configurations".to_string(),
+        ),
+        Outcome::Invalid(problems) => ("False", REASON_INVALID, problems.join("; ")),
+    };
+    let current = policy.status.as_ref();
+    let previous = current.and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
+    if let Some(prev) = previous {
+        if prev.status == status
+            && prev.reason == reason
+            && prev.message == message
+            && prev.observed_generation == generation
+            && current.and_then(|s| s.observed_generation) == generation
+        {
+            return None;
+        }
+    }
+    let last_transition_time = match previous {
+        Some(prev) if prev.status == status => prev.last_transition_time.clone(),
+        _ => now,
+    };
+    let mut conditions: Vec<Condition> = current
+        .map(|s| {
+            s.conditions
+                .iter()
+                .filter(|c| c.type_ != READY)
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    conditions.push(Condition {
+        type_: READY.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message,
+        observed_generation: generation,
+        last_transition_time,
+    });
+    Some(PolicyStatus {
+        observed_generation: generation,
+        conditions,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::v1alpha1::PolicySpec;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).unwrap())
+    }
+
+    fn policy(generation: i64, status: Option<PolicyStatus>) -> Policy {
+        let mut p = Policy::new("p", PolicySpec::default());
+        p.metadata.generation = Some(generation);
+        p.status = status;
+        p
+    }
+
+    #[test]
+    fn invalid_lists_every_problem_and_is_not_ready() {
+        let out = Outcome::Invalid(vec!["spec.a: bad".into(), "spec.b: worse".into()]);
+        let s = desired_status(&policy(3, None), &out, at(10)).unwrap();
+        assert_eq!(s.observed_generation, Some(3));
+        let c = &s.conditions[0];
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "InvalidSpec"));
+        assert_eq!(c.message, "spec.a: bad; spec.b: worse");
+        assert_eq!(c.observed_generation, Some(3));
+    }
+
+    #[test]
+    fn unchanged_status_needs_no_write_and_keeps_transition_time() {
+        let first = desired_status(&policy(1, None), &Outcome::Wired, at(10)).unwrap();
+        assert!(desired_status(&policy(1, Some(first.clone())), &Outcome::Wired, at(20)).is_none());
+        // New generation, same truth: rewritten, but the transition time stays.
+        let second = desired_status(&policy(2, Some(first)), &Outcome::Wired, at(30)).unwrap();
+        assert_eq!(second.observed_generation, Some(2));
+        assert_eq!(second.conditions[0].last_transition_time, at(10));
+    }
+
+    #[test]
+    fn flipping_moves_the_transition_time() {
+        let wired = desired_status(&policy(1, None), &Outcome::Wired, at(10)).unwrap();
+        let bad = desired_status(
+            &policy(2, Some(wired)),
+            &Outcome::Invalid(vec!["x: y".into()]),
+            at(50),
+        )
+        .unwrap();
+        assert_eq!(bad.conditions.len(), 1);
+        assert_eq!(bad.conditions[0].last_transition_time, at(50));
+    }
+}

@@ -1,0 +1,145 @@
+//! Applying a Policy's `mutate` list to an object.
+//!
+//! Mutations run in order, each on the output of the previous one. A single [`merge`] is
+//! idempotent, but a list is not necessarily: a `forEach` over `spec.containers` followed by a
+//! merge that appends a sidecar container leaves the sidecar without what the `forEach` gave the
+//! others, and a second run (the API server's reinvocation) would add it. So the list is applied
+//! until the object stops changing: the result is a fixed point, and applying the Policy again
+//! (reinvocation, or `eval` twice) changes nothing. An object that is already a fixed point costs a
+//! single pass. Unguarded lists settle within a few passes; a `when` guard that reads a field a
+//! later mutation writes may not settle, in which case the last pass is kept and a warning says
+//! so (the bound is `mutate.len() + 2` passes).
+//!
+//! Guards see the object as it was before their own mutation; a `forEach` guard is evaluated for
+//! every element first, then the merges are applied.
+//!
+//! Two rules keep unguarded lists settling (see the property tests): `forEach` only merges into
+//! elements that are objects, and a `forEach` merge may not mention `name` (validation rejects
+//! it), since renaming or un-naming elements would let a named merge append them again on every
+//! pass.
+use serde_json::Value;
+
+use super::cel::{self, Activation, CelError};
+use super::merge::{array_at, array_at_mut, merge};
+use super::policy::CompiledPolicy;
+use crate::api::v1alpha1::FailurePolicy;
+
+/// A `when` guard that failed at run time.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum MutateError {
+    /// `spec.mutate[index].when` raised an error or did not return a bool.
+    #[error("spec.mutate[{index}].when: {source}")]
+    When { index: usize, source: CelError },
+}
+
+/// The mutated object and what happened on the way.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mutated {
+    /// The object after every mutation, a fixed point of the list when `settled`.
+    pub object: Value,
+    /// Guard failures skipped under `failurePolicy: Ignore`, each once.
+    pub ignored: Vec<MutateError>,
+    /// Whether the list reached a fixed point within the pass bound.
+    pub settled: bool,
+}
+
+/// Applies `policy`'s mutations to a copy of `object`. A guard failure under
+/// `failurePolicy: Fail` is an error; under `Ignore` that mutation (or element) is skipped.
+pub fn apply(
+    policy: &CompiledPolicy,
+    object: &Value,
+    old_object: Option<&Value>,
+    request: &Value,
+) -> Result<Mutated, MutateError> {
+    let mut ignored = Vec::new();
+    let max_passes = policy.spec().mutate.len() + 2;
+    let mut previous = object.clone();
+    for _ in 0..max_passes {
+        let mut next = previous.clone();
+        pass(policy, &mut next, old_object, request, &mut ignored)?;
+        if next == previous {
+            return Ok(Mutated {
+                object: next,
+                ignored,
+                settled: true,
+            });
+        }
+        previous = next;
+    }
+    Ok(Mutated {
+        object: previous,
+        ignored,
+        settled: false,
+    })
+}
+
+/// The elements `forEach` merges into: the objects of the array at `path`. Other elements
+/// (scalars, nulls, nested arrays) are left alone: merging an object into them could only replace
+/// them, and a later union or named merge would then append them again, pass after pass.
+fn elements_mut<'a>(object: &'a mut Value, path: &str) -> impl Iterator<Item = &'a mut Value> {
+    array_at_mut(object, path)
+        .into_iter()
+        .flatten()
+        .filter(|e| e.is_object())
+}
+
+fn pass(
+    policy: &CompiledPolicy,
+    object: &mut Value,
+    old_object: Option<&Value>,
+    request: &Value,
+    ignored: &mut Vec<MutateError>,
+) -> Result<(), MutateError> {
+    let spec = policy.spec();
+    let mut failed = |index: usize, source: CelError| {
+        let e = MutateError::When { index, source };
+        match spec.failure_policy {
+            FailurePolicy::Fail => Err(e),
+            FailurePolicy::Ignore => {
+                if !ignored.contains(&e) {
+                    ignored.push(e);
+                }
+                Ok(())
+            }
+        }
+    };
+    for (index, (mutation, when)) in spec.mutate.iter().zip(&policy.whens).enumerate() {
+        match (&mutation.for_each, when) {
+            (None, None) => merge(object, &mutation.merge, mutation.overwrite),
+            (None, Some(guard)) => {
+                let decision = cel::eval_bool(guard, &Activation::new(Some(object), old_object, request));
+                match decision {
+                    Ok(true) => merge(object, &mutation.merge, mutation.overwrite),
+                    Ok(false) => {}
+                    Err(e) => failed(index, e)?,
+                }
+            }
+            (Some(path), None) => {
+                for element in elements_mut(object, path) {
+                    merge(element, &mutation.merge, mutation.overwrite);
+                }
+            }
+            (Some(path), Some(guard)) => {
+                let decisions: Vec<Result<bool, CelError>> = match array_at(object, path) {
+                    None => continue,
+                    Some(elements) => {
+                        let vars = Activation::new(Some(object), old_object, request);
+                        elements
+                            .iter()
+                            .filter(|e| e.is_object())
+                            .map(|e| cel::eval_bool(guard, &vars.with_element(e)))
+                            .collect()
+                    }
+                };
+                for (element, decision) in elements_mut(object, path).zip(decisions) {
+                    match decision {
+                        Ok(true) => merge(element, &mutation.merge, mutation.overwrite),
+                        Ok(false) => {}
+                        Err(e) => failed(index, e)?,
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,507 @@
+//! Validation and compilation of Policies.
+//!
+//! [`validate`] is the single judge of what a valid Policy is: the Policy admission webhook, the
+//! controller (which writes the problems into status) and `gatehouse eval` all call it, so a
+//! Policy is never accepted by one and rejected by another. It reports every problem at once,
+//! each with the field path a user has to edit.
+use std::collections::BTreeSet;
+use std::fmt;
+
+use ::cel::Program;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::ResourceExt;
+
+use super::cel::{self, Site};
+use super::merge::is_valid_path;
+use crate::api::v1alpha1::{Operation, Policy, PolicySpec, ReinvocationPolicy};
+
+/// One thing wrong with a Policy, at a field path such as `spec.validate[0].expression`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub path: String,
+    pub message: String,
+}
+
+impl Problem {
+    fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Problem {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// A Policy that [`compile`] refused, with every problem [`validate`] found.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct InvalidPolicy {
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for InvalidPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid Policy: ")?;
+        for (i, p) in self.problems.iter().enumerate() {
+            if i > 0 {
+                write!(f, "; ")?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A valid Policy with its CEL compiled, shared by every review of its generation.
+///
+/// `Send + Sync` (asserted in the tests): `cel::Program` is plain AST data, and the CEL
+/// environment lives in a process-wide static, so the webhook server can hand
+/// `Arc<CompiledPolicy>` to any task.
+#[derive(Debug)]
+pub struct CompiledPolicy {
+    name: String,
+    generation: Option<i64>,
+    spec: PolicySpec,
+    /// `spec.match.conditions[i]`.
+    pub(crate) conditions: Vec<Program>,
+    /// `spec.mutate[i].when`.
+    pub(crate) whens: Vec<Option<Program>>,
+    /// `spec.validate[i].expression`.
+    pub(crate) validations: Vec<Program>,
+}
+
+impl CompiledPolicy {
+    /// `metadata.name`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `metadata.generation` this was compiled from.
+    pub fn generation(&self) -> Option<i64> {
+        self.generation
+    }
+
+    /// The spec this was compiled from.
+    pub fn spec(&self) -> &PolicySpec {
+        &self.spec
+    }
+
+    /// Whether the Policy belongs in the MutatingWebhookConfiguration.
+    pub fn has_mutations(&self) -> bool {
+        !self.spec.mutate.is_empty()
+    }
+
+    /// Whether the Policy belongs in the ValidatingWebhookConfiguration.
+    pub fn has_validations(&self) -> bool {
+        !self.spec.validate.is_empty()
+    }
+}
+
+/// Every problem of `policy`; empty means valid.
+pub fn validate(policy: &Policy) -> Vec<Problem> {
+    analyse(&policy.spec).0
+}
+
+/// Validates `policy` and compiles its CEL once.
+pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
+    match analyse(&policy.spec) {
+        (problems, Some(programs)) if problems.is_empty() => Ok(CompiledPolicy {
+            name: policy.name_any(),
+            generation: policy.metadata.generation,
+            spec: policy.spec.clone(),
+            conditions: programs.conditions,
+            whens: programs.whens,
+            validations: programs.validations,
+        }),
+        // An expression that does not compile always leaves a problem behind.
+        (problems, _) => Err(InvalidPolicy { problems }),
+    }
+}
+
+struct Programs {
+    conditions: Vec<Program>,
+    whens: Vec<Option<Program>>,
+    validations: Vec<Program>,
+}
+
+/// The checks, compiling each expression on the way: the programs are only returned when every
+/// expression compiled.
+fn analyse(spec: &PolicySpec) -> (Vec<Problem>, Option<Programs>) {
+    let mut problems = Vec::new();
+    if spec.mutate.is_empty() && spec.validate.is_empty() {
+        problems.push(Problem::new(
+            "spec",
+            "at least one of mutate or validate must be set",
+        ));
+    }
+    if !(1..=30).contains(&spec.timeout_seconds) {
+        problems.push(Problem::new(
+            "spec.timeoutSeconds",
+            format!("must be between 1 and 30, got {}", spec.timeout_seconds),
+        ));
+    }
+    if spec.reinvocation_policy == ReinvocationPolicy::IfNeeded && spec.mutate.is_empty() {
+        problems.push(Problem::new(
+            "spec.reinvocationPolicy",
+            "IfNeeded is only meaningful for mutating policies (spec.mutate is empty)",
+        ));
+    }
+    check_rules(spec, &mut problems);
+    for (field, selector) in [
+        ("namespaceSelector", &spec.match_.namespace_selector),
+        ("objectSelector", &spec.match_.object_selector),
+    ] {
+        if let Some(selector) = selector {
+            check_selector(&format!("spec.match.{field}"), selector, &mut problems);
+        }
+    }
+
+    let mut all_compiled = true;
+    let mut names = BTreeSet::new();
+    let mut conditions = Vec::new();
+    for (i, condition) in spec.match_.conditions.iter().enumerate() {
+        let path = format!("spec.match.conditions[{i}]");
+        if condition.name.trim().is_empty() {
+            problems.push(Problem::new(format!("{path}.name"), "must not be empty"));
+        } else if !names.insert(condition.name.as_str()) {
+            problems.push(Problem::new(
+                format!("{path}.name"),
+                format!("duplicate condition name {:?}", condition.name),
+            ));
+        }
+        let path = format!("{path}.expression");
+        match check_expression(&path, &condition.expression, Site::MatchCondition, &mut problems) {
+            Some(p) => conditions.push(p),
+            None => all_compiled = false,
+        }
+    }
+
+    let mut whens = Vec::new();
+    for (i, mutation) in spec.mutate.iter().enumerate() {
+        let path = format!("spec.mutate[{i}]");
+        if !mutation.merge.is_object() {
+            problems.push(Problem::new(
+                format!("{path}.merge"),
+                format!("must be a JSON object, got {}", json_type(&mutation.merge)),
+            ));
+        }
+        if let Some(for_each) = &mutation.for_each {
+            if mutation.merge.get("name").is_some() {
+                problems.push(Problem::new(
+                    format!("{path}.merge.name"),
+                    "a forEach merge must not set or remove name: array elements are merged by \
+                     name, so renaming them would never settle",
+                ));
+            }
+            if !is_valid_path(for_each) {
+                problems.push(Problem::new(
+                    format!("{path}.forEach"),
+                    format!(
+                        "{for_each:?} is not a dotted path of non-empty [A-Za-z0-9_-] segments, \
+                         e.g. spec.containers"
+                    ),
+                ));
+            }
+        }
+        match &mutation.when {
+            None => whens.push(None),
+            Some(when) => {
+                let site = Site::When {
+                    for_each: mutation.for_each.is_some(),
+                };
+                match check_expression(&format!("{path}.when"), when, site, &mut problems) {
+                    Some(p) => whens.push(Some(p)),
+                    None => all_compiled = false,
+                }
+            }
+        }
+    }
+
+    let mut validations = Vec::new();
+    for (i, rule) in spec.validate.iter().enumerate() {
+        let path = format!("spec.validate[{i}]");
+        if rule.message.trim().is_empty() {
+            problems.push(Problem::new(format!("{path}.message"), "must not be empty"));
+        }
+        let path = format!("{path}.expression");
+        match check_expression(&path, &rule.expression, Site::Validation, &mut problems) {
+            Some(p) => validations.push(p),
+            None => all_compiled = false,
+        }
+    }
+
+    let programs = all_compiled.then_some(Programs {
+        conditions,
+        whens,
+        validations,
+    });
+    (problems, programs)
+}
+
+/// Compiles one expression and checks its variables; `None` when it does not compile.
+fn check_expression(
+    path: &str,
+    source: &str,
+    site: Site,
+    problems: &mut Vec<Problem>,
+) -> Option<Program> {
+    if source.trim().is_empty() {
+        problems.push(Problem::new(path, "must not be empty"));
+        return None;
+    }
+    match cel::compile(source) {
+        Ok(program) => {
+            for unknown in cel::unknown_variables(&program, site) {
+                let hint = if unknown == "element" {
+                    " (element is only bound in the when of a mutation with forEach)".to_string()
+                } else {
+                    format!(" (known: {})", site.variables().join(", "))
+                };
+                problems.push(Problem::new(
+                    path,
+                    format!("unknown variable {unknown:?}{hint}"),
+                ));
+            }
+            Some(program)
+        }
+        Err(e) => {
+            problems.push(Problem::new(path, e.to_string()));
+            None
+        }
+    }
+}
+
+fn check_rules(spec: &PolicySpec, problems: &mut Vec<Problem>) {
+    if spec.match_.rules.is_empty() {
+        problems.push(Problem::new("spec.match.rules", "must not be empty"));
+    }
+    for (i, rule) in spec.match_.rules.iter().enumerate() {
+        let path = format!("spec.match.rules[{i}]");
+        if rule.operations.is_empty() {
+            problems.push(Problem::new(format!("{path}.operations"), "must not be empty"));
+        } else if rule.operations.contains(&Operation::All) && rule.operations.len() > 1 {
+            problems.push(Problem::new(
+                format!("{path}.operations"),
+                "\"*\" already means every operation: list nothing else",
+            ));
+        }
+        for (field, list) in [
+            ("apiGroups", &rule.api_groups),
+            ("apiVersions", &rule.api_versions),
+        ] {
+            if list.is_empty() {
+                problems.push(Problem::new(format!("{path}.{field}"), "must not be empty"));
+            } else if list.iter().any(|s| s == "*") && list.len() > 1 {
+                problems.push(Problem::new(
+                    format!("{path}.{field}"),
+                    "\"*\" already means all: list nothing else",
+                ));
+            }
+        }
+        for (j, version) in rule.api_versions.iter().enumerate() {
+            if version.trim().is_empty() {
+                problems.push(Problem::new(
+                    format!("{path}.apiVersions[{j}]"),
+                    "must not be empty",
+                ));
+            }
+        }
+        if rule.resources.is_empty() {
+            problems.push(Problem::new(format!("{path}.resources"), "must not be empty"));
+        }
+        for (j, resource) in rule.resources.iter().enumerate() {
+            if !is_valid_resource(resource) {
+                problems.push(Problem::new(
+                    format!("{path}.resources[{j}]"),
+                    format!(
+                        "{resource:?} is not a resource: want \"*\", \"res\", \"res/sub\", \
+                         \"*/sub\", \"res/*\" or \"*/*\" (lowercase)"
+                    ),
+                ));
+            }
+        }
+    }
+}
+
+/// `*`, `res`, `res/sub`, `*/sub`, `res/*`, `*/*`, with lowercase DNS-ish names.
+fn is_valid_resource(resource: &str) -> bool {
+    let part = |s: &str| {
+        s == "*"
+            || (!s.is_empty()
+                && s.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.'))
+    };
+    match resource.split_once('/') {
+        None => part(resource),
+        Some((res, sub)) => part(res) && part(sub),
+    }
+}
+
+fn check_selector(path: &str, selector: &LabelSelector, problems: &mut Vec<Problem>) {
+    for (i, req) in selector
+        .match_expressions
+        .iter()
+        .flatten()
+        .enumerate()
+    {
+        let path = format!("{path}.matchExpressions[{i}]");
+        if req.key.is_empty() {
+            problems.push(Problem::new(format!("{path}.key"), "must not be empty"));
+        }
+        let values = req.values.as_deref().unwrap_or_default();
+        match req.operator.as_str() {
+            "In" | "NotIn" if values.is_empty() => problems.push(Problem::new(
+                format!("{path}.values"),
+                format!("must not be empty for operator {}", req.operator),
+            )),
+            "Exists" | "DoesNotExist" if !values.is_empty() => problems.push(Problem::new(
+                format!("{path}.values"),
+                format!("must be empty for operator {}", req.operator),
+            )),
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            other => problems.push(Problem::new(
+                format!("{path}.operator"),
+                format!("{other:?} is not one of In, NotIn, Exists, DoesNotExist"),
+            )),
+        }
+    }
+}
+
+fn json_type(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a bool",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(spec: serde_json::Value) -> Policy {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "gatehouse.dev/v1alpha1",
+            "kind": "Policy",
+            "metadata": {"name": "p", "generation": 3},
+            "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    const RULES: &str = r#"{"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]}"#;
+
+    fn rules() -> serde_json::Value {
+        serde_json::from_str(RULES).unwrap()
+    }
+
+    #[test]
+    fn compiled_policy_is_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<CompiledPolicy>();
+        assert_send_sync::<std::sync::Arc<CompiledPolicy>>();
+    }
+
+    #[test]
+    fn a_valid_policy_compiles() {
+        let p = policy(serde_json::json!({
+            "match": rules(),
+            "mutate": [{"forEach": "spec.containers", "when": "element.name != 'x'", "merge": {"a": 1}}],
+            "validate": [{"expression": "object.spec.containers.all(c, has(c.resources))", "message": "m"}],
+        }));
+        assert_eq!(validate(&p), vec![]);
+        let c = compile(&p).unwrap();
+        assert_eq!(c.name(), "p");
+        assert_eq!(c.generation(), Some(3));
+        assert!(c.has_mutations() && c.has_validations());
+        assert_eq!(c.whens.len(), 1);
+        assert_eq!(c.validations.len(), 1);
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_path() {
+        let p = policy(serde_json::json!({
+            "match": {
+                "rules": [{"operations": [], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods/a/b", "Pods"]}],
+                "conditions": [
+                    {"name": "c", "expression": "objct.x == 1"},
+                    {"name": "c", "expression": "authorizer.requestResource.check('get').allowed()"},
+                ],
+                "objectSelector": {"matchExpressions": [{"key": "k", "operator": "Maybe"}]},
+            },
+            "timeoutSeconds": 31,
+            "reinvocationPolicy": "IfNeeded",
+            "mutate": [],
+            "validate": [{"expression": "object.spec.(", "message": " "}],
+        }));
+        let got: Vec<String> = validate(&p).iter().map(ToString::to_string).collect();
+        let want = [
+            "spec.timeoutSeconds: must be between 1 and 30, got 31",
+            "spec.reinvocationPolicy: IfNeeded is only meaningful for mutating policies (spec.mutate is empty)",
+            "spec.match.rules[0].operations: must not be empty",
+            "spec.match.rules[0].resources[0]: ",
+            "spec.match.rules[0].resources[1]: ",
+            "spec.match.objectSelector.matchExpressions[0].operator: ",
+            "spec.match.conditions[0].expression: unknown variable \"objct\"",
+            "spec.match.conditions[1].name: duplicate condition name \"c\"",
+            "spec.validate[0].message: must not be empty",
+            "spec.validate[0].expression: does not compile: ",
+        ];
+        assert_eq!(got.len(), want.len(), "{got:#?}");
+        for w in want {
+            assert!(got.iter().any(|g| g.starts_with(w)), "missing {w:?} in {got:#?}");
+        }
+        let err = compile(&p).unwrap_err();
+        assert_eq!(err.problems.len(), want.len());
+        assert!(err.to_string().contains("spec.timeoutSeconds"));
+    }
+
+    #[test]
+    fn mutation_problems() {
+        let p = policy(serde_json::json!({
+            "match": rules(),
+            "mutate": [
+                {"merge": [1]},
+                {"forEach": "spec..containers", "merge": {}},
+                {"forEach": "spec.containers", "merge": {"name": null}},
+                {"when": "element.name == 'a'", "merge": {}},
+            ],
+        }));
+        let got: Vec<String> = validate(&p).iter().map(ToString::to_string).collect();
+        assert_eq!(got.len(), 4, "{got:#?}");
+        assert!(got[0].starts_with("spec.mutate[0].merge: must be a JSON object, got an array"));
+        assert!(got[1].starts_with("spec.mutate[1].forEach: \"spec..containers\""));
+        assert!(got[2].starts_with("spec.mutate[2].merge.name: a forEach merge must not"));
+        assert!(got[3].starts_with("spec.mutate[3].when: unknown variable \"element\""));
+    }
+
+    #[test]
+    fn empty_policy() {
+        let p = policy(serde_json::json!({"match": {"rules": []}}));
+        let got: Vec<String> = validate(&p).iter().map(ToString::to_string).collect();
+        assert_eq!(
+            got,
+            [
+                "spec: at least one of mutate or validate must be set",
+                "spec.match.rules: must not be empty"
+            ]
+        );
+    }
+
+    #[test]
+    fn resource_forms() {
+        for ok in ["*", "pods", "pods/status", "*/scale", "pods/*", "*/*", "foos.example.com"] {
+            assert!(is_valid_resource(ok), "{ok}");
+        }
+        for bad in ["", "/", "pods/", "/status", "a/b/c", "Pods", "pods status"] {
+            assert!(!is_valid_resource(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,589 @@
+//! Transitions of the rotation state machine and properties of the generated certificates.
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustls::RootCertStore;
+use rustls::client::WebPkiServerVerifier;
+use rustls::client::danger::ServerCertVerifier;
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+use x509_parser::extensions::GeneralName;
+use x509_parser::oid_registry::{OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY};
+use x509_parser::prelude::{FromDer, X509Certificate};
+
+use super::pki::{self, cert_ders, from_unix, parse_cert_pem, unix_secs};
+use super::*;
+
+const DNS_NAME: &str = "gatehouse.gatehouse-system.svc";
+const IP_NAME: &str = "127.0.0.1";
+
+fn sans() -> Vec<San> {
+    vec![
+        San::parse("gatehouse"),
+        San::parse("gatehouse.gatehouse-system"),
+        San::parse(DNS_NAME),
+        San::parse("gatehouse.gatehouse-system.svc.cluster.local"),
+        San::parse(IP_NAME),
+    ]
+}
+
+/// The short lifetimes of the e2e test: CA 20s, serving 8s, grace 2s.
+fn cfg() -> TlsConfig {
+    let mut c = TlsConfig::new("gatehouse-system", sans());
+    c.ca_validity = Duration::from_secs(20);
+    c.cert_validity = Duration::from_secs(8);
+    c.bundle_propagation = Duration::from_secs(2);
+    c
+}
+
+/// A whole-second base time, so expected certificate times are exact.
+fn t0() -> SystemTime {
+    from_unix(unix_secs(SystemTime::now()))
+}
+
+fn at(base: SystemTime, secs: f64) -> SystemTime {
+    if secs >= 0.0 {
+        base + Duration::from_secs_f64(secs)
+    } else {
+        base - Duration::from_secs_f64(-secs)
+    }
+}
+
+fn fresh(now: SystemTime, cfg: &TlsConfig) -> TlsMaterial {
+    let m = TlsMaterial::default();
+    assert_eq!(
+        plan(&m, now, cfg),
+        Action::Create {
+            reason: Reason::Missing
+        }
+    );
+    apply(&m, plan(&m, now, cfg), now, cfg).unwrap()
+}
+
+fn step(m: &TlsMaterial, now: SystemTime, cfg: &TlsConfig, expected: Action) -> TlsMaterial {
+    assert_eq!(plan(m, now, cfg), expected);
+    apply(m, expected, now, cfg).unwrap()
+}
+
+fn bundle_len(m: &TlsMaterial) -> usize {
+    cert_ders(&m.ca_bundle_pem()).unwrap().len()
+}
+
+fn serving_pem(m: &TlsMaterial) -> &str {
+    &m.serving.as_ref().unwrap().cert_pem
+}
+
+/// Verifies the serving certificate the way a TLS client trusting `bundle_pem` would.
+fn verifies(bundle_pem: &str, cert_pem: &str, name: &str, now: SystemTime) -> bool {
+    let mut roots = RootCertStore::empty();
+    for der in cert_ders(bundle_pem).unwrap() {
+        roots.add(CertificateDer::from(der)).unwrap();
+    }
+    let verifier = WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .build()
+    .unwrap();
+    let leaf = CertificateDer::from(cert_ders(cert_pem).unwrap().remove(0));
+    let name = ServerName::try_from(name.to_string()).unwrap();
+    let now = UnixTime::since_unix_epoch(now.duration_since(UNIX_EPOCH).unwrap());
+    verifier
+        .verify_server_cert(&leaf, &[], &name, &[], now)
+        .is_ok()
+}
+
+fn verifies_both_names(bundle_pem: &str, cert_pem: &str, now: SystemTime) -> bool {
+    verifies(bundle_pem, cert_pem, DNS_NAME, now) && verifies(bundle_pem, cert_pem, IP_NAME, now)
+}
+
+fn issued_by_pem(cert_pem: &str, ca_pem: &str) -> bool {
+    pki::issued_by(
+        &parse_cert_pem(cert_pem).unwrap(),
+        &parse_cert_pem(ca_pem).unwrap(),
+    )
+}
+
+#[test]
+fn fresh_material_is_created_and_then_kept() {
+    let (cfg, t0) = (cfg(), t0());
+    let m = fresh(t0, &cfg);
+    assert!(m.next_ca.is_none() && m.previous_ca_pem.is_none());
+    assert_eq!(bundle_len(&m), 1);
+    // Serving: not_before t0-1 (backdate), not_after t0+8, renewal at 2/3 of 9s.
+    assert_eq!(
+        plan(&m, at(t0, 1.0), &cfg),
+        Action::Keep {
+            next_check: at(t0, 5.0)
+        }
+    );
+    assert!(verifies_both_names(
+        &m.ca_bundle_pem(),
+        serving_pem(&m),
+        at(t0, 0.0)
+    ));
+}
+
+#[test]
+fn generated_certificates_have_the_right_properties() {
+    let (cfg, t0) = (cfg(), t0());
+    let m = fresh(t0, &cfg);
+    let ca_der = cert_ders(&m.ca.as_ref().unwrap().cert_pem)
+        .unwrap()
+        .remove(0);
+    let (_, ca) = X509Certificate::from_der(&ca_der).unwrap();
+    let srv_der = cert_ders(serving_pem(&m)).unwrap().remove(0);
+    let (_, srv) = X509Certificate::from_der(&srv_der).unwrap();
+    let ts = |secs: i64| unix_secs(t0) + secs;
+
+    // CA: self-signed, CA:TRUE pathlen 0 (critical), may sign certificates.
+    let bc = ca.basic_constraints().unwrap().unwrap();
+    assert!(bc.critical && bc.value.ca);
+    assert_eq!(bc.value.path_len_constraint, Some(0));
+    assert!(ca.key_usage().unwrap().unwrap().value.key_cert_sign());
+    assert_eq!(ca.issuer().as_raw(), ca.subject().as_raw());
+    ca.verify_signature(None).unwrap();
+    assert_eq!(ca.validity().not_before.timestamp(), ts(-2));
+    assert_eq!(ca.validity().not_after.timestamp(), ts(20));
+
+    // Serving: issued by the CA, not a CA, for server auth, exactly the configured SANs.
+    assert_eq!(srv.issuer().as_raw(), ca.subject().as_raw());
+    srv.verify_signature(Some(ca.public_key())).unwrap();
+    assert!(!srv.is_ca());
+    assert!(srv.extended_key_usage().unwrap().unwrap().value.server_auth);
+    assert_eq!(srv.validity().not_before.timestamp(), ts(-1));
+    assert_eq!(srv.validity().not_after.timestamp(), ts(8));
+    let names: Vec<String> = srv
+        .subject_alternative_name()
+        .unwrap()
+        .unwrap()
+        .value
+        .general_names
+        .iter()
+        .map(|n| match n {
+            GeneralName::DNSName(d) => d.to_string(),
+            GeneralName::IPAddress(b) => IpAddr::from(<[u8; 4]>::try_from(*b).unwrap()).to_string(),
+            other => panic!("unexpected SAN {other:?}"),
+        })
+        .collect();
+    let expected: Vec<String> = sans().iter().map(ToString::to_string).collect();
+    assert_eq!(names, expected);
+
+    // Both keys are ECDSA P-256.
+    for cert in [&ca, &srv] {
+        let alg = &cert.public_key().algorithm;
+        assert_eq!(alg.algorithm, OID_KEY_TYPE_EC_PUBLIC_KEY);
+        let curve = alg.parameters.as_ref().unwrap().as_oid().unwrap();
+        assert_eq!(curve, OID_EC_P256);
+    }
+    for key in [
+        &m.ca.as_ref().unwrap().key_pem,
+        &m.serving.as_ref().unwrap().key_pem,
+    ] {
+        let key = rcgen::KeyPair::from_pem(key).unwrap();
+        assert_eq!(key.algorithm(), &rcgen::PKCS_ECDSA_P256_SHA256);
+    }
+}
+
+#[test]
+fn serving_at_70_percent_is_renewed_under_the_same_ca() {
+    let (cfg, t0) = (cfg(), t0());
+    let m = fresh(t0, &cfg);
+    // 70% of the 9s lifetime starting at t0-1.
+    let now = at(t0, -1.0 + 0.7 * 9.0);
+    let renewed = step(
+        &m,
+        now,
+        &cfg,
+        Action::RenewServing {
+            reason: Reason::NearExpiry,
+        },
+    );
+    assert_eq!(renewed.ca, m.ca);
+    assert_ne!(renewed.serving, m.serving);
+    // No bundle change is needed for a renewal under the same CA.
+    assert_eq!(renewed.ca_bundle_pem(), m.ca_bundle_pem());
+    assert!(verifies_both_names(
+        &renewed.ca_bundle_pem(),
+        serving_pem(&renewed),
+        now
+    ));
+    assert!(matches!(plan(&renewed, now, &cfg), Action::Keep { .. }));
+}
+
+#[test]
+fn serving_is_capped_at_the_ca_expiry() {
+    let (cfg, t0) = (cfg(), t0());
+    let m = fresh(t0, &cfg);
+    let late = at(t0, 15.0);
+    let renewed = apply(
+        &m,
+        Action::RenewServing {
+            reason: Reason::NearExpiry,
+        },
+        late,
+        &cfg,
+    )
+    .unwrap();
+    let info = parse_cert_pem(serving_pem(&renewed)).unwrap();
+    assert_eq!(info.not_after, at(t0, 20.0));
+}
+
+/// Drives a full CA rotation and checks every phase.
+#[test]
+fn ca_rotation_goes_through_both_graces() {
+    let (cfg, t0) = (cfg(), t0());
+    let m = fresh(t0, &cfg);
+    // Renew the serving certificate first (the first one has expired by t0+12), so that at
+    // the CA's 70% only the CA is due.
+    let m = step(
+        &m,
+        at(t0, 12.0),
+        &cfg,
+        Action::RenewServing {
+            reason: Reason::Expired,
+        },
+    );
+    let old_ca = m.ca.clone().unwrap();
+    let old_serving = m.serving.clone().unwrap();
+
+    // CA lifetime 22s from t0-2: 70% is t0+13.4. Phase 1: bundle = old + new.
+    let started = at(t0, -2.0 + 0.7 * 22.0);
+    let m = step(
+        &m,
+        started,
+        &cfg,
+        Action::StartCaRotation {
+            reason: Reason::NearExpiry,
+        },
+    );
+    assert_eq!(m.ca.as_ref(), Some(&old_ca), "the old CA keeps signing");
+    assert_eq!(
+        m.serving.as_ref(),
+        Some(&old_serving),
+        "the serving cert is untouched"
+    );
+    let next_ca = m.next_ca.clone().unwrap();
+    assert_eq!(bundle_len(&m), 2);
+    assert!(m.ca_bundle_pem().contains(old_ca.cert_pem.trim()));
+    assert!(m.ca_bundle_pem().contains(next_ca.cert_pem.trim()));
+    assert!(verifies_both_names(
+        &m.ca_bundle_pem(),
+        serving_pem(&m),
+        started
+    ));
+
+    // The switch waits for the propagation grace: 2s after the start, stored rounded up
+    // to t0+14.
+    assert_eq!(m.rotation_started_at, Some(at(t0, 14.0)));
+    assert_eq!(
+        plan(&m, at(t0, 15.9), &cfg),
+        Action::Keep {
+            next_check: at(t0, 16.0)
+        }
+    );
+    // A serving renewal during phase 1 still uses the old CA.
+    let renewed = apply(
+        &m,
+        Action::RenewServing {
+            reason: Reason::NearExpiry,
+        },
+        at(t0, 14.0),
+        &cfg,
+    )
+    .unwrap();
+    assert!(issued_by_pem(serving_pem(&renewed), &old_ca.cert_pem));
+
+    // Phase 2: the new CA signs, the old one stays in the bundle.
+    let switched = at(t0, 16.0);
+    let m = step(&m, switched, &cfg, Action::FinishCaRotation);
+    assert_eq!(m.ca.as_ref(), Some(&next_ca));
+    assert!(m.next_ca.is_none());
+    assert_eq!(m.previous_ca_pem.as_deref(), Some(old_ca.cert_pem.as_str()));
+    assert!(issued_by_pem(serving_pem(&m), &next_ca.cert_pem));
+    assert_eq!(bundle_len(&m), 2);
+    assert!(verifies_both_names(
+        &m.ca_bundle_pem(),
+        serving_pem(&m),
+        switched
+    ));
+    assert!(verifies_both_names(
+        &m.ca_bundle_pem(),
+        &old_serving.cert_pem,
+        switched
+    ));
+
+    // The old CA goes only after the second grace.
+    assert_eq!(
+        plan(&m, at(t0, 17.9), &cfg),
+        Action::Keep {
+            next_check: at(t0, 18.0)
+        }
+    );
+    let dropped_at = at(t0, 18.0);
+    let m = step(&m, dropped_at, &cfg, Action::DropOldCa);
+    assert!(m.previous_ca_pem.is_none() && m.previous_retired_at.is_none());
+    assert_eq!(bundle_len(&m), 1);
+    assert!(verifies_both_names(
+        &m.ca_bundle_pem(),
+        serving_pem(&m),
+        dropped_at
+    ));
+    assert!(!verifies(
+        &m.ca_bundle_pem(),
+        &old_serving.cert_pem,
+        DNS_NAME,
+        dropped_at
+    ));
+    assert!(matches!(plan(&m, dropped_at, &cfg), Action::Keep { .. }));
+}
+
+#[test]
+fn no_new_rotation_while_the_previous_ca_is_still_in_the_bundle() {
+    let (cfg, t0) = (cfg(), t0());
+    let mut m = fresh(t0, &cfg);
+    // A previous CA retired just now, while the current CA is already past its 2/3.
+    m.previous_ca_pem = Some(fresh(t0, &cfg).ca.unwrap().cert_pem);
+    m.previous_retired_at = Some(at(t0, 14.0));
+    m = apply(
+        &m,
+        Action::RenewServing {
+            reason: Reason::NearExpiry,
+        },
+        at(t0, 14.0),
+        &cfg,
+    )
+    .unwrap();
+    assert_eq!(
+        plan(&m, at(t0, 14.5), &cfg),
+        Action::Keep {
+            next_check: at(t0, 16.0)
+        }
+    );
+    let m = step(&m, at(t0, 16.0), &cfg, Action::DropOldCa);
+    assert_eq!(
+        plan(&m, at(t0, 16.0), &cfg),
+        Action::StartCaRotation {
+            reason: Reason::NearExpiry
+        }
+    );
+}
+
+#[test]
+fn changed_sans_reissue_the_serving_certificate() {
+    let (mut cfg, t0) = (cfg(), t0());
+    let m = fresh(t0, &cfg);
+    cfg.sans.push(San::parse("webhook.example.com"));
+    let m2 = step(
+        &m,
+        t0,
+        &cfg,
+        Action::RenewServing {
+            reason: Reason::SansChanged,
+        },
+    );
+    assert_eq!(m2.ca, m.ca);
+    assert!(verifies(
+        &m2.ca_bundle_pem(),
+        serving_pem(&m2),
+        "webhook.example.com",
+        t0
+    ));
+    // Order and case do not matter.
+    cfg.sans.reverse();
+    cfg.sans.push(San::Dns("GATEHOUSE".into()));
+    assert!(matches!(plan(&m2, t0, &cfg), Action::Keep { .. }));
+}
+
+#[test]
+fn broken_serving_material_is_reissued() {
+    let (cfg, t0) = (cfg(), t0());
+    let m = fresh(t0, &cfg);
+    let other = fresh(t0, &cfg);
+    let renew = |reason| Action::RenewServing { reason };
+
+    let mut bad = m.clone();
+    bad.serving = None;
+    assert_eq!(plan(&bad, t0, &cfg), renew(Reason::Missing));
+    bad.serving = Some(CertKeyPem {
+        cert_pem: "garbage".into(),
+        key_pem: "garbage".into(),
+    });
+    assert_eq!(plan(&bad, t0, &cfg), renew(Reason::Unparseable));
+    bad.serving = Some(CertKeyPem {
+        cert_pem: serving_pem(&m).into(),
+        key_pem: other.serving.as_ref().unwrap().key_pem.clone(),
+    });
+    assert_eq!(plan(&bad, t0, &cfg), renew(Reason::KeyMismatch));
+    bad.serving = other.serving.clone();
+    assert_eq!(plan(&bad, t0, &cfg), renew(Reason::NotIssuedByCa));
+    assert_eq!(plan(&m, at(t0, 8.0), &cfg), renew(Reason::Expired));
+}
+
+#[test]
+fn broken_or_expired_ca_is_replaced() {
+    let (cfg, t0) = (cfg(), t0());
+    let m = fresh(t0, &cfg);
+    let other = fresh(t0, &cfg);
+    let create = |reason| Action::Create { reason };
+
+    let mut bad = m.clone();
+    bad.ca.as_mut().unwrap().key_pem = other.ca.as_ref().unwrap().key_pem.clone();
+    assert_eq!(plan(&bad, t0, &cfg), create(Reason::KeyMismatch));
+    bad.ca = m.serving.clone();
+    assert_eq!(plan(&bad, t0, &cfg), create(Reason::NotACa));
+    bad.ca.as_mut().unwrap().cert_pem = "-----BEGIN CERTIFICATE-----\nAAAA\n".into();
+    assert_eq!(plan(&bad, t0, &cfg), create(Reason::Unparseable));
+    assert_eq!(plan(&m, at(t0, 20.0), &cfg), create(Reason::Expired));
+    let replaced = apply(&m, create(Reason::Expired), at(t0, 20.0), &cfg).unwrap();
+    assert_ne!(replaced.ca, m.ca);
+    assert!(matches!(
+        plan(&replaced, at(t0, 20.0), &cfg),
+        Action::Keep { .. }
+    ));
+}
+
+#[test]
+fn shorter_configured_validity_rotates_gracefully() {
+    let t0 = t0();
+    let long = TlsConfig::new("gatehouse-system", sans());
+    let m = fresh(t0, &long);
+    assert!(matches!(plan(&m, t0, &long), Action::Keep { .. }));
+    let short = cfg();
+    let m = step(
+        &m,
+        t0,
+        &short,
+        Action::RenewServing {
+            reason: Reason::ValidityChanged,
+        },
+    );
+    // The long-lived CA is rotated the graceful way, never replaced outright.
+    let m = step(
+        &m,
+        t0,
+        &short,
+        Action::StartCaRotation {
+            reason: Reason::ValidityChanged,
+        },
+    );
+    assert_eq!(bundle_len(&m), 2);
+}
+
+#[test]
+fn missing_rotation_timestamps_are_repaired() {
+    let (cfg, t0) = (cfg(), t0());
+    let m = fresh(t0, &cfg);
+    let mut m1 = m.clone();
+    m1.next_ca = fresh(t0, &cfg).ca;
+    assert_eq!(
+        plan(&m1, t0, &cfg),
+        Action::StartCaRotation {
+            reason: Reason::MissingTimestamp
+        }
+    );
+    let mut m2 = m.clone();
+    m2.previous_ca_pem = fresh(t0, &cfg).ca.map(|c| c.cert_pem);
+    assert_eq!(plan(&m2, t0, &cfg), Action::DropOldCa);
+}
+
+#[test]
+fn secret_data_round_trips_and_a_restart_adopts_it() {
+    let (cfg, t0) = (cfg(), t0());
+    let m = fresh(t0, &cfg);
+    let m = apply(
+        &m,
+        Action::StartCaRotation {
+            reason: Reason::NearExpiry,
+        },
+        at(t0, 13.5),
+        &cfg,
+    )
+    .unwrap();
+    let data = m.to_secret_data();
+    for key in [
+        "ca.crt",
+        "ca.key",
+        "tls.crt",
+        "tls.key",
+        "ca-next.crt",
+        "ca-bundle.crt",
+    ] {
+        assert!(data.contains_key(key), "{key} missing");
+    }
+    let read = TlsMaterial::from_secret_data(&data);
+    assert_eq!(read, m);
+    // What a restarted replica sees: the same CA, nothing to generate.
+    let restarted = TlsMaterial::from_secret_data(&read.to_secret_data());
+    assert_eq!(restarted.ca, m.ca);
+    assert_eq!(
+        plan(&restarted, at(t0, 13.6), &cfg),
+        plan(&m, at(t0, 13.6), &cfg)
+    );
+
+    let mut corrupt = data.clone();
+    corrupt.insert("ca.key".into(), k8s_openapi::ByteString(vec![0xff, 0xfe]));
+    assert!(TlsMaterial::from_secret_data(&corrupt).ca.is_none());
+    assert_eq!(
+        TlsMaterial::from_secret_data(&BTreeMap::new()),
+        TlsMaterial::default()
+    );
+}
+
+#[test]
+fn state_reports_bundle_and_expiries() {
+    let (cfg, t0) = (cfg(), t0());
+    let m = fresh(t0, &cfg);
+    let state = m.state().unwrap();
+    assert_eq!(state.ca_bundle_pem, m.ca_bundle_pem());
+    assert_eq!(state.ca_not_after, unix_secs(t0) + 20);
+    assert_eq!(state.serving_not_after, unix_secs(t0) + 8);
+    assert!(TlsMaterial::default().state().is_none());
+}
+
+/// Simulates a minute of continuous operation with rotations every ~13s and checks the
+/// property the e2e test relies on: with replicas and API servers lagging by up to half a
+/// grace period, whatever certificate any replica presents verifies against whatever bundle
+/// any API server holds.
+#[test]
+fn simulated_rotations_never_present_an_untrusted_certificate() {
+    let (cfg, t0) = (cfg(), t0());
+    let tick = 0.25;
+    let lag_ticks = 4; // 1s = half the 2s grace
+    let mut history: Vec<TlsMaterial> = Vec::new();
+    let mut m = TlsMaterial::default();
+    let mut rotations = 0;
+    for i in 0..(70.0 / tick) as usize {
+        let now = at(t0, i as f64 * tick);
+        for _ in 0..5 {
+            match plan(&m, now, &cfg) {
+                Action::Keep { next_check } => {
+                    assert!(next_check > now);
+                    break;
+                }
+                action => {
+                    if action == Action::FinishCaRotation {
+                        rotations += 1;
+                    }
+                    m = apply(&m, action, now, &cfg).unwrap();
+                }
+            }
+        }
+        assert!(matches!(plan(&m, now, &cfg), Action::Keep { .. }));
+        assert!(bundle_len(&m) <= 2);
+        history.push(m.clone());
+        for serve_lag in [0, lag_ticks] {
+            for bundle_lag in [0, lag_ticks] {
+                let served = &history[i.saturating_sub(serve_lag)];
+                let bundle = &history[i.saturating_sub(bundle_lag)];
+                assert!(
+                    verifies_both_names(&bundle.ca_bundle_pem(), serving_pem(served), now),
+                    "t={}s serve_lag={serve_lag} bundle_lag={bundle_lag}",
+                    i as f64 * tick
+                );
+            }
+        }
+    }
+    assert!(rotations >= 3, "only {rotations} CA rotations");
+}

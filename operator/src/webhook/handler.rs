@@ -1,0 +1,193 @@
+//! One HTTP request → one admission decision.
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use tracing::{Instrument, info_span, warn};
+
+use super::{Lookup, MAX_BODY_BYTES, MUTATE_PREFIX, PolicyStore, VALIDATE_POLICY_PATH, VALIDATE_PREFIX};
+use crate::engine::{self, Phase};
+use crate::telemetry::{AdmissionLabels, Metrics};
+
+/// How long a client may take to send the whole body once the headers are in.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the webhook server shares between requests.
+pub struct WebhookState {
+    pub policies: Arc<PolicyStore>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// The routes of the webhook port, parsed from a request path.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Routes<'a> {
+    Policy { phase: Phase, name: &'a str },
+    PolicyValidation,
+}
+
+impl<'a> Routes<'a> {
+    /// `None` for a path the server does not know.
+    pub fn parse(path: &'a str) -> Option<Self> {
+        if path == VALIDATE_POLICY_PATH {
+            return Some(Routes::PolicyValidation);
+        }
+        let (phase, name) = if let Some(name) = path.strip_prefix(MUTATE_PREFIX) {
+            (Phase::Mutating, name)
+        } else if let Some(name) = path.strip_prefix(VALIDATE_PREFIX) {
+            (Phase::Validating, name)
+        } else {
+            return None;
+        };
+        (!name.is_empty() && !name.contains('/')).then_some(Routes::Policy { phase, name })
+    }
+}
+
+/// Handles one request on the webhook port.
+pub async fn handle(state: Arc<WebhookState>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let path = req.uri().path().to_string();
+    let Some(route) = Routes::parse(&path) else {
+        return error(StatusCode::NOT_FOUND, format!("no webhook at {path}"));
+    };
+    if req.method() != Method::POST {
+        let mut resp = error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{} is not allowed; webhooks take POST", req.method()),
+        );
+        resp.headers_mut()
+            .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
+        return resp;
+    }
+    let body = match read_body(req).await {
+        Ok(body) => body,
+        Err(resp) => return resp,
+    };
+    match route {
+        Routes::Policy { phase, name } => review_policy(&state, phase, name, &body).await,
+        Routes::PolicyValidation => validate_policy_object(&body),
+    }
+}
+
+async fn review_policy(
+    state: &WebhookState,
+    phase: Phase,
+    name: &str,
+    body: &[u8],
+) -> Response<Full<Bytes>> {
+    let started = Instant::now();
+    let request = match engine::parse_review(body) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let policy = match state.policies.lookup(name) {
+        Lookup::Active(policy) => policy,
+        // Unwired a moment ago; the API server has not yet seen the new configuration.
+        Lookup::Retired => {
+            let response = engine::Response::allow();
+            return json(StatusCode::OK, engine::response_review(&request, &response));
+        }
+        // The API server resolves this with the entry's failurePolicy: answering "allowed"
+        // would silently bypass a Policy that is merely not loaded yet.
+        Lookup::Unknown => {
+            return error(StatusCode::NOT_FOUND, format!("no policy named {name:?}"));
+        }
+    };
+    let span = info_span!(
+        "admission",
+        uid = %request.uid(),
+        policy = name,
+        phase = phase.as_str(),
+        kind = %request.kind_name(),
+        namespace = %request.namespace(),
+        name = %request.name(),
+        operation = %request.operation(),
+        allowed = tracing::field::Empty,
+        patched = tracing::field::Empty,
+    );
+    let response = span.in_scope(|| {
+        let response = engine::review(&request, &policy, phase);
+        tracing::Span::current()
+            .record("allowed", response.allowed())
+            .record("patched", response.patched());
+        tracing::info!("decided");
+        response
+    });
+    let decision = if response.allowed() { "allowed" } else { "denied" };
+    let labels = AdmissionLabels {
+        policy: name.to_string(),
+        phase: phase.as_str().to_string(),
+        decision: decision.to_string(),
+    };
+    state.metrics.admission_requests.get_or_create(&labels).inc();
+    state
+        .metrics
+        .admission_duration
+        .get_or_create(&labels)
+        .observe(started.elapsed().as_secs_f64());
+    async { json(StatusCode::OK, engine::response_review(&request, &response)) }
+        .instrument(span)
+        .await
+}
+
+/// Gatehouse's own webhook for Policy objects: `kubectl apply` of an invalid Policy fails with
+/// every problem the controller would otherwise report in status.
+fn validate_policy_object(body: &[u8]) -> Response<Full<Bytes>> {
+    let request = match engine::parse_review(body) {
+        Ok(r) => r,
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let response = engine::review_policy_object(&request);
+    json(StatusCode::OK, engine::response_review(&request, &response))
+}
+
+async fn read_body(req: Request<Incoming>) -> Result<Bytes, Response<Full<Bytes>>> {
+    let too_large = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("body exceeds {MAX_BODY_BYTES} bytes"),
+        )
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return Err(too_large());
+    }
+    let limited = Limited::new(req.into_body(), MAX_BODY_BYTES);
+    match tokio::time::timeout(BODY_READ_TIMEOUT, limited.collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Ok(Err(e)) => Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("reading the body: {e}"),
+        )),
+        Err(_) => {
+            warn!("client did not send the body in time");
+            Err(error(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("body not received within {}s", BODY_READ_TIMEOUT.as_secs()),
+            ))
+        }
+    }
+}
+
+fn json(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// Errors are JSON too, so that the API server's log shows the reason verbatim.
+fn error(status: StatusCode, message: String) -> Response<Full<Bytes>> {
+    let body = serde_json::json!({ "error": message, "code": status.as_u16() });
+    json(status, body.to_string().into_bytes())
+}

@@ -1,0 +1,145 @@
+//! Accept loops shared by the TLS webhook port and the plain-HTTP admin port: both stop
+//! accepting on shutdown and let in-flight requests finish, up to a drain deadline.
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, info, warn};
+
+/// A request handler: the same shape for both ports.
+pub type Handler = Arc<
+    dyn Fn(Request<Incoming>) -> Pin<Box<dyn Future<Output = Response<Full<Bytes>>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Slow clients get this long to send their headers; the API server sends at once.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A TLS handshake that has not finished by then is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `handler` over TLS until `shutdown` resolves, then drains for at most `drain`.
+pub async fn serve_tls(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    handler: Handler,
+    shutdown: impl Future<Output = ()>,
+    drain: Duration,
+) {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    accept_loop(
+        listener,
+        move |stream: TcpStream, peer: SocketAddr| {
+            let acceptor = acceptor.clone();
+            async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => Some(tls),
+                    Ok(Err(e)) => {
+                        debug!(%peer, error = %e, "TLS handshake failed");
+                        None
+                    }
+                    Err(_) => {
+                        debug!(%peer, "TLS handshake timed out");
+                        None
+                    }
+                }
+            }
+        },
+        handler,
+        shutdown,
+        drain,
+    )
+    .await;
+}
+
+/// Serves `handler` over plain HTTP (the admin port) until `shutdown`, then drains.
+pub async fn serve_http(
+    listener: TcpListener,
+    handler: Handler,
+    shutdown: impl Future<Output = ()>,
+    drain: Duration,
+) {
+    accept_loop(
+        listener,
+        |stream: TcpStream, _peer: SocketAddr| async move { Some(stream) },
+        handler,
+        shutdown,
+        drain,
+    )
+    .await;
+}
+
+async fn accept_loop<IO, Fut>(
+    listener: TcpListener,
+    wrap: impl Fn(TcpStream, SocketAddr) -> Fut + Send + Sync + 'static,
+    handler: Handler,
+    shutdown: impl Future<Output = ()>,
+    drain: Duration,
+)
+where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    Fut: Future<Output = Option<IO>> + Send + 'static,
+{
+    let addr = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_else(|_| "?".into());
+    let graceful = GracefulShutdown::new();
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let builder = Arc::new(builder);
+    let wrap = Arc::new(wrap);
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                // Accept errors concern one connection (or a passing fd shortage): the
+                // listener stays usable, so back off briefly instead of dying.
+                Err(e) => {
+                    warn!(%addr, error = %e, "accept failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let watcher = graceful.watcher();
+        let handler = handler.clone();
+        let builder = builder.clone();
+        let wrap = wrap.clone();
+        tokio::spawn(async move {
+            let Some(io) = wrap(stream, peer).await else {
+                return;
+            };
+            let service = hyper::service::service_fn(move |req| {
+                let handler = handler.clone();
+                async move { Ok::<_, std::convert::Infallible>(handler(req).await) }
+            });
+            let conn = builder.serve_connection(TokioIo::new(io), service);
+            if let Err(e) = watcher.watch(conn.into_owned()).await {
+                debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    info!(%addr, "stopped accepting; draining in-flight requests");
+    if tokio::time::timeout(drain, graceful.shutdown()).await.is_err() {
+        warn!(%addr, "drain deadline passed with requests still in flight");
+    }
+}

@@ -1,0 +1,219 @@
+//! Idempotence of mutations, as properties: `m(m(x)) == m(x)`.
+//!
+//! The generators deliberately produce the hard cases: arrays of objects where some have a
+//! `name` and some don't, names that are not strings, duplicate names within one patch, `null`
+//! values at every depth, mismatched types, and `forEach` paths that hit arrays, scalars and
+//! nothing. Nothing is filtered away.
+use gatehouse::api::v1alpha1::Policy;
+use gatehouse::engine::merge::{materialize, merge};
+use gatehouse::engine::{compile, mutate};
+use proptest::prelude::*;
+use serde_json::{Map, Value, json};
+
+fn key() -> impl Strategy<Value = String> {
+    prop::sample::select(vec!["a", "b", "c", "name", "spec"]).prop_map(str::to_string)
+}
+
+fn leaf() -> impl Strategy<Value = Value> {
+    prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        (0i64..3).prop_map(Value::from),
+        prop::sample::select(vec!["x", "y", "z"]).prop_map(Value::from),
+    ]
+}
+
+fn object_of(inner: impl Strategy<Value = Value>, size: usize) -> impl Strategy<Value = Value> {
+    prop::collection::btree_map(key(), inner, 0..size)
+        .prop_map(|m| Value::Object(m.into_iter().collect::<Map<_, _>>()))
+}
+
+/// An object with a string `name` (mostly from a tiny set, so that names collide) or, now and
+/// then, a non-string one.
+fn named(inner: impl Strategy<Value = Value>) -> impl Strategy<Value = Value> {
+    let name = prop_oneof![
+        4 => prop::sample::select(vec!["x", "y"]).prop_map(Value::from),
+        1 => leaf(),
+    ];
+    (name, object_of(inner, 3)).prop_map(|(n, mut o)| {
+        if let Value::Object(m) = &mut o {
+            m.insert("name".to_string(), n);
+        }
+        o
+    })
+}
+
+fn value() -> BoxedStrategy<Value> {
+    leaf()
+        .prop_recursive(4, 48, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::vec(named(inner.clone()), 0..4).prop_map(Value::Array),
+                object_of(inner.clone(), 4),
+                named(inner),
+            ]
+        })
+        .boxed()
+}
+
+fn object() -> BoxedStrategy<Value> {
+    object_of(value(), 5).boxed()
+}
+
+/// A target shaped like a Kubernetes object: `spec.c` is usually an array of (named) objects.
+fn target() -> impl Strategy<Value = Value> {
+    let containers = prop_oneof![
+        4 => prop::collection::vec(prop_oneof![3 => named(value()), 1 => value()], 0..4)
+            .prop_map(Value::Array),
+        1 => value(),
+    ];
+    (object(), containers, object()).prop_map(|(mut root, c, mut spec)| {
+        if let Value::Object(s) = &mut spec {
+            s.insert("c".to_string(), c);
+        }
+        if let Value::Object(r) = &mut root {
+            r.insert("spec".to_string(), spec);
+        }
+        root
+    })
+}
+
+fn merged(mut x: Value, p: &Value, overwrite: bool) -> Value {
+    merge(&mut x, p, overwrite);
+    x
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn merge_is_idempotent(x in target(), p in object(), overwrite in any::<bool>()) {
+        let once = merged(x, &p, overwrite);
+        let twice = merged(once.clone(), &p, overwrite);
+        prop_assert_eq!(twice, once);
+    }
+
+    #[test]
+    fn merge_of_any_values_is_idempotent(x in value(), p in value(), overwrite in any::<bool>()) {
+        let once = merged(x, &p, overwrite);
+        let twice = merged(once.clone(), &p, overwrite);
+        prop_assert_eq!(twice, once);
+    }
+
+    #[test]
+    fn materialize_is_a_fixed_point(p in value(), overwrite in any::<bool>()) {
+        let m = materialize(&p, overwrite);
+        prop_assert_eq!(merged(m.clone(), &p, overwrite), m);
+    }
+
+    #[test]
+    fn no_null_reaches_an_object_member(x in target(), p in object(), overwrite in any::<bool>()) {
+        // Nulls already in the target are the target's business; none may come from the patch.
+        let mut clean = x.clone();
+        strip_nulls(&mut clean);
+        let out = merged(clean, &p, overwrite);
+        // Nulls inside atomic (replaced or inserted verbatim) arrays are allowed: look only at
+        // members reachable without crossing an array.
+        fn member_nulls(v: &Value) -> usize {
+            match v {
+                Value::Object(m) => m.values().map(|v| usize::from(v.is_null()) + member_nulls(v)).sum(),
+                _ => 0,
+            }
+        }
+        prop_assert_eq!(member_nulls(&out), 0);
+    }
+}
+
+fn strip_nulls(v: &mut Value) {
+    match v {
+        Value::Object(m) => {
+            m.retain(|_, v| !v.is_null());
+            m.values_mut().for_each(strip_nulls);
+        }
+        Value::Array(a) => a.iter_mut().for_each(strip_nulls),
+        _ => {}
+    }
+}
+
+/// A mutation as a Policy would spell it. Guards are drawn from expressions over `element` and
+/// `object` that later mutations can flip, which is what makes lists hard.
+fn mutation(guards: bool) -> impl Strategy<Value = Value> {
+    let for_each = prop_oneof![
+        3 => Just(None),
+        3 => Just(Some("spec.c")),
+        1 => Just(Some("spec")),
+        1 => Just(Some("nope.c")),
+    ];
+    let when_each = prop::sample::select(vec![
+        "true",
+        "false",
+        "!has(element.a)",
+        "has(element.name) && element.name == 'x'",
+        "!has(object.b)",
+    ]);
+    let when_root = prop::sample::select(vec!["true", "!has(object.b)", "has(object.a)"]);
+    (for_each, when_each, when_root, any::<bool>(), object(), any::<bool>()).prop_map(
+        move |(for_each, when_each, when_root, guarded, mut merge, overwrite)| {
+            if let (Some(_), Value::Object(m)) = (for_each, &mut merge) {
+                // Ruled out by validation: a forEach merge may not mention `name`.
+                m.remove("name");
+            }
+            let mut m = json!({"merge": merge, "overwrite": overwrite});
+            if let Some(path) = for_each {
+                m["forEach"] = json!(path);
+            }
+            if guards && guarded {
+                m["when"] = json!(if for_each.is_some() { when_each } else { when_root });
+            }
+            m
+        },
+    )
+}
+
+fn policy(mutate: Vec<Value>, failure_policy: &str) -> Policy {
+    serde_json::from_value(json!({
+        "apiVersion": "gatehouse.dev/v1alpha1",
+        "kind": "Policy",
+        "metadata": {"name": "prop"},
+        "spec": {
+            "failurePolicy": failure_policy,
+            "match": {"rules": [{"operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"]}]},
+            "mutate": mutate,
+        }
+    }))
+    .expect("the generated Policy decodes")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(20000))]
+
+    /// Without guards, a whole mutate list always settles, and applying it again changes nothing.
+    #[test]
+    fn a_mutate_list_is_idempotent(x in target(), list in prop::collection::vec(mutation(false), 1..5)) {
+        let compiled = compile(&policy(list, "Fail")).expect("the generated Policy is valid");
+        let request = json!({});
+        let once = mutate::apply(&compiled, &x, None, &request).expect("no guards, no errors");
+        prop_assert!(once.settled);
+        let twice = mutate::apply(&compiled, &once.object, None, &request).expect("no errors");
+        prop_assert!(twice.settled);
+        prop_assert_eq!(twice.object, once.object);
+    }
+
+    /// With guards, whenever the list settles (the engine warns when it does not), applying it
+    /// again changes nothing.
+    #[test]
+    fn a_guarded_mutate_list_is_idempotent_when_it_settles(
+        x in target(),
+        list in prop::collection::vec(mutation(true), 1..5),
+    ) {
+        // Guards may fail (`has(element.a)` on a scalar element): with failurePolicy Ignore that
+        // element is skipped, so the case is still exercised rather than dropped.
+        let compiled = compile(&policy(list, "Ignore")).expect("the generated Policy is valid");
+        let request = json!({});
+        let once = mutate::apply(&compiled, &x, None, &request).expect("Ignore never fails");
+        if once.settled {
+            let twice = mutate::apply(&compiled, &once.object, None, &request).expect("settled");
+            prop_assert_eq!(twice.object, once.object);
+        }
+    }
+}

@@ -1,0 +1,664 @@
+//! `gatehouse run` against the real API server: the API server, not the test, calls the webhooks.
+//! Each scenario runs its own Gatehouse (service mode unless said otherwise) in its own
+//! namespace, and its Policies select only the scenario's namespace.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use gatehouse_e2e::gatehouse::{self, Gatehouse, Options};
+use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
+use serde_json::Value;
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A Policy's YAML, selecting only namespace `ns`, with `body` (indented two spaces) as the rest
+/// of its spec.
+fn policy(name: &str, ns: &str, priority: i32, body: &str) -> String {
+    format!(
+        r#"apiVersion: gatehouse.dev/v1alpha1
+kind: Policy
+metadata:
+  name: {name}
+spec:
+  priority: {priority}
+  match:
+    rules:
+    - operations: ["CREATE", "UPDATE"]
+      apiGroups: [""]
+      apiVersions: ["v1"]
+      resources: ["pods"]
+      scope: Namespaced
+    namespaceSelector:
+      matchLabels: {{kubernetes.io/metadata.name: {ns}}}
+{body}"#
+    )
+}
+
+fn sidecar_body(limits: bool, reinvoke: bool) -> String {
+    let limits = if limits {
+        "\n          resources: {limits: {cpu: 100m, memory: 64Mi}}"
+    } else {
+        ""
+    };
+    let reinvocation = if reinvoke {
+        "  reinvocationPolicy: IfNeeded\n"
+    } else {
+        ""
+    };
+    format!(
+        "{reinvocation}  mutate:\n  - merge:\n      spec:\n        containers:\n        - name: proxy\n          image: example.com/proxy:1.0{limits}\n"
+    )
+}
+
+const REQUIRE_LIMITS: &str = r#"  validate:
+  - expression: "object.spec.containers.all(c, has(c.resources) && has(c.resources.limits))"
+    message: "every container must declare resource limits"
+"#;
+
+fn pod(name: &str, ns: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Pod
+metadata:
+  name: {name}
+  namespace: {ns}
+spec:
+  containers:
+  - name: app
+    image: example.com/app:1.0
+    resources: {{limits: {{cpu: 100m, memory: 64Mi}}}}
+"#
+    )
+}
+
+/// A unique suffix for cluster-scoped names of one scenario.
+fn unique(ns: &TestNamespace) -> String {
+    ns.name().rsplit('-').next().unwrap_or("x").to_string()
+}
+
+async fn apply(cluster: &Cluster, yaml: &str) -> anyhow::Result<String> {
+    cluster.kubectl_ok(["apply", "-f", "-"], Some(yaml)).await
+}
+
+async fn get_json(cluster: &Cluster, args: &[&str]) -> anyhow::Result<Option<Value>> {
+    let mut full = vec!["get"];
+    full.extend_from_slice(args);
+    full.extend(["-o", "json", "--ignore-not-found"]);
+    let out = cluster.kubectl_ok(full, None).await?;
+    if out.trim().is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(serde_json::from_str(&out)?))
+}
+
+/// Waits until the Policy reports `Ready=<status>` for its current generation; returns the
+/// condition.
+async fn await_ready(cluster: &Cluster, name: &str, status: &str) -> anyhow::Result<Value> {
+    await_condition(&format!("Policy {name} Ready={status}"), WAIT, || async {
+        let Some(p) = get_json(cluster, &["policy", name]).await? else {
+            return Ok(None);
+        };
+        let generation = p["metadata"]["generation"].clone();
+        let ready = p["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"))
+            .cloned();
+        Ok(ready.filter(|c| {
+            c["status"] == status
+                && c["observedGeneration"] == generation
+                && p["status"]["observedGeneration"] == generation
+        }))
+    })
+    .await
+}
+
+/// Entry names of `kind`/gatehouse (empty when absent).
+async fn entries(cluster: &Cluster, kind: &str) -> anyhow::Result<Vec<String>> {
+    let Some(cfg) = get_json(cluster, &[kind, "gatehouse"]).await? else {
+        return Ok(vec![]);
+    };
+    Ok(cfg["webhooks"]
+        .as_array()
+        .map(|ws| {
+            ws.iter()
+                .filter_map(|w| w["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// Creates a Pod, retrying while the API server has not yet picked up a configuration change
+/// (its webhook informer lags the write by a moment). `done` decides from the outcome whether
+/// the change is in effect; a Pod created before that is deleted and the create retried.
+async fn create_pod_until<F>(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+    extra_args: &[&str],
+    mut done: F,
+) -> anyhow::Result<std::process::Output>
+where
+    F: FnMut(&std::process::Output) -> bool,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut args = vec!["create", "-f", "-"];
+        args.extend_from_slice(extra_args);
+        let out = cluster.kubectl_output(&args, Some(&pod(name, ns))).await?;
+        if done(&out) {
+            return Ok(out);
+        }
+        if out.status.success() && !extra_args.contains(&"--dry-run=server") {
+            cluster
+                .kubectl_ok(
+                    ["delete", "pod", name, "-n", ns, "--wait=true", "--grace-period=0"],
+                    None,
+                )
+                .await?;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "pod {name}: outcome never matched; last: status {} stdout {} stderr {}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn container_names(pod: &Value) -> Vec<String> {
+    pod["spec"]["containers"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .filter_map(|c| c["name"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn delete_policies(cluster: &Cluster, names: &[&str]) -> anyhow::Result<()> {
+    for name in names {
+        cluster
+            .kubectl_ok(["delete", "policy", name, "--ignore-not-found"], None)
+            .await?;
+    }
+    Ok(())
+}
+
+/// Scenario 1, in the given mode.
+async fn order_matters(cluster: &'static Cluster, options: Options) -> anyhow::Result<()> {
+    let _serial = gatehouse::exclusive().await;
+    let home = TestNamespace::new(cluster, "gh-home").await?;
+    let ns = TestNamespace::new(cluster, "gh-order").await?;
+    let gh = Gatehouse::start(cluster, home.name(), options).await?;
+    let id = unique(&ns);
+    let (inject, limits) = (format!("inject-{id}"), format!("require-limits-{id}"));
+    let result = async {
+        apply(cluster, &policy(&inject, ns.name(), 100, &sidecar_body(false, false))).await?;
+        apply(cluster, &policy(&limits, ns.name(), 100, REQUIRE_LIMITS)).await?;
+        await_ready(cluster, &inject, "True").await?;
+        await_ready(cluster, &limits, "True").await?;
+
+        // The sidecar injected by the mutating Policy has no limits, and the validating Policy
+        // judges the final object: the Pod is rejected, naming the validating Policy.
+        let out = create_pod_until(cluster, ns.name(), "app", &[], |o| !o.status.success()).await?;
+        let err = stderr(&out);
+        ensure!(
+            err.contains(&limits) && err.contains("every container must declare resource limits"),
+            "rejection should name {limits} and its message: {err}"
+        );
+
+        // Give the sidecar limits: admitted, with the sidecar exactly once.
+        apply(cluster, &policy(&inject, ns.name(), 100, &sidecar_body(true, false))).await?;
+        await_ready(cluster, &inject, "True").await?;
+        create_pod_until(cluster, ns.name(), "app", &[], |o| o.status.success()).await?;
+        let stored = get_json(cluster, &["pod", "app", "-n", ns.name()])
+            .await?
+            .context("pod not stored")?;
+        let names = container_names(&stored);
+        ensure!(names == ["app", "proxy"], "containers: {names:?}");
+        Ok(())
+    }
+    .await;
+    delete_policies(cluster, &[&inject, &limits]).await?;
+    gh.shutdown().await?;
+    ns.cleanup().await?;
+    home.cleanup().await?;
+    result
+}
+
+#[tokio::test]
+async fn order_matters_service_mode() {
+    run_test(|cluster| order_matters(cluster, Options::service())).await;
+}
+
+#[tokio::test]
+async fn order_matters_url_mode() {
+    run_test(|cluster| order_matters(cluster, Options::url())).await;
+}
+
+#[tokio::test]
+async fn reinvocation_keeps_one_sidecar() {
+    run_test(|cluster| async move {
+        let _serial = gatehouse::exclusive().await;
+        let home = TestNamespace::new(cluster, "gh-home").await?;
+        let ns = TestNamespace::new(cluster, "gh-reinvoke").await?;
+        let gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
+        let id = unique(&ns);
+        let (a, b) = (format!("a-sidecar-{id}"), format!("b-label-{id}"));
+        let result = async {
+            apply(cluster, &policy(&a, ns.name(), 10, &sidecar_body(true, true))).await?;
+            let label = "  mutate:\n  - merge: {metadata: {labels: {team: platform}}}\n";
+            apply(cluster, &policy(&b, ns.name(), 20, label)).await?;
+            await_ready(cluster, &a, "True").await?;
+            await_ready(cluster, &b, "True").await?;
+            let order = entries(cluster, "mutatingwebhookconfiguration").await?;
+            let pos = |n: &str| order.iter().position(|e| e == &format!("{n}.gatehouse.dev"));
+            ensure!(pos(&a) < pos(&b) && pos(&a).is_some(), "entry order {order:?}");
+
+            // Wait until both are in effect (a dry run shows label and sidecar), then create
+            // one Pod and count how often A was asked.
+            create_pod_until(cluster, ns.name(), "probe", &["--dry-run=server", "-o", "json"], |o| {
+                serde_json::from_slice::<Value>(&o.stdout)
+                    .is_ok_and(|p| p["metadata"]["labels"]["team"] == "platform" && container_names(&p).len() == 2)
+            })
+            .await?;
+            let before = gh.metric_sum("gatehouse_admission_requests_total", &format!("policy=\"{a}\"")).await?;
+            cluster.kubectl_ok(["create", "-f", "-"], Some(&pod("app", ns.name()))).await?;
+            let after = gh.metric_sum("gatehouse_admission_requests_total", &format!("policy=\"{a}\"")).await?;
+            let stored = get_json(cluster, &["pod", "app", "-n", ns.name()]).await?.context("pod")?;
+            ensure!(container_names(&stored) == ["app", "proxy"], "containers {:?}", container_names(&stored));
+            ensure!(stored["metadata"]["labels"]["team"] == "platform", "label missing: {stored}");
+            // B changed the object after A, so the API server invoked A a second time, and A's
+            // second run added nothing.
+            ensure!(after - before == 2.0, "policy A was called {} times, want 2", after - before);
+            Ok(())
+        }
+        .await;
+        delete_policies(cluster, &[&a, &b]).await?;
+        gh.shutdown().await?;
+        ns.cleanup().await?;
+        home.cleanup().await?;
+        result
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn server_dry_run_previews_and_stores_nothing() {
+    run_test(|cluster| async move {
+        let _serial = gatehouse::exclusive().await;
+        let home = TestNamespace::new(cluster, "gh-home").await?;
+        let ns = TestNamespace::new(cluster, "gh-dryrun").await?;
+        let gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
+        let inject = format!("inject-{}", unique(&ns));
+        let result = async {
+            apply(cluster, &policy(&inject, ns.name(), 100, &sidecar_body(true, false))).await?;
+            await_ready(cluster, &inject, "True").await?;
+            let deadline = Instant::now() + WAIT;
+            let preview = loop {
+                let out = cluster
+                    .kubectl_ok(["apply", "--dry-run=server", "-o", "json", "-f", "-"], Some(&pod("preview", ns.name())))
+                    .await?;
+                let p: Value = serde_json::from_str(&out)?;
+                if container_names(&p) == ["app", "proxy"] || Instant::now() > deadline {
+                    break p;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            };
+            ensure!(container_names(&preview) == ["app", "proxy"], "dry run did not show the mutation: {preview}");
+            ensure!(
+                get_json(cluster, &["pod", "preview", "-n", ns.name()]).await?.is_none(),
+                "server dry-run stored the Pod"
+            );
+            Ok(())
+        }
+        .await;
+        delete_policies(cluster, &[&inject]).await?;
+        gh.shutdown().await?;
+        ns.cleanup().await?;
+        home.cleanup().await?;
+        result
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn warn_admits_and_warns() {
+    run_test(|cluster| async move {
+        let _serial = gatehouse::exclusive().await;
+        let home = TestNamespace::new(cluster, "gh-home").await?;
+        let ns = TestNamespace::new(cluster, "gh-warn").await?;
+        let gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
+        let warn = format!("warn-team-{}", unique(&ns));
+        let body = "  validate:\n  - expression: \"has(object.metadata.labels) && 'team' in object.metadata.labels\"\n    message: \"pods should carry a team label\"\n    action: Warn\n";
+        let result = async {
+            apply(cluster, &policy(&warn, ns.name(), 100, body)).await?;
+            await_ready(cluster, &warn, "True").await?;
+            let out = create_pod_until(cluster, ns.name(), "app", &[], |o| {
+                o.status.success() && stderr(o).contains("pods should carry a team label")
+            })
+            .await?;
+            let err = stderr(&out);
+            ensure!(err.contains("Warning:") && err.contains(&warn), "kubectl printed: {err}");
+            ensure!(get_json(cluster, &["pod", "app", "-n", ns.name()]).await?.is_some(), "pod not stored");
+            Ok(())
+        }
+        .await;
+        delete_policies(cluster, &[&warn]).await?;
+        gh.shutdown().await?;
+        ns.cleanup().await?;
+        home.cleanup().await?;
+        result
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn deleting_a_policy_unwires_it() {
+    run_test(|cluster| async move {
+        let _serial = gatehouse::exclusive().await;
+        let home = TestNamespace::new(cluster, "gh-home").await?;
+        let ns = TestNamespace::new(cluster, "gh-delete").await?;
+        let gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
+        let inject = format!("inject-{}", unique(&ns));
+        let entry = format!("{inject}.gatehouse.dev");
+        let result = async {
+            apply(cluster, &policy(&inject, ns.name(), 100, &sidecar_body(true, false))).await?;
+            await_ready(cluster, &inject, "True").await?;
+            create_pod_until(cluster, ns.name(), "before", &[], |o| o.status.success()).await?;
+            cluster.kubectl_ok(["delete", "policy", &inject], None).await?;
+            await_condition("entry removed", WAIT, || async {
+                Ok((!entries(cluster, "mutatingwebhookconfiguration").await?.contains(&entry)).then_some(()))
+            })
+            .await?;
+            // Later Pods are untouched (allowing the API server a moment to see the change).
+            create_pod_until(cluster, ns.name(), "after", &[], |o| o.status.success()).await?;
+            let after = await_condition("untouched pod", WAIT, || async {
+                let p = get_json(cluster, &["pod", "after", "-n", ns.name()]).await?.context("pod")?;
+                if container_names(&p) == ["app"] {
+                    return Ok(Some(p));
+                }
+                cluster.kubectl_ok(["delete", "pod", "after", "-n", ns.name(), "--grace-period=0"], None).await?;
+                cluster.kubectl_ok(["create", "-f", "-"], Some(&pod("after", ns.name()))).await?;
+                Ok(None)
+            })
+            .await?;
+            ensure!(container_names(&after) == ["app"]);
+            Ok(())
+        }
+        .await;
+        delete_policies(cluster, &[&inject]).await?;
+        gh.shutdown().await?;
+        ns.cleanup().await?;
+        home.cleanup().await?;
+        result
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn drift_is_repaired() {
+    run_test(|cluster| async move {
+        let _serial = gatehouse::exclusive().await;
+        let home = TestNamespace::new(cluster, "gh-home").await?;
+        let ns = TestNamespace::new(cluster, "gh-drift").await?;
+        let gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
+        let inject = format!("inject-{}", unique(&ns));
+        let entry = format!("{inject}.gatehouse.dev");
+        let result = async {
+            apply(cluster, &policy(&inject, ns.name(), 100, &sidecar_body(true, false))).await?;
+            await_ready(cluster, &inject, "True").await?;
+            let timeout_of = |cfg: &Value| {
+                cfg["webhooks"].as_array().and_then(|ws| {
+                    ws.iter().find(|w| w["name"] == entry.as_str()).map(|w| w["timeoutSeconds"].clone())
+                })
+            };
+            // Deleted: restored.
+            cluster.kubectl_ok(["delete", "mutatingwebhookconfiguration", "gatehouse"], None).await?;
+            let started = Instant::now();
+            await_condition("configuration restored", Duration::from_secs(20), || async {
+                Ok(entries(cluster, "mutatingwebhookconfiguration").await?.contains(&entry).then_some(()))
+            })
+            .await?;
+            eprintln!("restored after delete in {:?}", started.elapsed());
+            // Edited: repaired.
+            let idx = entries(cluster, "mutatingwebhookconfiguration").await?.iter().position(|e| e == &entry).context("entry")?;
+            let patch = format!(r#"[{{"op":"replace","path":"/webhooks/{idx}/timeoutSeconds","value":29}}]"#);
+            cluster.kubectl_ok(["patch", "mutatingwebhookconfiguration", "gatehouse", "--type=json", "-p", &patch], None).await?;
+            let started = Instant::now();
+            await_condition("edit repaired", Duration::from_secs(20), || async {
+                let cfg = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"]).await?.context("cfg")?;
+                Ok((timeout_of(&cfg) == Some(Value::from(10))).then_some(()))
+            })
+            .await?;
+            eprintln!("repaired after edit in {:?}", started.elapsed());
+            Ok(())
+        }
+        .await;
+        delete_policies(cluster, &[&inject]).await?;
+        gh.shutdown().await?;
+        ns.cleanup().await?;
+        home.cleanup().await?;
+        result
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn match_everything_spares_system_namespaces() {
+    run_test(|cluster| async move {
+        let _serial = gatehouse::exclusive().await;
+        let home = TestNamespace::new(cluster, "gh-home").await?;
+        let ns = TestNamespace::new(cluster, "gh-everything").await?;
+        let gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
+        let id = unique(&ns);
+        let name = format!("everything-{id}");
+        let label = format!("deny-{id}");
+        // Matches every resource in every namespace; denies only objects carrying the label, so
+        // that the rest of the (shared) test cluster keeps working.
+        let yaml = format!(
+            r#"apiVersion: gatehouse.dev/v1alpha1
+kind: Policy
+metadata: {{name: {name}}}
+spec:
+  match:
+    rules:
+    - operations: ["*"]
+      apiGroups: ["*"]
+      apiVersions: ["*"]
+      resources: ["*"]
+      scope: "*"
+  failurePolicy: Ignore
+  validate:
+  - expression: "!has(object.metadata) || !has(object.metadata.labels) || !('{label}' in object.metadata.labels)"
+    message: "labelled {label}"
+"#
+        );
+        let cm = |namespace: &str| {
+            format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: probe-{id}\n  namespace: {namespace}\n  labels: {{{label}: \"x\"}}\n")
+        };
+        let result = async {
+            apply(cluster, &yaml).await?;
+            await_ready(cluster, &name, "True").await?;
+            await_condition("match-everything policy in effect", WAIT, || async {
+                let out = cluster.kubectl_output(["create", "--dry-run=server", "-f", "-"], Some(&cm(ns.name()))).await?;
+                Ok((!out.status.success() && stderr(&out).contains(&format!("labelled {label}"))).then_some(()))
+            })
+            .await?;
+            for protected in ["kube-system", home.name()] {
+                let out = cluster.kubectl_output(["create", "-f", "-"], Some(&cm(protected))).await?;
+                ensure!(out.status.success(), "create in {protected} was refused: {}", stderr(&out));
+                cluster.kubectl_ok(["delete", "configmap", &format!("probe-{id}"), "-n", protected], None).await?;
+            }
+            Ok(())
+        }
+        .await;
+        delete_policies(cluster, &[&name]).await?;
+        gh.shutdown().await?;
+        ns.cleanup().await?;
+        home.cleanup().await?;
+        result
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn invalid_policies_are_refused_or_marked_not_ready() {
+    run_test(|cluster| async move {
+        let _serial = gatehouse::exclusive().await;
+        let home = TestNamespace::new(cluster, "gh-home").await?;
+        let ns = TestNamespace::new(cluster, "gh-invalid").await?;
+        let mut gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
+        let id = unique(&ns);
+        let (bad, slipped) = (format!("bad-cel-{id}"), format!("slipped-{id}"));
+        let bad_body = "  validate:\n  - expression: \"object.spec.containers.all(c, \"\n    message: \"broken\"\n";
+        let result = async {
+            // With Gatehouse up, kubectl apply fails with the exact reason.
+            let out = await_condition("invalid policy refused", WAIT, || async {
+                let out = cluster.kubectl_output(["apply", "-f", "-"], Some(&policy(&bad, ns.name(), 100, bad_body))).await?;
+                if out.status.success() {
+                    // Our validation webhook was not yet registered; try again.
+                    cluster.kubectl_ok(["delete", "policy", &bad], None).await?;
+                    return Ok(None);
+                }
+                Ok(Some(out))
+            })
+            .await?;
+            let err = stderr(&out);
+            ensure!(err.contains("spec.validate[0].expression"), "kubectl said: {err}");
+            ensure!(get_json(cluster, &["policy", &bad]).await?.is_none(), "refused policy was stored");
+
+            // With Gatehouse away, an invalid Policy slips in; once back, it is Ready=False with
+            // reason InvalidSpec and is not wired.
+            gh.stop().await?;
+            apply(cluster, &policy(&slipped, ns.name(), 100, bad_body)).await?;
+            gh.restart().await?;
+            let cond = await_ready(cluster, &slipped, "False").await?;
+            ensure!(cond["reason"] == "InvalidSpec", "condition {cond}");
+            ensure!(
+                cond["message"].as_str().unwrap_or_default().contains("spec.validate[0].expression"),
+                "condition {cond}"
+            );
+            let entry = format!("{slipped}.gatehouse.dev");
+            ensure!(!entries(cluster, "validatingwebhookconfiguration").await?.contains(&entry));
+            ensure!(!entries(cluster, "mutatingwebhookconfiguration").await?.contains(&entry));
+            let events = await_condition("InvalidSpec event", WAIT, || async {
+                let out = cluster
+                    .kubectl_ok(["get", "events.events.k8s.io", "-A", "-o", "json"], None)
+                    .await?;
+                let v: Value = serde_json::from_str(&out)?;
+                Ok(v["items"].as_array().and_then(|items| {
+                    items.iter().find(|e| e["regarding"]["name"] == slipped.as_str() && e["reason"] == "InvalidSpec").cloned()
+                }))
+            })
+            .await?;
+            ensure!(events["type"] == "Warning");
+            Ok(())
+        }
+        .await;
+        delete_policies(cluster, &[&bad, &slipped]).await?;
+        gh.shutdown().await?;
+        ns.cleanup().await?;
+        home.cleanup().await?;
+        result
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn rotation_under_load_fails_no_request() {
+    run_test(|cluster| async move {
+        let _serial = gatehouse::exclusive().await;
+        let home = TestNamespace::new(cluster, "gh-home").await?;
+        let ns = TestNamespace::new(cluster, "gh-rotate").await?;
+        let options = Options::service()
+            .arg("--ca-validity", "24s")
+            .arg("--cert-validity", "9s")
+            .arg("--bundle-propagation", "2s");
+        let gh = Gatehouse::start(cluster, home.name(), options).await?;
+        let inject = format!("inject-{}", unique(&ns));
+        let result = async {
+            apply(cluster, &policy(&inject, ns.name(), 100, &sidecar_body(true, false))).await?;
+            await_ready(cluster, &inject, "True").await?;
+            create_pod_until(cluster, ns.name(), "warmup", &["--dry-run=server", "-o", "json"], |o| {
+                serde_json::from_slice::<Value>(&o.stdout).is_ok_and(|p| container_names(&p).len() == 2)
+            })
+            .await?;
+            let (mut cas, mut certs) = (BTreeSet::new(), BTreeSet::new());
+            let (mut created, mut i) = (0, 0);
+            let deadline = Instant::now() + Duration::from_secs(150);
+            while (cas.len() < 3 || certs.len() < 4) && Instant::now() < deadline {
+                if let Some(secret) = get_json(cluster, &["secret", "gatehouse-tls", "-n", home.name()]).await? {
+                    cas.insert(secret["data"]["ca.crt"].as_str().unwrap_or_default().to_string());
+                    certs.insert(secret["data"]["tls.crt"].as_str().unwrap_or_default().to_string());
+                }
+                i += 1;
+                let name = format!("load-{i}");
+                let out = cluster.kubectl_output(["create", "-o", "json", "-f", "-"], Some(&pod(&name, ns.name()))).await?;
+                ensure!(out.status.success(), "create #{i} failed during rotation: {}\n{}", stderr(&out), gh.log());
+                let p: Value = serde_json::from_slice(&out.stdout)?;
+                ensure!(container_names(&p) == ["app", "proxy"], "create #{i} was not mutated");
+                created += 1;
+                cluster.kubectl_ok(["delete", "pod", &name, "-n", ns.name(), "--wait=false", "--grace-period=0"], None).await?;
+            }
+            eprintln!("{created} pods created across {} CAs and {} serving certificates", cas.len(), certs.len());
+            // Two rotations of each: three CAs seen, and more serving certificates than that.
+            ensure!(cas.len() >= 3, "CA rotated {} times", cas.len().saturating_sub(1));
+            ensure!(certs.len() >= 3, "serving certificate rotated {} times", certs.len().saturating_sub(1));
+            Ok(())
+        }
+        .await;
+        delete_policies(cluster, &[&inject]).await?;
+        gh.shutdown().await?;
+        ns.cleanup().await?;
+        home.cleanup().await?;
+        result
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn restart_loses_nothing() {
+    run_test(|cluster| async move {
+        let _serial = gatehouse::exclusive().await;
+        let home = TestNamespace::new(cluster, "gh-home").await?;
+        let ns = TestNamespace::new(cluster, "gh-restart").await?;
+        let mut gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
+        let inject = format!("inject-{}", unique(&ns));
+        let result = async {
+            apply(cluster, &policy(&inject, ns.name(), 100, &sidecar_body(true, false))).await?;
+            await_ready(cluster, &inject, "True").await?;
+            let secret = |c: &'static Cluster, home: String| async move {
+                get_json(c, &["secret", "gatehouse-tls", "-n", &home]).await?.context("secret")
+            };
+            let before = secret(cluster, home.name().to_string()).await?;
+            let mwc_before = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"]).await?.context("mwc")?;
+            gh.kill().await?;
+            gh.restart().await?;
+            let after = secret(cluster, home.name().to_string()).await?;
+            ensure!(before["data"]["ca.crt"] == after["data"]["ca.crt"], "CA changed across a restart");
+            let mwc_after = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"]).await?.context("mwc")?;
+            ensure!(mwc_before["webhooks"] == mwc_after["webhooks"], "configuration changed across a restart");
+            let out = create_pod_until(cluster, ns.name(), "after", &["-o", "json"], |o| o.status.success()).await?;
+            let p: Value = serde_json::from_slice(&out.stdout)?;
+            ensure!(container_names(&p) == ["app", "proxy"], "not mutated after restart");
+            Ok(())
+        }
+        .await;
+        delete_policies(cluster, &[&inject]).await?;
+        gh.shutdown().await?;
+        ns.cleanup().await?;
+        home.cleanup().await?;
+        result
+    })
+    .await;
+}

@@ -1,0 +1,302 @@
+//! Runs the real `gatehouse` binary against the test control plane, the way a user would, in
+//! URL mode or in service mode (through an ExternalName Service → localhost).
+
+use std::fs::File;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+
+use crate::{Cluster, await_condition};
+
+/// Environment variable naming the `gatehouse` binary under test.
+pub const BIN_ENV: &str = "GATEHOUSE_BIN";
+/// Name of the ExternalName Service of service mode (the production default).
+pub const SERVICE_NAME: &str = "gatehouse-webhook";
+
+/// How the API server reaches the Gatehouse under test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Url,
+    Service,
+}
+
+/// Options of one Gatehouse process.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub mode: Mode,
+    pub extra_args: Vec<String>,
+}
+
+impl Options {
+    pub fn service() -> Self {
+        Self {
+            mode: Mode::Service,
+            extra_args: vec![],
+        }
+    }
+
+    pub fn url() -> Self {
+        Self {
+            mode: Mode::Url,
+            extra_args: vec![],
+        }
+    }
+
+    pub fn arg(mut self, flag: &str, value: &str) -> Self {
+        self.extra_args.push(flag.to_string());
+        self.extra_args.push(value.to_string());
+        self
+    }
+}
+
+/// Only one Gatehouse may own `*WebhookConfiguration/gatehouse` at a time: tests that run one
+/// hold this lock. (tokio's Mutex is not tied to a runtime, so every test's runtime can use it.)
+pub async fn exclusive() -> tokio::sync::MutexGuard<'static, ()> {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    LOCK.lock().await
+}
+
+/// A running `gatehouse run`.
+pub struct Gatehouse {
+    cluster: &'static Cluster,
+    child: Option<Child>,
+    pub namespace: String,
+    pub port: u16,
+    pub admin_port: u16,
+    args: Vec<String>,
+    pub log_path: PathBuf,
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn binary(cluster: &Cluster) -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os(BIN_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| cluster.repo_root().join("target/debug/gatehouse"));
+    if !path.exists() {
+        bail!(
+            "gatehouse binary not found at {} (build it with `cargo build -p gatehouse` or set {BIN_ENV})",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+impl Gatehouse {
+    /// Starts Gatehouse with its home in `namespace` and waits until `/readyz` says ready.
+    pub async fn start(
+        cluster: &'static Cluster,
+        namespace: &str,
+        options: Options,
+    ) -> anyhow::Result<Self> {
+        let port = free_port()?;
+        let admin_port = free_port()?;
+        let mut args = vec![
+            "run".to_string(),
+            "--namespace".into(),
+            namespace.into(),
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            "--admin-listen".into(),
+            format!("127.0.0.1:{admin_port}"),
+        ];
+        match options.mode {
+            Mode::Url => {
+                args.push("--webhook-url".into());
+                args.push(format!("https://127.0.0.1:{port}"));
+            }
+            Mode::Service => {
+                // The API server's resolver dials <externalName>:<service.port>, so the webhook
+                // port and the Service port are the same number.
+                let service = format!(
+                    "apiVersion: v1\nkind: Service\nmetadata: {{name: {SERVICE_NAME}, namespace: {namespace}}}\nspec:\n  type: ExternalName\n  externalName: localhost\n  ports: [{{name: https, port: {port}}}]\n"
+                );
+                cluster
+                    .kubectl_ok(["apply", "-f", "-"], Some(&service))
+                    .await?;
+                args.extend([
+                    "--service-name".into(),
+                    SERVICE_NAME.into(),
+                    "--service-port".into(),
+                    port.to_string(),
+                ]);
+            }
+        }
+        args.extend(options.extra_args);
+        let log_path = cluster
+            .state_dir()
+            .join(format!("gatehouse-{namespace}.log"));
+        let mut gatehouse = Self {
+            cluster,
+            child: None,
+            namespace: namespace.to_string(),
+            port,
+            admin_port,
+            args,
+            log_path,
+        };
+        gatehouse.spawn().await?;
+        Ok(gatehouse)
+    }
+
+    async fn spawn(&mut self) -> anyhow::Result<()> {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .with_context(|| format!("opening {}", self.log_path.display()))?;
+        let child = Command::new(binary(self.cluster)?)
+            .args(&self.args)
+            .env("KUBECONFIG", self.cluster.kubeconfig())
+            .env("RUST_LOG", "info,gatehouse=debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting gatehouse")?;
+        self.child = Some(child);
+        let admin_port = self.admin_port;
+        let ready = await_condition("gatehouse /readyz", Duration::from_secs(60), || async move {
+            Ok((http_get(admin_port, "/readyz").await?.0 == 200).then_some(()))
+        })
+        .await;
+        if let Err(e) = ready {
+            bail!("{e:#}\n--- gatehouse log ---\n{}", self.log());
+        }
+        Ok(())
+    }
+
+    /// SIGTERM, then waits for the exit status (graceful shutdown).
+    pub async fn stop(&mut self) -> anyhow::Result<ExitStatus> {
+        let Some(mut child) = self.child.take() else {
+            bail!("gatehouse is not running");
+        };
+        if let Some(pid) = child.id() {
+            let status = std::process::Command::new("kill")
+                .args(["-TERM", &pid.to_string()])
+                .status()
+                .context("sending SIGTERM")?;
+            if !status.success() {
+                bail!("kill -TERM {pid} failed");
+            }
+        }
+        match tokio::time::timeout(Duration::from_secs(30), child.wait()).await {
+            Ok(status) => Ok(status?),
+            Err(_) => {
+                let _ = child.kill().await;
+                bail!("gatehouse did not exit within 30s of SIGTERM\n{}", self.log())
+            }
+        }
+    }
+
+    /// SIGKILL: the crash case.
+    pub async fn kill(&mut self) -> anyhow::Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill().await.context("killing gatehouse")?;
+        }
+        Ok(())
+    }
+
+    /// Starts the same command again (same ports, same namespace).
+    pub async fn restart(&mut self) -> anyhow::Result<()> {
+        if self.child.is_some() {
+            self.kill().await?;
+        }
+        self.spawn().await
+    }
+
+    /// The `/metrics` text.
+    pub async fn metrics(&self) -> anyhow::Result<String> {
+        let (code, body) = http_get(self.admin_port, "/metrics").await?;
+        if code != 200 {
+            bail!("/metrics answered {code}");
+        }
+        Ok(body)
+    }
+
+    /// Sum of a counter (all label sets whose line contains `filter`).
+    pub async fn metric_sum(&self, name: &str, filter: &str) -> anyhow::Result<f64> {
+        let text = self.metrics().await?;
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with(name) && l.contains(filter))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
+    }
+
+    /// Everything Gatehouse logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Stops Gatehouse and removes what it owns cluster-wide, so no entry outlives its server.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        let stopped = self.stop().await;
+        remove_configurations(self.cluster).await?;
+        let status = stopped?;
+        if !status.success() {
+            bail!("gatehouse exited with {status}\n{}", self.log());
+        }
+        Ok(())
+    }
+}
+
+/// Deletes both webhook configurations named `gatehouse`.
+pub async fn remove_configurations(cluster: &Cluster) -> anyhow::Result<()> {
+    cluster
+        .kubectl_ok(
+            [
+                "delete",
+                "mutatingwebhookconfiguration/gatehouse",
+                "validatingwebhookconfiguration/gatehouse",
+                "--ignore-not-found",
+            ],
+            None,
+        )
+        .await?;
+    Ok(())
+}
+
+impl Drop for Gatehouse {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.start_kill();
+            // A test that failed half-way must not leave entries whose server is gone.
+            let _ = self.cluster.kubectl_output_blocking(
+                [
+                    "delete",
+                    "mutatingwebhookconfiguration/gatehouse",
+                    "validatingwebhookconfiguration/gatehouse",
+                    "--ignore-not-found",
+                    "--wait=false",
+                ],
+                None,
+            );
+        }
+    }
+}
+
+/// A minimal HTTP/1.0 GET against the admin port: status code and body.
+pub async fn http_get(port: u16, path: &str) -> anyhow::Result<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes())
+        .await?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await?;
+    let code = raw
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .context("no status line")?;
+    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    Ok((code, body.to_string()))
+}
