@@ -43,15 +43,21 @@ pub fn handle<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> 
                 "text/plain",
             ),
         },
-        other => text(StatusCode::NOT_FOUND, format!("no such path {other}\n"), "text/plain"),
+        other => text(
+            StatusCode::NOT_FOUND,
+            format!("no such path {other}\n"),
+            "text/plain",
+        ),
     }
 }
 
 fn text(status: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {
     let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(content_type));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
     resp
 }
 
@@ -71,10 +77,19 @@ mod tests {
             metrics: Arc::new(Metrics::new()),
         };
         assert_eq!(get(&state, "/livez").status(), StatusCode::OK);
-        assert_eq!(get(&state, "/readyz").status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            get(&state, "/readyz").status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
         state.readiness.caches_synced.store(true, Ordering::Release);
-        assert_eq!(get(&state, "/readyz").status(), StatusCode::SERVICE_UNAVAILABLE);
-        state.readiness.certificate_loaded.store(true, Ordering::Release);
+        assert_eq!(
+            get(&state, "/readyz").status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        state
+            .readiness
+            .certificate_loaded
+            .store(true, Ordering::Release);
         assert_eq!(get(&state, "/readyz").status(), StatusCode::OK);
         assert_eq!(get(&state, "/metrics").status(), StatusCode::OK);
         assert_eq!(get(&state, "/nope").status(), StatusCode::NOT_FOUND);

@@ -6,6 +6,6 @@ pub mod api;
 pub mod cli;
 pub mod controller;
 pub mod engine;
-pub mod tls;
 pub mod telemetry;
+pub mod tls;
 pub mod webhook;

@@ -80,7 +80,11 @@ impl Metrics {
         {
             let reconcile = registry.sub_registry_with_prefix("reconcile");
             reconcile.register("runs", "Reconcile runs", reconcile_runs.clone());
-            reconcile.register("failures", "Failed reconcile runs", reconcile_failures.clone());
+            reconcile.register(
+                "failures",
+                "Failed reconcile runs",
+                reconcile_failures.clone(),
+            );
             reconcile.register(
                 "duration_seconds",
                 "Duration of reconcile runs",
@@ -124,7 +128,12 @@ impl Metrics {
 pub fn init_logging(json: bool) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colour only for a person at a terminal; log files and collectors get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
     // A second init (tests) is harmless; ignore it.
     let _ = if json {
         builder.json().try_init()
@@ -148,9 +157,15 @@ mod tests {
             })
             .inc();
         m.reconcile_runs
-            .get_or_create(&ReconcileLabels { controller: "policy".into() })
+            .get_or_create(&ReconcileLabels {
+                controller: "policy".into(),
+            })
             .inc();
-        m.cert_not_after.get_or_create(&CertLabels { cert: "serving".into() }).set(42);
+        m.cert_not_after
+            .get_or_create(&CertLabels {
+                cert: "serving".into(),
+            })
+            .set(42);
         let text = m.encode().unwrap();
         assert!(text.contains(
             r#"gatehouse_admission_requests_total{policy="p",phase="validating",decision="allowed"} 1"#

@@ -152,22 +152,34 @@ fn mutation(guards: bool) -> impl Strategy<Value = Value> {
         "!has(object.b)",
     ]);
     let when_root = prop::sample::select(vec!["true", "!has(object.b)", "has(object.a)"]);
-    (for_each, when_each, when_root, any::<bool>(), object(), any::<bool>()).prop_map(
-        move |(for_each, when_each, when_root, guarded, mut merge, overwrite)| {
-            if let (Some(_), Value::Object(m)) = (for_each, &mut merge) {
-                // Ruled out by validation: a forEach merge may not mention `name`.
-                m.remove("name");
-            }
-            let mut m = json!({"merge": merge, "overwrite": overwrite});
-            if let Some(path) = for_each {
-                m["forEach"] = json!(path);
-            }
-            if guards && guarded {
-                m["when"] = json!(if for_each.is_some() { when_each } else { when_root });
-            }
-            m
-        },
+    (
+        for_each,
+        when_each,
+        when_root,
+        any::<bool>(),
+        object(),
+        any::<bool>(),
     )
+        .prop_map(
+            move |(for_each, when_each, when_root, guarded, mut merge, overwrite)| {
+                if let (Some(_), Value::Object(m)) = (for_each, &mut merge) {
+                    // Ruled out by validation: a forEach merge may not mention `name`.
+                    m.remove("name");
+                }
+                let mut m = json!({"merge": merge, "overwrite": overwrite});
+                if let Some(path) = for_each {
+                    m["forEach"] = json!(path);
+                }
+                if guards && guarded {
+                    m["when"] = json!(if for_each.is_some() {
+                        when_each
+                    } else {
+                        when_root
+                    });
+                }
+                m
+            },
+        )
 }
 
 fn policy(mutate: Vec<Value>, failure_policy: &str) -> Policy {
@@ -185,7 +197,7 @@ fn policy(mutate: Vec<Value>, failure_policy: &str) -> Policy {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(20000))]
+    #![proptest_config(ProptestConfig::with_cases(1000))]
 
     /// Without guards, a whole mutate list always settles, and applying it again changes nothing.
     #[test]
@@ -215,5 +227,18 @@ proptest! {
             let twice = mutate::apply(&compiled, &once.object, None, &request).expect("settled");
             prop_assert_eq!(twice.object, once.object);
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// `merge_changed` is what fixed-point detection relies on: it must say exactly whether the
+    /// target changed.
+    #[test]
+    fn merge_changed_tells_the_truth(x in target(), p in object(), overwrite in any::<bool>()) {
+        let mut y = x.clone();
+        let changed = gatehouse::engine::merge::merge_changed(&mut y, &p, overwrite);
+        prop_assert_eq!(changed, y != x);
     }
 }

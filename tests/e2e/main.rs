@@ -1,4 +1,4 @@
 //! End-to-end tests against a real kube-apiserver (see `tests/cluster/up`).
 
-mod smoke;
 mod operator;
+mod smoke;

@@ -152,7 +152,15 @@ where
         if out.status.success() && !extra_args.contains(&"--dry-run=server") {
             cluster
                 .kubectl_ok(
-                    ["delete", "pod", name, "-n", ns, "--wait=true", "--grace-period=0"],
+                    [
+                        "delete",
+                        "pod",
+                        name,
+                        "-n",
+                        ns,
+                        "--wait=true",
+                        "--grace-period=0",
+                    ],
                     None,
                 )
                 .await?;
@@ -202,7 +210,11 @@ async fn order_matters(cluster: &'static Cluster, options: Options) -> anyhow::R
     let id = unique(&ns);
     let (inject, limits) = (format!("inject-{id}"), format!("require-limits-{id}"));
     let result = async {
-        apply(cluster, &policy(&inject, ns.name(), 100, &sidecar_body(false, false))).await?;
+        apply(
+            cluster,
+            &policy(&inject, ns.name(), 100, &sidecar_body(false, false)),
+        )
+        .await?;
         apply(cluster, &policy(&limits, ns.name(), 100, REQUIRE_LIMITS)).await?;
         await_ready(cluster, &inject, "True").await?;
         await_ready(cluster, &limits, "True").await?;
@@ -217,7 +229,11 @@ async fn order_matters(cluster: &'static Cluster, options: Options) -> anyhow::R
         );
 
         // Give the sidecar limits: admitted, with the sidecar exactly once.
-        apply(cluster, &policy(&inject, ns.name(), 100, &sidecar_body(true, false))).await?;
+        apply(
+            cluster,
+            &policy(&inject, ns.name(), 100, &sidecar_body(true, false)),
+        )
+        .await?;
         await_ready(cluster, &inject, "True").await?;
         create_pod_until(cluster, ns.name(), "app", &[], |o| o.status.success()).await?;
         let stored = get_json(cluster, &["pod", "app", "-n", ns.name()])
@@ -255,31 +271,75 @@ async fn reinvocation_keeps_one_sidecar() {
         let id = unique(&ns);
         let (a, b) = (format!("a-sidecar-{id}"), format!("b-label-{id}"));
         let result = async {
-            apply(cluster, &policy(&a, ns.name(), 10, &sidecar_body(true, true))).await?;
+            apply(
+                cluster,
+                &policy(&a, ns.name(), 10, &sidecar_body(true, true)),
+            )
+            .await?;
             let label = "  mutate:\n  - merge: {metadata: {labels: {team: platform}}}\n";
             apply(cluster, &policy(&b, ns.name(), 20, label)).await?;
             await_ready(cluster, &a, "True").await?;
             await_ready(cluster, &b, "True").await?;
             let order = entries(cluster, "mutatingwebhookconfiguration").await?;
-            let pos = |n: &str| order.iter().position(|e| e == &format!("{n}.gatehouse.dev"));
-            ensure!(pos(&a) < pos(&b) && pos(&a).is_some(), "entry order {order:?}");
+            let pos = |n: &str| {
+                order
+                    .iter()
+                    .position(|e| e == &format!("{n}.gatehouse.dev"))
+            };
+            ensure!(
+                pos(&a) < pos(&b) && pos(&a).is_some(),
+                "entry order {order:?}"
+            );
 
             // Wait until both are in effect (a dry run shows label and sidecar), then create
             // one Pod and count how often A was asked.
-            create_pod_until(cluster, ns.name(), "probe", &["--dry-run=server", "-o", "json"], |o| {
-                serde_json::from_slice::<Value>(&o.stdout)
-                    .is_ok_and(|p| p["metadata"]["labels"]["team"] == "platform" && container_names(&p).len() == 2)
-            })
+            create_pod_until(
+                cluster,
+                ns.name(),
+                "probe",
+                &["--dry-run=server", "-o", "json"],
+                |o| {
+                    serde_json::from_slice::<Value>(&o.stdout).is_ok_and(|p| {
+                        p["metadata"]["labels"]["team"] == "platform"
+                            && container_names(&p).len() == 2
+                    })
+                },
+            )
             .await?;
-            let before = gh.metric_sum("gatehouse_admission_requests_total", &format!("policy=\"{a}\"")).await?;
-            cluster.kubectl_ok(["create", "-f", "-"], Some(&pod("app", ns.name()))).await?;
-            let after = gh.metric_sum("gatehouse_admission_requests_total", &format!("policy=\"{a}\"")).await?;
-            let stored = get_json(cluster, &["pod", "app", "-n", ns.name()]).await?.context("pod")?;
-            ensure!(container_names(&stored) == ["app", "proxy"], "containers {:?}", container_names(&stored));
-            ensure!(stored["metadata"]["labels"]["team"] == "platform", "label missing: {stored}");
+            let before = gh
+                .metric_sum(
+                    "gatehouse_admission_requests_total",
+                    &format!("policy=\"{a}\""),
+                )
+                .await?;
+            cluster
+                .kubectl_ok(["create", "-f", "-"], Some(&pod("app", ns.name())))
+                .await?;
+            let after = gh
+                .metric_sum(
+                    "gatehouse_admission_requests_total",
+                    &format!("policy=\"{a}\""),
+                )
+                .await?;
+            let stored = get_json(cluster, &["pod", "app", "-n", ns.name()])
+                .await?
+                .context("pod")?;
+            ensure!(
+                container_names(&stored) == ["app", "proxy"],
+                "containers {:?}",
+                container_names(&stored)
+            );
+            ensure!(
+                stored["metadata"]["labels"]["team"] == "platform",
+                "label missing: {stored}"
+            );
             // B changed the object after A, so the API server invoked A a second time, and A's
             // second run added nothing.
-            ensure!(after - before == 2.0, "policy A was called {} times, want 2", after - before);
+            ensure!(
+                after - before == 2.0,
+                "policy A was called {} times, want 2",
+                after - before
+            );
             Ok(())
         }
         .await;
@@ -301,12 +361,19 @@ async fn server_dry_run_previews_and_stores_nothing() {
         let gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
         let inject = format!("inject-{}", unique(&ns));
         let result = async {
-            apply(cluster, &policy(&inject, ns.name(), 100, &sidecar_body(true, false))).await?;
+            apply(
+                cluster,
+                &policy(&inject, ns.name(), 100, &sidecar_body(true, false)),
+            )
+            .await?;
             await_ready(cluster, &inject, "True").await?;
             let deadline = Instant::now() + WAIT;
             let preview = loop {
                 let out = cluster
-                    .kubectl_ok(["apply", "--dry-run=server", "-o", "json", "-f", "-"], Some(&pod("preview", ns.name())))
+                    .kubectl_ok(
+                        ["apply", "--dry-run=server", "-o", "json", "-f", "-"],
+                        Some(&pod("preview", ns.name())),
+                    )
                     .await?;
                 let p: Value = serde_json::from_str(&out)?;
                 if container_names(&p) == ["app", "proxy"] || Instant::now() > deadline {
@@ -314,9 +381,14 @@ async fn server_dry_run_previews_and_stores_nothing() {
                 }
                 tokio::time::sleep(Duration::from_millis(300)).await;
             };
-            ensure!(container_names(&preview) == ["app", "proxy"], "dry run did not show the mutation: {preview}");
             ensure!(
-                get_json(cluster, &["pod", "preview", "-n", ns.name()]).await?.is_none(),
+                container_names(&preview) == ["app", "proxy"],
+                "dry run did not show the mutation: {preview}"
+            );
+            ensure!(
+                get_json(cluster, &["pod", "preview", "-n", ns.name()])
+                    .await?
+                    .is_none(),
                 "server dry-run stored the Pod"
             );
             Ok(())
@@ -372,23 +444,48 @@ async fn deleting_a_policy_unwires_it() {
         let inject = format!("inject-{}", unique(&ns));
         let entry = format!("{inject}.gatehouse.dev");
         let result = async {
-            apply(cluster, &policy(&inject, ns.name(), 100, &sidecar_body(true, false))).await?;
+            apply(
+                cluster,
+                &policy(&inject, ns.name(), 100, &sidecar_body(true, false)),
+            )
+            .await?;
             await_ready(cluster, &inject, "True").await?;
             create_pod_until(cluster, ns.name(), "before", &[], |o| o.status.success()).await?;
-            cluster.kubectl_ok(["delete", "policy", &inject], None).await?;
+            cluster
+                .kubectl_ok(["delete", "policy", &inject], None)
+                .await?;
             await_condition("entry removed", WAIT, || async {
-                Ok((!entries(cluster, "mutatingwebhookconfiguration").await?.contains(&entry)).then_some(()))
+                Ok((!entries(cluster, "mutatingwebhookconfiguration")
+                    .await?
+                    .contains(&entry))
+                .then_some(()))
             })
             .await?;
             // Later Pods are untouched (allowing the API server a moment to see the change).
             create_pod_until(cluster, ns.name(), "after", &[], |o| o.status.success()).await?;
             let after = await_condition("untouched pod", WAIT, || async {
-                let p = get_json(cluster, &["pod", "after", "-n", ns.name()]).await?.context("pod")?;
+                let p = get_json(cluster, &["pod", "after", "-n", ns.name()])
+                    .await?
+                    .context("pod")?;
                 if container_names(&p) == ["app"] {
                     return Ok(Some(p));
                 }
-                cluster.kubectl_ok(["delete", "pod", "after", "-n", ns.name(), "--grace-period=0"], None).await?;
-                cluster.kubectl_ok(["create", "-f", "-"], Some(&pod("after", ns.name()))).await?;
+                cluster
+                    .kubectl_ok(
+                        [
+                            "delete",
+                            "pod",
+                            "after",
+                            "-n",
+                            ns.name(),
+                            "--grace-period=0",
+                        ],
+                        None,
+                    )
+                    .await?;
+                cluster
+                    .kubectl_ok(["create", "-f", "-"], Some(&pod("after", ns.name())))
+                    .await?;
                 Ok(None)
             })
             .await?;
@@ -415,28 +512,66 @@ async fn drift_is_repaired() {
         let inject = format!("inject-{}", unique(&ns));
         let entry = format!("{inject}.gatehouse.dev");
         let result = async {
-            apply(cluster, &policy(&inject, ns.name(), 100, &sidecar_body(true, false))).await?;
+            apply(
+                cluster,
+                &policy(&inject, ns.name(), 100, &sidecar_body(true, false)),
+            )
+            .await?;
             await_ready(cluster, &inject, "True").await?;
             let timeout_of = |cfg: &Value| {
                 cfg["webhooks"].as_array().and_then(|ws| {
-                    ws.iter().find(|w| w["name"] == entry.as_str()).map(|w| w["timeoutSeconds"].clone())
+                    ws.iter()
+                        .find(|w| w["name"] == entry.as_str())
+                        .map(|w| w["timeoutSeconds"].clone())
                 })
             };
             // Deleted: restored.
-            cluster.kubectl_ok(["delete", "mutatingwebhookconfiguration", "gatehouse"], None).await?;
+            cluster
+                .kubectl_ok(
+                    ["delete", "mutatingwebhookconfiguration", "gatehouse"],
+                    None,
+                )
+                .await?;
             let started = Instant::now();
-            await_condition("configuration restored", Duration::from_secs(20), || async {
-                Ok(entries(cluster, "mutatingwebhookconfiguration").await?.contains(&entry).then_some(()))
-            })
+            await_condition(
+                "configuration restored",
+                Duration::from_secs(20),
+                || async {
+                    Ok(entries(cluster, "mutatingwebhookconfiguration")
+                        .await?
+                        .contains(&entry)
+                        .then_some(()))
+                },
+            )
             .await?;
             eprintln!("restored after delete in {:?}", started.elapsed());
             // Edited: repaired.
-            let idx = entries(cluster, "mutatingwebhookconfiguration").await?.iter().position(|e| e == &entry).context("entry")?;
-            let patch = format!(r#"[{{"op":"replace","path":"/webhooks/{idx}/timeoutSeconds","value":29}}]"#);
-            cluster.kubectl_ok(["patch", "mutatingwebhookconfiguration", "gatehouse", "--type=json", "-p", &patch], None).await?;
+            let idx = entries(cluster, "mutatingwebhookconfiguration")
+                .await?
+                .iter()
+                .position(|e| e == &entry)
+                .context("entry")?;
+            let patch = format!(
+                r#"[{{"op":"replace","path":"/webhooks/{idx}/timeoutSeconds","value":29}}]"#
+            );
+            cluster
+                .kubectl_ok(
+                    [
+                        "patch",
+                        "mutatingwebhookconfiguration",
+                        "gatehouse",
+                        "--type=json",
+                        "-p",
+                        &patch,
+                    ],
+                    None,
+                )
+                .await?;
             let started = Instant::now();
             await_condition("edit repaired", Duration::from_secs(20), || async {
-                let cfg = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"]).await?.context("cfg")?;
+                let cfg = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
+                    .await?
+                    .context("cfg")?;
                 Ok((timeout_of(&cfg) == Some(Value::from(10))).then_some(()))
             })
             .await?;
@@ -587,33 +722,94 @@ async fn rotation_under_load_fails_no_request() {
         let gh = Gatehouse::start(cluster, home.name(), options).await?;
         let inject = format!("inject-{}", unique(&ns));
         let result = async {
-            apply(cluster, &policy(&inject, ns.name(), 100, &sidecar_body(true, false))).await?;
+            apply(
+                cluster,
+                &policy(&inject, ns.name(), 100, &sidecar_body(true, false)),
+            )
+            .await?;
             await_ready(cluster, &inject, "True").await?;
-            create_pod_until(cluster, ns.name(), "warmup", &["--dry-run=server", "-o", "json"], |o| {
-                serde_json::from_slice::<Value>(&o.stdout).is_ok_and(|p| container_names(&p).len() == 2)
-            })
+            create_pod_until(
+                cluster,
+                ns.name(),
+                "warmup",
+                &["--dry-run=server", "-o", "json"],
+                |o| {
+                    serde_json::from_slice::<Value>(&o.stdout)
+                        .is_ok_and(|p| container_names(&p).len() == 2)
+                },
+            )
             .await?;
             let (mut cas, mut certs) = (BTreeSet::new(), BTreeSet::new());
             let (mut created, mut i) = (0, 0);
             let deadline = Instant::now() + Duration::from_secs(150);
             while (cas.len() < 3 || certs.len() < 4) && Instant::now() < deadline {
-                if let Some(secret) = get_json(cluster, &["secret", "gatehouse-tls", "-n", home.name()]).await? {
-                    cas.insert(secret["data"]["ca.crt"].as_str().unwrap_or_default().to_string());
-                    certs.insert(secret["data"]["tls.crt"].as_str().unwrap_or_default().to_string());
+                if let Some(secret) =
+                    get_json(cluster, &["secret", "gatehouse-tls", "-n", home.name()]).await?
+                {
+                    cas.insert(
+                        secret["data"]["ca.crt"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
+                    );
+                    certs.insert(
+                        secret["data"]["tls.crt"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string(),
+                    );
                 }
                 i += 1;
                 let name = format!("load-{i}");
-                let out = cluster.kubectl_output(["create", "-o", "json", "-f", "-"], Some(&pod(&name, ns.name()))).await?;
-                ensure!(out.status.success(), "create #{i} failed during rotation: {}\n{}", stderr(&out), gh.log());
+                let out = cluster
+                    .kubectl_output(
+                        ["create", "-o", "json", "-f", "-"],
+                        Some(&pod(&name, ns.name())),
+                    )
+                    .await?;
+                ensure!(
+                    out.status.success(),
+                    "create #{i} failed during rotation: {}\n{}",
+                    stderr(&out),
+                    gh.log()
+                );
                 let p: Value = serde_json::from_slice(&out.stdout)?;
-                ensure!(container_names(&p) == ["app", "proxy"], "create #{i} was not mutated");
+                ensure!(
+                    container_names(&p) == ["app", "proxy"],
+                    "create #{i} was not mutated"
+                );
                 created += 1;
-                cluster.kubectl_ok(["delete", "pod", &name, "-n", ns.name(), "--wait=false", "--grace-period=0"], None).await?;
+                cluster
+                    .kubectl_ok(
+                        [
+                            "delete",
+                            "pod",
+                            &name,
+                            "-n",
+                            ns.name(),
+                            "--wait=false",
+                            "--grace-period=0",
+                        ],
+                        None,
+                    )
+                    .await?;
             }
-            eprintln!("{created} pods created across {} CAs and {} serving certificates", cas.len(), certs.len());
+            eprintln!(
+                "{created} pods created across {} CAs and {} serving certificates",
+                cas.len(),
+                certs.len()
+            );
             // Two rotations of each: three CAs seen, and more serving certificates than that.
-            ensure!(cas.len() >= 3, "CA rotated {} times", cas.len().saturating_sub(1));
-            ensure!(certs.len() >= 3, "serving certificate rotated {} times", certs.len().saturating_sub(1));
+            ensure!(
+                cas.len() >= 3,
+                "CA rotated {} times",
+                cas.len().saturating_sub(1)
+            );
+            ensure!(
+                certs.len() >= 3,
+                "serving certificate rotated {} times",
+                certs.len().saturating_sub(1)
+            );
             Ok(())
         }
         .await;
@@ -635,26 +831,116 @@ async fn restart_loses_nothing() {
         let mut gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
         let inject = format!("inject-{}", unique(&ns));
         let result = async {
-            apply(cluster, &policy(&inject, ns.name(), 100, &sidecar_body(true, false))).await?;
+            apply(
+                cluster,
+                &policy(&inject, ns.name(), 100, &sidecar_body(true, false)),
+            )
+            .await?;
             await_ready(cluster, &inject, "True").await?;
             let secret = |c: &'static Cluster, home: String| async move {
-                get_json(c, &["secret", "gatehouse-tls", "-n", &home]).await?.context("secret")
+                get_json(c, &["secret", "gatehouse-tls", "-n", &home])
+                    .await?
+                    .context("secret")
             };
             let before = secret(cluster, home.name().to_string()).await?;
-            let mwc_before = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"]).await?.context("mwc")?;
+            let mwc_before = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
+                .await?
+                .context("mwc")?;
             gh.kill().await?;
             gh.restart().await?;
             let after = secret(cluster, home.name().to_string()).await?;
-            ensure!(before["data"]["ca.crt"] == after["data"]["ca.crt"], "CA changed across a restart");
-            let mwc_after = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"]).await?.context("mwc")?;
-            ensure!(mwc_before["webhooks"] == mwc_after["webhooks"], "configuration changed across a restart");
-            let out = create_pod_until(cluster, ns.name(), "after", &["-o", "json"], |o| o.status.success()).await?;
+            ensure!(
+                before["data"]["ca.crt"] == after["data"]["ca.crt"],
+                "CA changed across a restart"
+            );
+            let mwc_after = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
+                .await?
+                .context("mwc")?;
+            ensure!(
+                mwc_before["webhooks"] == mwc_after["webhooks"],
+                "configuration changed across a restart"
+            );
+            let out = create_pod_until(cluster, ns.name(), "after", &["-o", "json"], |o| {
+                o.status.success()
+            })
+            .await?;
             let p: Value = serde_json::from_slice(&out.stdout)?;
-            ensure!(container_names(&p) == ["app", "proxy"], "not mutated after restart");
+            ensure!(
+                container_names(&p) == ["app", "proxy"],
+                "not mutated after restart"
+            );
             Ok(())
         }
         .await;
         delete_policies(cluster, &[&inject]).await?;
+        gh.shutdown().await?;
+        ns.cleanup().await?;
+        home.cleanup().await?;
+        result
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn two_hundred_policies_coalesce_into_few_writes() {
+    run_test(|cluster| async move {
+        let _serial = gatehouse::exclusive().await;
+        let home = TestNamespace::new(cluster, "gh-home").await?;
+        let ns = TestNamespace::new(cluster, "gh-many").await?;
+        let gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
+        let id = unique(&ns);
+        let names: Vec<String> = (0..200).map(|i| format!("many-{id}-{i:03}")).collect();
+        let label = "  mutate:\n  - merge: {metadata: {labels: {many: \"yes\"}}}\n";
+        let all: String = names
+            .iter()
+            .map(|n| format!("---\n{}", policy(n, ns.name(), 100, label)))
+            .collect();
+        let result = async {
+            // The first pass after start-up writes both configurations once; count from here.
+            let writes = "gatehouse_reconcile_webhook_configuration_writes_total";
+            await_condition("initial configurations", WAIT, || async {
+                Ok((gh.metric_sum(writes, "").await? >= 2.0).then_some(()))
+            })
+            .await?;
+            let before = gh.metric_sum(writes, "").await?;
+            let started = Instant::now();
+            apply(cluster, &all).await?;
+            let applied = started.elapsed();
+            await_condition("200 Policies Ready", Duration::from_secs(120), || async {
+                let out = cluster
+                    .kubectl_ok(["get", "policies", "-o", "json"], None)
+                    .await?;
+                let v: Value = serde_json::from_str(&out)?;
+                let ready = v["items"]
+                    .as_array()
+                    .map(|items| {
+                        items
+                            .iter()
+                            .filter(|p| {
+                                p["metadata"]["name"].as_str().is_some_and(|n| n.starts_with(&format!("many-{id}-")))
+                                    && p["status"]["conditions"][0]["status"] == "True"
+                            })
+                            .count()
+                    })
+                    .unwrap_or(0);
+                Ok((ready == 200).then_some(()))
+            })
+            .await?;
+            let all_ready = started.elapsed();
+            let count = entries(cluster, "mutatingwebhookconfiguration").await?.len();
+            ensure!(count >= 200, "only {count} mutating entries");
+            let writes = gh.metric_sum(writes, "").await? - before;
+            eprintln!(
+                "200 Policies: kubectl apply took {applied:?}, all Ready after {all_ready:?}, {writes} configuration writes"
+            );
+            // Coalesced: a handful of writes of the growing configuration, not one per Policy.
+            ensure!(writes <= 20.0, "{writes} configuration writes for 200 Policies");
+            Ok(())
+        }
+        .await;
+        let mut delete = vec!["delete", "policies", "--ignore-not-found", "--wait=false"];
+        delete.extend(names.iter().map(String::as_str));
+        cluster.kubectl_ok(delete, None).await?;
         gh.shutdown().await?;
         ns.cleanup().await?;
         home.cleanup().await?;

@@ -164,9 +164,11 @@ impl Gatehouse {
             .context("starting gatehouse")?;
         self.child = Some(child);
         let admin_port = self.admin_port;
-        let ready = await_condition("gatehouse /readyz", Duration::from_secs(60), || async move {
-            Ok((http_get(admin_port, "/readyz").await?.0 == 200).then_some(()))
-        })
+        let ready = await_condition(
+            "gatehouse /readyz",
+            Duration::from_secs(60),
+            || async move { Ok((http_get(admin_port, "/readyz").await?.0 == 200).then_some(())) },
+        )
         .await;
         if let Err(e) = ready {
             bail!("{e:#}\n--- gatehouse log ---\n{}", self.log());
@@ -192,7 +194,10 @@ impl Gatehouse {
             Ok(status) => Ok(status?),
             Err(_) => {
                 let _ = child.kill().await;
-                bail!("gatehouse did not exit within 30s of SIGTERM\n{}", self.log())
+                bail!(
+                    "gatehouse did not exit within 30s of SIGTERM\n{}",
+                    self.log()
+                )
             }
         }
     }
@@ -211,6 +216,20 @@ impl Gatehouse {
             self.kill().await?;
         }
         self.spawn().await
+    }
+
+    /// PID of the running process.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+
+    /// Resident set size in KiB (VmRSS) of the running process.
+    pub fn rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
     }
 
     /// The `/metrics` text.

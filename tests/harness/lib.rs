@@ -8,8 +8,8 @@
 //! Every `#[tokio::test]` runs its own runtime, and a `kube::Client` must live in the runtime that
 //! created it, so [`Cluster::client`] builds a fresh client on each call.
 
-pub mod gatehouse;
 mod cluster;
+pub mod gatehouse;
 mod namespace;
 mod wait;
 mod webhook;

@@ -102,8 +102,9 @@ mod tests {
     fn committed_crds_match_the_types() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds");
         for (name, contents) in generate().unwrap() {
-            let committed = std::fs::read_to_string(dir.join(&name))
-                .unwrap_or_else(|e| panic!("crds/{name} missing ({e}); run `gatehouse crds --dir crds`"));
+            let committed = std::fs::read_to_string(dir.join(&name)).unwrap_or_else(|e| {
+                panic!("crds/{name} missing ({e}); run `gatehouse crds --dir crds`")
+            });
             assert_eq!(
                 committed, contents,
                 "crds/{name} drifted from the Rust types; run `gatehouse crds --dir crds`"
@@ -120,10 +121,16 @@ mod tests {
         let spec = &schema["openAPIV3Schema"]["properties"]["spec"];
         assert_eq!(spec["properties"]["timeoutSeconds"]["minimum"], 1.0);
         assert_eq!(spec["properties"]["timeoutSeconds"]["maximum"], 30.0);
-        assert_eq!(spec["properties"]["match"]["properties"]["rules"]["minItems"], 1);
-        let ops = &spec["properties"]["match"]["properties"]["rules"]["items"]["properties"]
-            ["operations"]["items"]["enum"];
-        assert_eq!(ops, &serde_json::json!(["CREATE", "UPDATE", "DELETE", "CONNECT", "*"]));
+        assert_eq!(
+            spec["properties"]["match"]["properties"]["rules"]["minItems"],
+            1
+        );
+        let ops = &spec["properties"]["match"]["properties"]["rules"]["items"]["properties"]["operations"]
+            ["items"]["enum"];
+        assert_eq!(
+            ops,
+            &serde_json::json!(["CREATE", "UPDATE", "DELETE", "CONNECT", "*"])
+        );
         assert!(
             spec["properties"]["priority"]["description"]
                 .as_str()

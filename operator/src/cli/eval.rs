@@ -173,13 +173,12 @@ pub fn run(args: &EvalArgs, out: &mut impl Write, err: &mut impl Write) -> i32 {
     for warning in &admission.response.warnings {
         let _ = writeln!(err, "warning: {warning}");
     }
-    match admission.response.message() {
-        None => ADMITTED,
-        Some(message) => {
-            let _ = writeln!(err, "denied: {message}");
-            DENIED
-        }
+    if admission.response.allowed() {
+        return ADMITTED;
     }
+    let message = admission.response.message().unwrap_or("no reason given");
+    let _ = writeln!(err, "denied: {message}");
+    DENIED
 }
 
 /// Reads and compiles the Policies and reads or synthesises the request.
@@ -242,7 +241,10 @@ pub fn load_policies(paths: &[PathBuf]) -> Result<Vec<CompiledPolicy>, EvalError
                 index,
                 message,
             };
-            let api_version = doc.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+            let api_version = doc
+                .get("apiVersion")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default();
             if api_version != "gatehouse.dev/v1alpha1" || kind != "Policy" {
                 return Err(not_a_policy(format!(
@@ -262,9 +264,11 @@ pub fn load_policies(paths: &[PathBuf]) -> Result<Vec<CompiledPolicy>, EvalError
             }
             match engine::compile(&policy) {
                 Ok(c) => compiled.push(c),
-                Err(e) => invalid.extend(e.problems.iter().map(|p| {
-                    format!("{}: policy {name:?}: {p}", path.display())
-                })),
+                Err(e) => invalid.extend(
+                    e.problems
+                        .iter()
+                        .map(|p| format!("{}: policy {name:?}: {p}", path.display())),
+                ),
             }
         }
     }
@@ -420,7 +424,10 @@ pub fn plural(kind: &str) -> String {
         && !lower.ends_with("uy");
     if consonant_y {
         format!("{}ies", &lower[..lower.len() - 1])
-    } else if ["s", "x", "z", "ch", "sh"].iter().any(|s| lower.ends_with(s)) {
+    } else if ["s", "x", "z", "ch", "sh"]
+        .iter()
+        .any(|s| lower.ends_with(s))
+    {
         format!("{lower}es")
     } else {
         format!("{lower}s")
@@ -437,7 +444,8 @@ enum Step {
 
 /// Plays the admission chain for `request`. Pure: everything `eval` prints is derived from this.
 pub fn admit(request: &Request, policies: &[CompiledPolicy]) -> Admission {
-    let mut mutating: Vec<&CompiledPolicy> = policies.iter().filter(|p| p.has_mutations()).collect();
+    let mut mutating: Vec<&CompiledPolicy> =
+        policies.iter().filter(|p| p.has_mutations()).collect();
     mutating.sort_by(|a, b| (a.spec().priority, a.name()).cmp(&(b.spec().priority, b.name())));
     let mut validating: Vec<&CompiledPolicy> =
         policies.iter().filter(|p| p.has_validations()).collect();
@@ -448,7 +456,7 @@ pub fn admit(request: &Request, policies: &[CompiledPolicy]) -> Admission {
     let deny = |current: &Request, warnings: Vec<String>, denial: Response| Admission {
         request: request.clone(),
         response: Response {
-            warnings,
+            warnings: distinct(warnings),
             ..denial
         },
         object: current.object.clone(),
@@ -474,11 +482,9 @@ pub fn admit(request: &Request, policies: &[CompiledPolicy]) -> Admission {
         }
     }
     // The reinvocation pass: at most once each, in order.
-    for (i, policy) in mutating.iter().enumerate() {
-        if reinvoke[i] {
-            if let Err(denial) = mutate_step(&mut current, policy, &mut warnings) {
-                return deny(&current, warnings, denial);
-            }
+    for (policy, _) in mutating.iter().zip(&reinvoke).filter(|(_, again)| **again) {
+        if let Err(denial) = mutate_step(&mut current, policy, &mut warnings) {
+            return deny(&current, warnings, denial);
         }
     }
 
@@ -506,7 +512,9 @@ pub fn admit(request: &Request, policies: &[CompiledPolicy]) -> Admission {
             .or(denials.first());
         let (code, reason) = forbidden
             .and_then(|d| d.status.as_ref())
-            .map_or((403, "Forbidden".to_string()), |s| (s.code, s.reason.clone()));
+            .map_or((403, "Forbidden".to_string()), |s| {
+                (s.code, s.reason.clone())
+            });
         let denial = Response::deny(code, &reason, messages.join("; "));
         return deny(&current, warnings, denial);
     }
@@ -515,12 +523,21 @@ pub fn admit(request: &Request, policies: &[CompiledPolicy]) -> Admission {
     if let (Some(original), Some(last)) = (&request.object, &current.object) {
         response.patch = json_patch::diff(original, last);
     }
-    response.warnings = warnings;
+    response.warnings = distinct(warnings);
     Admission {
         request: request.clone(),
         response,
         object: current.object,
     }
+}
+
+/// Warnings in first-seen order, each once: a reinvoked Policy repeats its own.
+fn distinct(warnings: Vec<String>) -> Vec<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    warnings
+        .into_iter()
+        .filter(|w| seen.insert(w.clone()))
+        .collect()
 }
 
 /// Whether `policy` applies to `current`; a match condition error follows the failurePolicy:
@@ -535,12 +552,11 @@ fn matches(
         Err(e @ MatchError::Condition { .. }) => {
             let message = format!("policy {:?}: {e}", policy.name());
             match policy.spec().failure_policy {
-                FailurePolicy::Fail => Err(Response::deny(500,
-                    "InternalError",
-                    message,
-                )),
+                FailurePolicy::Fail => Err(Response::deny(500, "InternalError", message)),
                 FailurePolicy::Ignore => {
-                    warnings.push(format!("{message} (policy skipped: failurePolicy is Ignore)"));
+                    warnings.push(format!(
+                        "{message} (policy skipped: failurePolicy is Ignore)"
+                    ));
                     Ok(false)
                 }
             }
@@ -569,7 +585,8 @@ fn mutate_step(
         return Ok(Step::Ran { changed: false });
     };
     json_patch::patch(object, &resp.patch).map_err(|e| {
-        Response::deny(500,
+        Response::deny(
+            500,
             "InternalError",
             format!("policy {:?}: its patch does not apply: {e}", policy.name()),
         )

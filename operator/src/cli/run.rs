@@ -33,7 +33,11 @@ pub struct RunArgs {
     pub namespace: String,
 
     /// Service mode: name of the Service in front of the webhook server.
-    #[arg(long, env = "GATEHOUSE_SERVICE_NAME", default_value = "gatehouse-webhook")]
+    #[arg(
+        long,
+        env = "GATEHOUSE_SERVICE_NAME",
+        default_value = "gatehouse-webhook"
+    )]
     pub service_name: String,
 
     /// Service mode: port of that Service.
@@ -85,7 +89,9 @@ impl RunArgs {
                     .parse()
                     .with_context(|| format!("--webhook-url {url:?} is not a URL"))?;
                 if uri.scheme_str() != Some("https") {
-                    bail!("--webhook-url {url:?} must use https: the API server only calls webhooks over TLS");
+                    bail!(
+                        "--webhook-url {url:?} must use https: the API server only calls webhooks over TLS"
+                    );
                 }
                 let Some(host) = uri.host() else {
                     bail!("--webhook-url {url:?} has no host");
@@ -183,7 +189,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                             .set(state.ca_not_after);
                         metrics
                             .cert_not_after
-                            .get_or_create(&CertLabels { cert: "serving".into() })
+                            .get_or_create(&CertLabels {
+                                cert: "serving".into(),
+                            })
                             .set(state.serving_not_after);
                         readiness
                             .certificate_loaded
@@ -282,7 +290,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
 async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! {
                 _ = term.recv() => {}
@@ -357,8 +368,15 @@ mod tests {
     #[test]
     fn bad_urls_and_durations_are_refused_with_reasons() {
         let http = parse(&["--webhook-url", "http://127.0.0.1:9443"]);
-        assert!(http.endpoint().unwrap_err().to_string().contains("must use https"));
-        let err = T::try_parse_from(["t", "--cert-validity", "10"]).err().unwrap();
+        assert!(
+            http.endpoint()
+                .unwrap_err()
+                .to_string()
+                .contains("must use https")
+        );
+        let err = T::try_parse_from(["t", "--cert-validity", "10"])
+            .err()
+            .unwrap();
         assert!(err.to_string().contains("lacks a unit"));
     }
 }

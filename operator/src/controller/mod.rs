@@ -69,7 +69,8 @@ pub struct Readiness {
 
 impl Readiness {
     pub fn is_ready(&self) -> bool {
-        self.caches_synced.load(Ordering::Acquire) && self.certificate_loaded.load(Ordering::Acquire)
+        self.caches_synced.load(Ordering::Acquire)
+            && self.certificate_loaded.load(Ordering::Acquire)
     }
 }
 
@@ -227,7 +228,10 @@ fn reflect<K>(
     client: Client,
     fields: Option<String>,
     trigger: Arc<Notify>,
-) -> (Store<K>, impl std::future::Future<Output = ()> + Send + use<K>)
+) -> (
+    Store<K>,
+    impl std::future::Future<Output = ()> + Send + use<K>,
+)
 where
     K: Resource<DynamicType = ()>
         + Clone
@@ -329,10 +333,11 @@ where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
     let kind = K::kind(&());
-    let desired_json = serde_json::to_value(&desired).map_err(|source| ReconcileError::Serialize {
-        what: "webhook configuration",
-        source,
-    })?;
+    let desired_json =
+        serde_json::to_value(&desired).map_err(|source| ReconcileError::Serialize {
+            what: "webhook configuration",
+            source,
+        })?;
     let live_rv = live
         .state()
         .into_iter()

@@ -33,15 +33,14 @@ pub fn desired_status(policy: &Policy, outcome: &Outcome, now: Time) -> Option<P
     };
     let current = policy.status.as_ref();
     let previous = current.and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
-    if let Some(prev) = previous {
-        if prev.status == status
-            && prev.reason == reason
-            && prev.message == message
-            && prev.observed_generation == generation
-            && current.and_then(|s| s.observed_generation) == generation
-        {
-            return None;
-        }
+    if let Some(prev) = previous
+        && prev.status == status
+        && prev.reason == reason
+        && prev.message == message
+        && prev.observed_generation == generation
+        && current.and_then(|s| s.observed_generation) == generation
+    {
+        return None;
     }
     let last_transition_time = match previous {
         Some(prev) if prev.status == status => prev.last_transition_time.clone(),
@@ -93,7 +92,10 @@ mod tests {
         let s = desired_status(&policy(3, None), &out, at(10)).unwrap();
         assert_eq!(s.observed_generation, Some(3));
         let c = &s.conditions[0];
-        assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "InvalidSpec"));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "InvalidSpec")
+        );
         assert_eq!(c.message, "spec.a: bad; spec.b: worse");
         assert_eq!(c.observed_generation, Some(3));
     }

@@ -85,9 +85,8 @@ pub struct Desired {
 /// gives Gatehouse Policies a defined order.
 pub fn desired(policies: &[&Policy], wiring: &Wiring, ca_bundle: &str) -> Desired {
     let mut sorted: Vec<&Policy> = policies.to_vec();
-    sorted.sort_by(|a, b| {
-        (a.spec.priority, policy_name(a)).cmp(&(b.spec.priority, policy_name(b)))
-    });
+    sorted
+        .sort_by(|a, b| (a.spec.priority, policy_name(a)).cmp(&(b.spec.priority, policy_name(b))));
 
     let mutating = sorted
         .iter()
@@ -185,7 +184,9 @@ fn self_entry(wiring: &Wiring, ca_bundle: &str) -> ValidatingWebhook {
     ValidatingWebhook {
         name: SELF_ENTRY_NAME.to_string(),
         admission_review_versions: vec!["v1".to_string()],
-        client_config: wiring.endpoint.client_config(VALIDATE_POLICY_PATH, ca_bundle),
+        client_config: wiring
+            .endpoint
+            .client_config(VALIDATE_POLICY_PATH, ca_bundle),
         failure_policy: Some("Ignore".to_string()),
         match_conditions: None,
         match_policy: Some("Equivalent".to_string()),
@@ -209,7 +210,12 @@ fn rules(rules: &[Rule]) -> Vec<RuleWithOperations> {
         .map(|r| RuleWithOperations {
             api_groups: Some(r.api_groups.clone()),
             api_versions: Some(r.api_versions.clone()),
-            operations: Some(r.operations.iter().map(|o| o.as_str().to_string()).collect()),
+            operations: Some(
+                r.operations
+                    .iter()
+                    .map(|o| o.as_str().to_string())
+                    .collect(),
+            ),
             resources: Some(r.resources.clone()),
             scope: Some(r.scope.as_str().to_string()),
         })
@@ -324,7 +330,11 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            ["beta.gatehouse.dev", "zeta.gatehouse.dev", "alpha.gatehouse.dev"]
+            [
+                "beta.gatehouse.dev",
+                "zeta.gatehouse.dev",
+                "alpha.gatehouse.dev"
+            ]
         );
     }
 
@@ -382,7 +392,10 @@ mod tests {
             match_labels: Some(BTreeMap::from([("inject".into(), "enabled".into())])),
             match_expressions: None,
         };
-        let s = namespace_selector(Some(&user), &["kube-system".into(), "gh".into(), "gh".into()]);
+        let s = namespace_selector(
+            Some(&user),
+            &["kube-system".into(), "gh".into(), "gh".into()],
+        );
         assert_eq!(s.match_labels, user.match_labels);
         let e = &s.match_expressions.unwrap()[0];
         assert_eq!(e.key, "kubernetes.io/metadata.name");

@@ -6,7 +6,7 @@
 //! ([`Activation`]), so the hot path converts the reviewed object into CEL values once per review
 //! and copies no strings.
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, LazyLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 
 use ::cel::common::ast::{EntryExpr, Expr, IdedExpr};
 use ::cel::common::types::{
@@ -49,7 +49,9 @@ impl Site {
     /// The variables an expression at this site may reference.
     pub fn variables(self) -> &'static [&'static str] {
         match self {
-            Site::Validation | Site::When { for_each: false } => &["object", "oldObject", "request"],
+            Site::Validation | Site::When { for_each: false } => {
+                &["object", "oldObject", "request"]
+            }
             Site::When { for_each: true } => &["object", "oldObject", "request", "element"],
             Site::MatchCondition => &["object", "oldObject", "request", "authorizer"],
         }
@@ -102,13 +104,19 @@ pub fn compile(source: &str) -> Result<Program, CelError> {
         .map_err(|e| CelError::Parse(one_line(&e.to_string())))
 }
 
-/// Parse errors come with a caret diagram over several lines; a Problem is one line.
+/// Parse errors come as `ERROR: <input>:L:C: message` lines, each followed by a caret diagram; a
+/// Problem is one line, so keep the positions and messages only.
 fn one_line(s: &str) -> String {
-    s.lines()
-        .map(str::trim_end)
-        .filter(|l| !l.trim().is_empty())
-        .collect::<Vec<_>>()
-        .join(" | ")
+    let errors: Vec<&str> = s
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("ERROR: "))
+        .map(|l| l.strip_prefix("<input>:").unwrap_or(l))
+        .collect();
+    if errors.is_empty() {
+        s.split_whitespace().collect::<Vec<_>>().join(" ")
+    } else {
+        errors.join("; ")
+    }
 }
 
 /// The variables `program` reads that `site` does not provide, sorted.
@@ -209,9 +217,9 @@ pub fn to_val(value: &Value) -> Box<dyn Val + '_> {
             }
         }
         Value::String(s) => Box::new(CelString::from(s.as_str())),
-        Value::Array(items) => Box::new(CelList::from(
-            items.iter().map(to_val).collect::<Vec<_>>(),
-        )),
+        Value::Array(items) => {
+            Box::new(CelList::from(items.iter().map(to_val).collect::<Vec<_>>()))
+        }
         Value::Object(map) => Box::new(CelMap::from(
             map.iter()
                 .map(|(k, v)| (CelMapKey::from(k.as_str()), to_val(v)))
@@ -221,26 +229,54 @@ pub fn to_val(value: &Value) -> Box<dyn Val + '_> {
 }
 
 /// The variables of one evaluation: `object`, `oldObject` and `request` (null when absent),
-/// converted once and borrowed by every expression of the review.
+/// converted to CEL values on first use and then borrowed by every expression of the review, so
+/// a guard that only reads `element` never pays for converting the whole object.
 pub struct Activation<'a> {
-    object: Box<dyn Val + 'a>,
-    old_object: Box<dyn Val + 'a>,
-    request: Box<dyn Val + 'a>,
+    object: Lazy<'a>,
+    old_object: Lazy<'a>,
+    request: Lazy<'a>,
+}
+
+/// A JSON value and its CEL conversion, made on first use.
+struct Lazy<'a> {
+    json: Option<&'a Value>,
+    val: OnceLock<Box<dyn Val + 'a>>,
+}
+
+impl<'a> Lazy<'a> {
+    fn new(json: Option<&'a Value>) -> Self {
+        Lazy {
+            json,
+            val: OnceLock::new(),
+        }
+    }
+
+    fn get(&self) -> &(dyn Val + 'a) {
+        self.val
+            .get_or_init(|| match self.json {
+                Some(v) => to_val(v),
+                None => Box::new(CelNull),
+            })
+            .as_ref()
+    }
 }
 
 impl<'a> Activation<'a> {
     /// Binds the three variables every expression sees.
-    pub fn new(object: Option<&'a Value>, old_object: Option<&'a Value>, request: &'a Value) -> Self {
-        let or_null = |v: Option<&'a Value>| v.map_or_else(|| Box::new(CelNull) as Box<dyn Val>, to_val);
+    pub fn new(
+        object: Option<&'a Value>,
+        old_object: Option<&'a Value>,
+        request: &'a Value,
+    ) -> Self {
         Activation {
-            object: or_null(object),
-            old_object: or_null(old_object),
-            request: to_val(request),
+            object: Lazy::new(object),
+            old_object: Lazy::new(old_object),
+            request: Lazy::new(Some(request)),
         }
     }
 
     /// These variables plus `element`, for a `forEach` guard.
-    pub fn with_element<'b>(&'b self, element: &'b Value) -> ElementActivation<'b> {
+    pub fn with_element<'b>(&'b self, element: &'b Value) -> ElementActivation<'b, 'a> {
         ElementActivation {
             base: self,
             element: to_val(element),
@@ -251,9 +287,9 @@ impl<'a> Activation<'a> {
 impl VariableResolver for Activation<'_> {
     fn resolve<'b>(&'b self, variable: &str) -> Option<CowVal<'b, 'b>> {
         let value: &(dyn Val + 'b) = match variable {
-            "object" => self.object.as_ref(),
-            "oldObject" => self.old_object.as_ref(),
-            "request" => self.request.as_ref(),
+            "object" => self.object.get(),
+            "oldObject" => self.old_object.get(),
+            "request" => self.request.get(),
             _ => return None,
         };
         Some(CowVal::Borrowed(value))
@@ -261,12 +297,12 @@ impl VariableResolver for Activation<'_> {
 }
 
 /// An [`Activation`] plus the `element` of a `forEach`.
-pub struct ElementActivation<'b> {
-    base: &'b Activation<'b>,
+pub struct ElementActivation<'b, 'a> {
+    base: &'b Activation<'a>,
     element: Box<dyn Val + 'b>,
 }
 
-impl VariableResolver for ElementActivation<'_> {
+impl VariableResolver for ElementActivation<'_, '_> {
     fn resolve<'c>(&'c self, variable: &str) -> Option<CowVal<'c, 'c>> {
         if variable == "element" {
             Some(CowVal::Borrowed(self.element.as_ref()))
@@ -328,7 +364,10 @@ mod tests {
         assert_eq!(run("oldObject == null", &pod), Ok(true));
         assert_eq!(run("request.userInfo.username == 'alice'", &pod), Ok(true));
         assert_eq!(run("'ABC'.lowerAscii() == 'abc'", &pod), Ok(true));
-        assert!(matches!(run("object.spec.missing", &pod), Err(CelError::Execute(_))));
+        assert!(matches!(
+            run("object.spec.missing", &pod),
+            Err(CelError::Execute(_))
+        ));
         assert_eq!(run("1", &pod), Err(CelError::NotBool("int".into())));
     }
 
@@ -345,8 +384,7 @@ mod tests {
 
     #[test]
     fn comprehension_variables_are_not_unknown() {
-        let p = compile("object.spec.containers.all(c, has(c.resources)) && objct.x == 1")
-            .unwrap();
+        let p = compile("object.spec.containers.all(c, has(c.resources)) && objct.x == 1").unwrap();
         assert_eq!(unknown_variables(&p, Site::Validation), vec!["objct"]);
         let p = compile("element.name == 'a' && type(object) == map").unwrap();
         assert_eq!(unknown_variables(&p, Site::Validation), vec!["element"]);
@@ -363,5 +401,6 @@ mod tests {
             panic!("expected a parse error");
         };
         assert!(!msg.contains('\n'), "{msg}");
+        assert!(msg.starts_with("1:13: Syntax error"), "{msg}");
     }
 }

@@ -32,10 +32,10 @@ pub fn matches(req: &Request, policy: &CompiledPolicy) -> Result<bool, MatchErro
     if !spec.rules.iter().any(|rule| rule_matches(rule, req)) {
         return Ok(false);
     }
-    if let Some(selector) = &spec.object_selector {
-        if !object_selector_matches(selector, req) {
-            return Ok(false);
-        }
+    if let Some(selector) = &spec.object_selector
+        && !object_selector_matches(selector, req)
+    {
+        return Ok(false);
     }
     if spec.conditions.is_empty() {
         return Ok(true);

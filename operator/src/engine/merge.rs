@@ -29,19 +29,27 @@ use serde_json::{Map, Value};
 
 /// Merges `patch` into `target` with the semantics of the module documentation.
 pub fn merge(target: &mut Value, patch: &Value, overwrite: bool) {
+    merge_changed(target, patch, overwrite);
+}
+
+/// [`merge`], telling whether `target` changed: lets a caller detect a fixed point without
+/// keeping a copy to compare with.
+pub fn merge_changed(target: &mut Value, patch: &Value, overwrite: bool) -> bool {
     match (target, patch) {
-        (_, Value::Null) => {}
-        (target @ Value::Null, patch) => *target = materialize(patch, overwrite),
+        (_, Value::Null) => false,
+        (target @ Value::Null, patch) => replace(target, materialize(patch, overwrite)),
         (Value::Object(t), Value::Object(p)) => merge_object(t, p, overwrite),
         (Value::Array(t), Value::Array(p)) if array_kind(p) != ArrayKind::Atomic => {
-            merge_array(t, p, overwrite);
+            merge_array(t, p, overwrite)
         }
-        (target, patch) => {
-            if overwrite {
-                *target = materialize(patch, overwrite);
-            }
-        }
+        (target, patch) => overwrite && replace(target, materialize(patch, overwrite)),
     }
+}
+
+fn replace(target: &mut Value, value: Value) -> bool {
+    let changed = *target != value;
+    *target = value;
+    changed
 }
 
 /// The value an absent target takes when `patch` is merged into it: the patch with object nulls
@@ -63,21 +71,28 @@ pub fn materialize(patch: &Value, overwrite: bool) -> Value {
     }
 }
 
-fn merge_object(target: &mut Map<String, Value>, patch: &Map<String, Value>, overwrite: bool) {
+fn merge_object(
+    target: &mut Map<String, Value>,
+    patch: &Map<String, Value>,
+    overwrite: bool,
+) -> bool {
+    let mut changed = false;
     for (key, value) in patch {
         if value.is_null() {
             if overwrite {
-                target.remove(key);
+                changed |= target.remove(key).is_some();
             }
             continue;
         }
         match target.get_mut(key) {
-            Some(existing) => merge(existing, value, overwrite),
+            Some(existing) => changed |= merge_changed(existing, value, overwrite),
             None => {
                 target.insert(key.clone(), materialize(value, overwrite));
+                changed = true;
             }
         }
     }
+    changed
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,14 +119,18 @@ fn name_of(v: &Value) -> Option<&str> {
 }
 
 /// Merges a named or scalar patch array (see [`array_kind`]) into `target`.
-fn merge_array(target: &mut Vec<Value>, patch: &[Value], overwrite: bool) {
+fn merge_array(target: &mut Vec<Value>, patch: &[Value], overwrite: bool) -> bool {
+    let mut changed = false;
     match array_kind(patch) {
         ArrayKind::Named => {
             for element in patch {
                 let name = name_of(element);
                 match target.iter_mut().find(|t| name_of(t) == name) {
-                    Some(existing) => merge(existing, element, overwrite),
-                    None => target.push(materialize(element, overwrite)),
+                    Some(existing) => changed |= merge_changed(existing, element, overwrite),
+                    None => {
+                        target.push(materialize(element, overwrite));
+                        changed = true;
+                    }
                 }
             }
         }
@@ -119,15 +138,18 @@ fn merge_array(target: &mut Vec<Value>, patch: &[Value], overwrite: bool) {
             for element in patch {
                 if !target.contains(element) {
                     target.push(element.clone());
+                    changed = true;
                 }
             }
         }
         ArrayKind::Atomic => {
-            if overwrite {
+            if overwrite && target.as_slice() != patch {
                 *target = patch.to_vec();
+                changed = true;
             }
         }
     }
+    changed
 }
 
 /// Whether `path` is a well-formed `forEach` path: dot-separated, non-empty segments of
@@ -185,13 +207,19 @@ mod tests {
     fn null_removes_only_with_overwrite_and_is_never_set() {
         let t = json!({"a": 1, "b": 2});
         let p = json!({"a": null, "c": null, "d": {"x": null, "y": 1}});
-        assert_eq!(merged(t.clone(), p.clone(), true), json!({"b": 2, "d": {"y": 1}}));
+        assert_eq!(
+            merged(t.clone(), p.clone(), true),
+            json!({"b": 2, "d": {"y": 1}})
+        );
         assert_eq!(merged(t, p, false), json!({"a": 1, "b": 2, "d": {"y": 1}}));
     }
 
     #[test]
     fn a_null_target_counts_as_absent() {
-        assert_eq!(merged(json!({"a": null}), json!({"a": {"b": 1}}), false), json!({"a": {"b": 1}}));
+        assert_eq!(
+            merged(json!({"a": null}), json!({"a": {"b": 1}}), false),
+            json!({"a": {"b": 1}})
+        );
     }
 
     #[test]
@@ -207,15 +235,24 @@ mod tests {
     #[test]
     fn duplicate_names_in_a_patch_fold_into_one_element() {
         let p = json!({"c": [{"name": "a", "v": 1}, {"name": "a", "v": 2, "w": 3}]});
-        assert_eq!(merged(json!({}), p.clone(), false), json!({"c": [{"name": "a", "v": 1, "w": 3}]}));
-        assert_eq!(merged(json!({}), p, true), json!({"c": [{"name": "a", "v": 2, "w": 3}]}));
+        assert_eq!(
+            merged(json!({}), p.clone(), false),
+            json!({"c": [{"name": "a", "v": 1, "w": 3}]})
+        );
+        assert_eq!(
+            merged(json!({}), p, true),
+            json!({"c": [{"name": "a", "v": 2, "w": 3}]})
+        );
     }
 
     #[test]
     fn scalar_arrays_are_unioned() {
         let t = json!({"drop": ["NET_RAW", "NET_RAW"]});
         let p = json!({"drop": ["BPF", "NET_RAW", "BPF"]});
-        assert_eq!(merged(t, p, false), json!({"drop": ["NET_RAW", "NET_RAW", "BPF"]}));
+        assert_eq!(
+            merged(t, p, false),
+            json!({"drop": ["NET_RAW", "NET_RAW", "BPF"]})
+        );
     }
 
     #[test]
@@ -228,16 +265,33 @@ mod tests {
 
     #[test]
     fn mismatched_types_are_scalars() {
-        assert_eq!(merged(json!({"a": "s"}), json!({"a": {"b": 1}}), false), json!({"a": "s"}));
-        assert_eq!(merged(json!({"a": "s"}), json!({"a": {"b": 1, "c": null}}), true), json!({"a": {"b": 1}}));
-        assert_eq!(merged(json!({"a": [1]}), json!({"a": 2}), true), json!({"a": 2}));
+        assert_eq!(
+            merged(json!({"a": "s"}), json!({"a": {"b": 1}}), false),
+            json!({"a": "s"})
+        );
+        assert_eq!(
+            merged(json!({"a": "s"}), json!({"a": {"b": 1, "c": null}}), true),
+            json!({"a": {"b": 1}})
+        );
+        assert_eq!(
+            merged(json!({"a": [1]}), json!({"a": 2}), true),
+            json!({"a": 2})
+        );
     }
 
     #[test]
     fn paths() {
         assert!(is_valid_path("spec.containers"));
         assert!(is_valid_path("spec.init-containers_2"));
-        for bad in ["", ".spec", "spec.", "spec..c", "spec.c[0]", "spec c", "spec/c"] {
+        for bad in [
+            "",
+            ".spec",
+            "spec.",
+            "spec..c",
+            "spec.c[0]",
+            "spec c",
+            "spec/c",
+        ] {
             assert!(!is_valid_path(bad), "{bad}");
         }
         let mut v = json!({"spec": {"containers": [1], "x": 1}});

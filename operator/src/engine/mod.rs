@@ -5,10 +5,11 @@
 //!
 //! * [`policy`]: [`validate`] (every problem, with its field path) and [`compile`] (CEL compiled
 //!   once per Policy generation into a `Send + Sync` [`CompiledPolicy`]);
-//! * [`merge`]: the idempotent JSON merge every mutation is made of;
+//! * [`merge`](mod@merge): the idempotent JSON merge every mutation is made of;
 //! * [`mutate`]: a Policy's `mutate` list applied to a fixed point;
 //! * [`cel`]: the CEL environment, variable checks and evaluation;
-//! * [`review`]: AdmissionReview wire types, [`parse_review`], [`review`] and [`response_review`];
+//! * [`review`](mod@review): AdmissionReview wire types, [`parse_review`], [`review`](fn@review)
+//!   and [`response_review`];
 //! * [`matcher`]: rules, objectSelector and match conditions, for offline evaluation.
 pub mod cel;
 pub mod matcher;

@@ -1,12 +1,13 @@
 //! Applying a Policy's `mutate` list to an object.
 //!
-//! Mutations run in order, each on the output of the previous one. A single [`merge`] is
+//! Mutations run in order, each on the output of the previous one. A single
+//! [`merge`](super::merge::merge) is
 //! idempotent, but a list is not necessarily: a `forEach` over `spec.containers` followed by a
 //! merge that appends a sidecar container leaves the sidecar without what the `forEach` gave the
 //! others, and a second run (the API server's reinvocation) would add it. So the list is applied
 //! until the object stops changing: the result is a fixed point, and applying the Policy again
 //! (reinvocation, or `eval` twice) changes nothing. An object that is already a fixed point costs a
-//! single pass. Unguarded lists settle within a few passes; a `when` guard that reads a field a
+//! single pass, detected by [`merge_changed`] without keeping a copy to compare with. Unguarded lists settle within a few passes; a `when` guard that reads a field a
 //! later mutation writes may not settle, in which case the last pass is kept and a warning says
 //! so (the bound is `mutate.len() + 2` passes).
 //!
@@ -20,7 +21,7 @@
 use serde_json::Value;
 
 use super::cel::{self, Activation, CelError};
-use super::merge::{array_at, array_at_mut, merge};
+use super::merge::{array_at, array_at_mut, merge_changed};
 use super::policy::CompiledPolicy;
 use crate::api::v1alpha1::FailurePolicy;
 
@@ -52,25 +53,38 @@ pub fn apply(
     request: &Value,
 ) -> Result<Mutated, MutateError> {
     let mut ignored = Vec::new();
-    let max_passes = policy.spec().mutate.len() + 2;
-    let mut previous = object.clone();
-    for _ in 0..max_passes {
-        let mut next = previous.clone();
-        pass(policy, &mut next, old_object, request, &mut ignored)?;
-        if next == previous {
-            return Ok(Mutated {
-                object: next,
-                ignored,
-                settled: true,
-            });
+    let mut object = object.clone();
+    let settled = |object, ignored| {
+        Ok(Mutated {
+            object,
+            ignored,
+            settled: true,
+        })
+    };
+    // One unguarded mutation is a fixed point after one pass: `merge` is idempotent, and a forEach
+    // merge into one element cannot move the array or its other elements.
+    let one_pass = matches!(policy.whens.as_slice(), [None]);
+    if !pass(policy, &mut object, old_object, request, &mut ignored)? || one_pass {
+        return settled(object, ignored);
+    }
+    for _ in 1..max_passes(policy) {
+        // Mutations may undo each other within a pass, so "something changed" is not "the pass
+        // changed the object": compare with a snapshot when the cheap test is not conclusive.
+        let before = object.clone();
+        if !pass(policy, &mut object, old_object, request, &mut ignored)? || object == before {
+            return settled(object, ignored);
         }
-        previous = next;
     }
     Ok(Mutated {
-        object: previous,
+        object,
         ignored,
         settled: false,
     })
+}
+
+/// How many passes [`apply`] makes at most before it gives up on settling.
+pub fn max_passes(policy: &CompiledPolicy) -> usize {
+    policy.spec().mutate.len() + 2
 }
 
 /// The elements `forEach` merges into: the objects of the array at `path`. Other elements
@@ -89,8 +103,9 @@ fn pass(
     old_object: Option<&Value>,
     request: &Value,
     ignored: &mut Vec<MutateError>,
-) -> Result<(), MutateError> {
+) -> Result<bool, MutateError> {
     let spec = policy.spec();
+    let mut changed = false;
     let mut failed = |index: usize, source: CelError| {
         let e = MutateError::When { index, source };
         match spec.failure_policy {
@@ -105,18 +120,21 @@ fn pass(
     };
     for (index, (mutation, when)) in spec.mutate.iter().zip(&policy.whens).enumerate() {
         match (&mutation.for_each, when) {
-            (None, None) => merge(object, &mutation.merge, mutation.overwrite),
+            (None, None) => changed |= merge_changed(object, &mutation.merge, mutation.overwrite),
             (None, Some(guard)) => {
-                let decision = cel::eval_bool(guard, &Activation::new(Some(object), old_object, request));
+                let decision =
+                    cel::eval_bool(guard, &Activation::new(Some(object), old_object, request));
                 match decision {
-                    Ok(true) => merge(object, &mutation.merge, mutation.overwrite),
+                    Ok(true) => {
+                        changed |= merge_changed(object, &mutation.merge, mutation.overwrite)
+                    }
                     Ok(false) => {}
                     Err(e) => failed(index, e)?,
                 }
             }
             (Some(path), None) => {
                 for element in elements_mut(object, path) {
-                    merge(element, &mutation.merge, mutation.overwrite);
+                    changed |= merge_changed(element, &mutation.merge, mutation.overwrite);
                 }
             }
             (Some(path), Some(guard)) => {
@@ -133,7 +151,9 @@ fn pass(
                 };
                 for (element, decision) in elements_mut(object, path).zip(decisions) {
                     match decision {
-                        Ok(true) => merge(element, &mutation.merge, mutation.overwrite),
+                        Ok(true) => {
+                            changed |= merge_changed(element, &mutation.merge, mutation.overwrite);
+                        }
                         Ok(false) => {}
                         Err(e) => failed(index, e)?,
                     }
@@ -141,5 +161,5 @@ fn pass(
             }
         }
     }
-    Ok(())
+    Ok(changed)
 }

@@ -174,7 +174,12 @@ fn analyse(spec: &PolicySpec) -> (Vec<Problem>, Option<Programs>) {
             ));
         }
         let path = format!("{path}.expression");
-        match check_expression(&path, &condition.expression, Site::MatchCondition, &mut problems) {
+        match check_expression(
+            &path,
+            &condition.expression,
+            Site::MatchCondition,
+            &mut problems,
+        ) {
             Some(p) => conditions.push(p),
             None => all_compiled = false,
         }
@@ -282,7 +287,10 @@ fn check_rules(spec: &PolicySpec, problems: &mut Vec<Problem>) {
     for (i, rule) in spec.match_.rules.iter().enumerate() {
         let path = format!("spec.match.rules[{i}]");
         if rule.operations.is_empty() {
-            problems.push(Problem::new(format!("{path}.operations"), "must not be empty"));
+            problems.push(Problem::new(
+                format!("{path}.operations"),
+                "must not be empty",
+            ));
         } else if rule.operations.contains(&Operation::All) && rule.operations.len() > 1 {
             problems.push(Problem::new(
                 format!("{path}.operations"),
@@ -311,7 +319,10 @@ fn check_rules(spec: &PolicySpec, problems: &mut Vec<Problem>) {
             }
         }
         if rule.resources.is_empty() {
-            problems.push(Problem::new(format!("{path}.resources"), "must not be empty"));
+            problems.push(Problem::new(
+                format!("{path}.resources"),
+                "must not be empty",
+            ));
         }
         for (j, resource) in rule.resources.iter().enumerate() {
             if !is_valid_resource(resource) {
@@ -342,12 +353,7 @@ fn is_valid_resource(resource: &str) -> bool {
 }
 
 fn check_selector(path: &str, selector: &LabelSelector, problems: &mut Vec<Problem>) {
-    for (i, req) in selector
-        .match_expressions
-        .iter()
-        .flatten()
-        .enumerate()
-    {
+    for (i, req) in selector.match_expressions.iter().flatten().enumerate() {
         let path = format!("{path}.matchExpressions[{i}]");
         if req.key.is_empty() {
             problems.push(Problem::new(format!("{path}.key"), "must not be empty"));
@@ -456,7 +462,10 @@ mod tests {
         ];
         assert_eq!(got.len(), want.len(), "{got:#?}");
         for w in want {
-            assert!(got.iter().any(|g| g.starts_with(w)), "missing {w:?} in {got:#?}");
+            assert!(
+                got.iter().any(|g| g.starts_with(w)),
+                "missing {w:?} in {got:#?}"
+            );
         }
         let err = compile(&p).unwrap_err();
         assert_eq!(err.problems.len(), want.len());
@@ -497,7 +506,15 @@ mod tests {
 
     #[test]
     fn resource_forms() {
-        for ok in ["*", "pods", "pods/status", "*/scale", "pods/*", "*/*", "foos.example.com"] {
+        for ok in [
+            "*",
+            "pods",
+            "pods/status",
+            "*/scale",
+            "pods/*",
+            "*/*",
+            "foos.example.com",
+        ] {
             assert!(is_valid_resource(ok), "{ok}");
         }
         for bad in ["", "/", "pods/", "/status", "a/b/c", "Pods", "pods status"] {

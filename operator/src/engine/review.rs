@@ -189,7 +189,13 @@ pub fn parse_review(body: &[u8]) -> Result<Request, ReviewError> {
     let Value::Object(mut review) = value else {
         return Err(ReviewError::NotAnObject);
     };
-    let field = |name: &str| review.get(name).and_then(Value::as_str).unwrap_or_default().to_string();
+    let field = |name: &str| {
+        review
+            .get(name)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
     let (api_version, kind) = (field("apiVersion"), field("kind"));
     if api_version != API_VERSION {
         return Err(ReviewError::ApiVersion(api_version));
@@ -201,7 +207,11 @@ pub fn parse_review(body: &[u8]) -> Result<Request, ReviewError> {
         Some(r @ Value::Object(_)) => r,
         _ => return Err(ReviewError::MissingRequest),
     };
-    if request.get("uid").and_then(Value::as_str).is_none_or(str::is_empty) {
+    if request
+        .get("uid")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty)
+    {
         return Err(ReviewError::MissingUid);
     }
     let request: Request = serde_json::from_value(request).map_err(ReviewError::Request)?;
@@ -321,15 +331,12 @@ fn mutating(req: &Request, policy: &CompiledPolicy) -> Response {
                     "{}: mutations did not settle after {} passes; a when guard probably reads a \
                      field another mutation writes",
                     prefix(policy),
-                    policy.spec().mutate.len() + 2
+                    mutate::max_passes(policy)
                 ));
             }
             resp
         }
-        Err(e) => Response::deny(500,
-            "InternalError",
-            format!("{}: {e}", prefix(policy)),
-        ),
+        Err(e) => Response::deny(500, "InternalError", format!("{}: {e}", prefix(policy))),
     }
 }
 
@@ -391,7 +398,8 @@ pub fn review_policy_object(req: &Request) -> Response {
         .and_then(Value::as_str)
         .unwrap_or(&req.name);
     let invalid = |message: String| {
-        Response::deny(422,
+        Response::deny(
+            422,
             "Invalid",
             format!("Policy {name:?} is invalid: {message}"),
         )
@@ -430,7 +438,8 @@ pub fn review_json(req: &Request, resp: &Response) -> Value {
             }
             // Never admit without the patch the Policy asked for.
             Err(e) => {
-                let denial = Response::deny(500,
+                let denial = Response::deny(
+                    500,
                     "InternalError",
                     format!("encoding the patch failed: {e}"),
                 );

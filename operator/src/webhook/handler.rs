@@ -9,7 +9,9 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use tracing::{Instrument, info_span, warn};
 
-use super::{Lookup, MAX_BODY_BYTES, MUTATE_PREFIX, PolicyStore, VALIDATE_POLICY_PATH, VALIDATE_PREFIX};
+use super::{
+    Lookup, MAX_BODY_BYTES, MUTATE_PREFIX, PolicyStore, VALIDATE_POLICY_PATH, VALIDATE_PREFIX,
+};
 use crate::engine::{self, Phase};
 use crate::telemetry::{AdmissionLabels, Metrics};
 
@@ -115,13 +117,21 @@ async fn review_policy(
         tracing::info!("decided");
         response
     });
-    let decision = if response.allowed() { "allowed" } else { "denied" };
+    let decision = if response.allowed() {
+        "allowed"
+    } else {
+        "denied"
+    };
     let labels = AdmissionLabels {
         policy: name.to_string(),
         phase: phase.as_str().to_string(),
         decision: decision.to_string(),
     };
-    state.metrics.admission_requests.get_or_create(&labels).inc();
+    state
+        .metrics
+        .admission_requests
+        .get_or_create(&labels)
+        .inc();
     state
         .metrics
         .admission_duration

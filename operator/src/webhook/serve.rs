@@ -24,8 +24,10 @@ pub type Handler = Arc<
         + Sync,
 >;
 
-/// Slow clients get this long to send their headers; the API server sends at once.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// A client gets this long to send a request's headers. hyper also counts idle keep-alive time
+/// against it, so it is not short: closing an idle connection just as a client reuses it turns
+/// into a failed admission call. (The API server mostly speaks HTTP/2, where this does not apply.)
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// A TLS handshake that has not finished by then is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -86,8 +88,7 @@ async fn accept_loop<IO, Fut>(
     handler: Handler,
     shutdown: impl Future<Output = ()>,
     drain: Duration,
-)
-where
+) where
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     Fut: Future<Output = Option<IO>> + Send + 'static,
 {
@@ -139,7 +140,10 @@ where
     }
     drop(listener);
     info!(%addr, "stopped accepting; draining in-flight requests");
-    if tokio::time::timeout(drain, graceful.shutdown()).await.is_err() {
+    if tokio::time::timeout(drain, graceful.shutdown())
+        .await
+        .is_err()
+    {
         warn!(%addr, "drain deadline passed with requests still in flight");
     }
 }

@@ -1,0 +1,129 @@
+//! Benchmark server for `benches/webhook-https.sh`: the webhook port as `gatehouse run` assembles
+//! it (same accept loop, hyper and rustls stack), without a cluster.
+//!
+//! * `--mode gatehouse`: the real [`webhook::handle`] over the Policies of `--policy`.
+//! * `--mode baseline`: reads the body, parses it as JSON and answers a fixed allow echoing the
+//!   uid; the floor any AdmissionReview handler on this stack pays.
+//!
+//! Serves a self-signed certificate for 127.0.0.1, prints `ready` once listening and exits on
+//! SIGTERM or SIGINT.
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use clap::{Parser, ValueEnum};
+use gatehouse::cli::eval::load_policies;
+use gatehouse::telemetry::{self, Metrics};
+use gatehouse::tls::{self, CertResolver};
+use gatehouse::webhook::{self, Handler, PolicyStore, WebhookState};
+use http::{StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::signal::unix::{SignalKind, signal};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Mode {
+    Gatehouse,
+    Baseline,
+}
+
+#[derive(Parser, Debug)]
+struct Args {
+    #[arg(long, value_enum)]
+    mode: Mode,
+    /// Port on 127.0.0.1.
+    #[arg(long)]
+    port: u16,
+    /// Policy YAML files (multi-document allowed); required in gatehouse mode.
+    #[arg(long)]
+    policy: Vec<PathBuf>,
+    /// Log every decision to stderr as `gatehouse run` does (info level).
+    #[arg(long)]
+    log: bool,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    if args.log {
+        telemetry::init_logging(false);
+    }
+    rustls::crypto::ring::default_provider()
+        .install_default()
+        .map_err(|_| anyhow::anyhow!("a rustls crypto provider is already installed"))?;
+
+    let cert = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_string()])
+        .context("generating the self-signed certificate")?;
+    let resolver = CertResolver::new();
+    resolver
+        .set_pem(&cert.cert.pem(), &cert.signing_key.serialize_pem())
+        .context("loading the certificate")?;
+    let server_config = Arc::new(tls::server_config(resolver)?);
+
+    let handler: Handler = match args.mode {
+        Mode::Gatehouse => {
+            anyhow::ensure!(!args.policy.is_empty(), "--mode gatehouse needs --policy");
+            let policies = Arc::new(PolicyStore::new());
+            for policy in load_policies(&args.policy)? {
+                policies.upsert(Arc::new(policy));
+            }
+            let state = Arc::new(WebhookState {
+                policies,
+                metrics: Arc::new(Metrics::new()),
+            });
+            Arc::new(move |req| {
+                let state = state.clone();
+                Box::pin(async move { webhook::handle(state, req).await })
+            })
+        }
+        Mode::Baseline => Arc::new(|req| Box::pin(baseline(req))),
+    };
+
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, args.port));
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let stopped = async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    };
+    println!("ready");
+    webhook::serve_tls(listener, server_config, handler, stopped, Duration::from_secs(1)).await;
+    Ok(())
+}
+
+/// Parses the review and allows it, echoing the uid: no policy, no patch.
+async fn baseline(req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let (status, body) = match req.into_body().collect().await {
+        Err(e) => (StatusCode::BAD_REQUEST, json!({ "error": e.to_string() })),
+        Ok(body) => match serde_json::from_slice::<Value>(&body.to_bytes()) {
+            Err(e) => (StatusCode::BAD_REQUEST, json!({ "error": e.to_string() })),
+            Ok(review) => {
+                let uid = review.pointer("/request/uid").cloned().unwrap_or_default();
+                let allow = json!({
+                    "apiVersion": "admission.k8s.io/v1",
+                    "kind": "AdmissionReview",
+                    "response": { "uid": uid, "allowed": true },
+                });
+                (StatusCode::OK, allow)
+            }
+        },
+    };
+    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}

@@ -1,0 +1,555 @@
+//! The engine through its public API: AdmissionReview parsing, the wire form of responses, the
+//! mutating and validating decisions, failure policies and the matcher.
+use std::sync::Arc;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use gatehouse::api::v1alpha1::Policy;
+use gatehouse::engine::{
+    self, CompiledPolicy, Phase, Request, ReviewError, compile, matches, parse_review,
+    response_review, review, review_policy_object,
+};
+use serde_json::{Value, json};
+
+fn policy(name: &str, spec: Value) -> Policy {
+    serde_json::from_value(json!({
+        "apiVersion": "gatehouse.dev/v1alpha1",
+        "kind": "Policy",
+        "metadata": {"name": name, "generation": 1},
+        "spec": spec,
+    }))
+    .expect("test Policy decodes")
+}
+
+fn compiled(name: &str, spec: Value) -> CompiledPolicy {
+    compile(&policy(name, spec)).expect("test Policy is valid")
+}
+
+fn pod_rules() -> Value {
+    json!({"rules": [{"operations": ["CREATE", "UPDATE", "DELETE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]})
+}
+
+fn review_body(request: Value) -> Vec<u8> {
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
+        .to_string()
+        .into_bytes()
+}
+
+fn pod(containers: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "shop", "labels": {"app": "web"}}, "spec": {"containers": containers}})
+}
+
+fn request(operation: &str, object: Option<Value>, old_object: Option<Value>) -> Request {
+    let mut r = json!({
+        "uid": "uid-1",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "name": "web",
+        "namespace": "shop",
+        "operation": operation,
+        "userInfo": {"username": "alice", "groups": ["devs"]},
+    });
+    if let Some(o) = object {
+        r["object"] = o;
+    }
+    if let Some(o) = old_object {
+        r["oldObject"] = o;
+    }
+    parse_review(&review_body(r)).expect("test review parses")
+}
+
+fn create(object: Value) -> Request {
+    request("CREATE", Some(object), None)
+}
+
+fn wire(req: &Request, resp: &engine::Response) -> Value {
+    serde_json::from_slice(&response_review(req, resp)).expect("response is JSON")
+}
+
+fn decoded_patch(wire: &Value) -> Value {
+    let b64 = wire["response"]["patch"]
+        .as_str()
+        .expect("patch is a base64 string");
+    serde_json::from_slice(&BASE64.decode(b64).expect("valid base64")).expect("patch is JSON")
+}
+
+fn sidecar() -> CompiledPolicy {
+    compiled(
+        "inject-proxy",
+        json!({"match": pod_rules(), "mutate": [{"merge": {"spec": {"containers": [{"name": "proxy", "image": "envoy"}]}}}]}),
+    )
+}
+
+#[test]
+fn parse_review_reports_what_is_wrong() {
+    let cases: Vec<(Vec<u8>, &str)> = vec![
+        (b"{not json".to_vec(), "not JSON"),
+        (b"[1]".to_vec(), "not a JSON object"),
+        (
+            json!({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {"uid": "u"}}).to_string().into_bytes(),
+            "apiVersion \"admission.k8s.io/v1beta1\"",
+        ),
+        (
+            json!({"apiVersion": "admission.k8s.io/v1", "kind": "Pod", "request": {"uid": "u"}}).to_string().into_bytes(),
+            "kind \"Pod\"",
+        ),
+        (
+            json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).to_string().into_bytes(),
+            "missing \"request\"",
+        ),
+        (review_body(json!({"operation": "CREATE"})), "missing \"request.uid\""),
+        (review_body(json!({"uid": "u", "operation": "CREATE"})), "request: missing field `kind`"),
+        (
+            review_body(json!({"uid": "u", "kind": {"version": "v1", "kind": "Pod"}, "resource": {"version": "v1", "resource": "pods"}, "operation": "*"})),
+            "operation \"*\"",
+        ),
+    ];
+    for (body, want) in cases {
+        let err: ReviewError = parse_review(&body).expect_err(want);
+        assert!(
+            err.to_string().contains(want),
+            "{err} should contain {want}"
+        );
+    }
+}
+
+#[test]
+fn a_kubernetes_review_parses() {
+    let body = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/testdata/reviews/pod-create.json"
+    ))
+    .unwrap();
+    let req = parse_review(&body).unwrap();
+    assert_eq!(req.uid(), "705ab4f5-6393-11e8-b7cc-42010a800002");
+    assert_eq!(req.kind_name(), "Pod");
+    assert_eq!(req.namespace(), "shop");
+    assert_eq!(req.name(), "web");
+    assert_eq!(req.operation(), "CREATE");
+    assert!(req.old_object.is_none(), "oldObject: null is absent");
+    assert_eq!(
+        req.user_info.groups,
+        ["system:authenticated", "my-admin-group"]
+    );
+}
+
+#[test]
+fn a_mutation_goes_on_the_wire_as_a_base64_json_patch() {
+    let req = create(pod(json!([{"name": "app", "image": "app:1"}])));
+    let resp = review(&req, &sidecar(), Phase::Mutating);
+    assert!(resp.allowed() && resp.patched());
+    let wire = wire(&req, &resp);
+    assert_eq!(wire["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(wire["kind"], "AdmissionReview");
+    assert_eq!(wire["response"]["uid"], "uid-1");
+    assert_eq!(wire["response"]["allowed"], true);
+    assert_eq!(wire["response"]["patchType"], "JSONPatch");
+    assert_eq!(
+        decoded_patch(&wire),
+        json!([{"op": "add", "path": "/spec/containers/1", "value": {"name": "proxy", "image": "envoy"}}])
+    );
+    assert!(wire["response"].get("status").is_none());
+}
+
+#[test]
+fn applying_the_patch_and_reviewing_again_patches_nothing() {
+    let req = create(pod(json!([{"name": "app", "image": "app:1"}])));
+    let policy = sidecar();
+    let first = review(&req, &policy, Phase::Mutating);
+    let mut object = req.object.clone().unwrap();
+    json_patch::patch(&mut object, &first.patch).unwrap();
+    let again = review(&create(object), &policy, Phase::Mutating);
+    assert!(again.allowed() && !again.patched());
+    let wire = wire(&req, &again);
+    assert!(wire["response"].get("patch").is_none());
+    assert!(wire["response"].get("patchType").is_none());
+}
+
+#[test]
+fn a_delete_is_not_mutated() {
+    let req = request("DELETE", None, Some(pod(json!([{"name": "app"}]))));
+    let resp = review(&req, &sidecar(), Phase::Mutating);
+    assert!(resp.allowed() && !resp.patched());
+}
+
+fn limits() -> CompiledPolicy {
+    compiled(
+        "require-limits",
+        json!({"match": pod_rules(), "validate": [
+            {"expression": "object.spec.containers.all(c, has(c.resources) && has(c.resources.limits))", "message": "every container must declare resource limits"},
+            {"expression": "object.spec.containers.all(c, c.image.contains(':'))", "message": "images must be tagged"},
+            {"expression": "object.spec.containers.size() < 2", "message": "one container is plenty", "action": "Warn"},
+        ]}),
+    )
+}
+
+#[test]
+fn a_deny_names_the_policy_and_the_rule() {
+    let req = create(pod(json!([{"name": "app", "image": "app:1"}])));
+    let resp = review(&req, &limits(), Phase::Validating);
+    assert!(!resp.allowed());
+    let wire = wire(&req, &resp);
+    assert_eq!(wire["response"]["uid"], "uid-1");
+    assert_eq!(wire["response"]["allowed"], false);
+    assert_eq!(wire["response"]["status"]["code"], 403);
+    assert_eq!(wire["response"]["status"]["reason"], "Forbidden");
+    assert_eq!(
+        wire["response"]["status"]["message"],
+        "policy \"require-limits\": every container must declare resource limits"
+    );
+}
+
+#[test]
+fn several_denials_are_joined_and_warnings_kept() {
+    let req = create(pod(
+        json!([{"name": "a", "image": "a"}, {"name": "b", "image": "b"}]),
+    ));
+    let resp = review(&req, &limits(), Phase::Validating);
+    assert_eq!(
+        resp.message(),
+        Some(
+            "policy \"require-limits\": every container must declare resource limits; \
+             policy \"require-limits\": images must be tagged"
+        )
+    );
+    assert_eq!(
+        resp.warnings,
+        ["policy \"require-limits\": one container is plenty"]
+    );
+    let wire = wire(&req, &resp);
+    assert_eq!(
+        wire["response"]["warnings"][0],
+        "policy \"require-limits\": one container is plenty"
+    );
+}
+
+#[test]
+fn compliant_objects_are_allowed_without_status() {
+    let req = create(pod(
+        json!([{"name": "a", "image": "a:1", "resources": {"limits": {"cpu": "1"}}}]),
+    ));
+    let resp = review(&req, &limits(), Phase::Validating);
+    assert!(resp.allowed() && resp.warnings.is_empty() && resp.status.is_none());
+    // A validating-only Policy reached through the mutating webhook changes nothing.
+    assert!(!review(&req, &limits(), Phase::Mutating).patched());
+}
+
+fn broken(failure_policy: &str) -> CompiledPolicy {
+    compiled(
+        "broken",
+        json!({"match": pod_rules(), "failurePolicy": failure_policy, "validate": [
+            {"expression": "object.spec.nodeName == 'x'", "message": "m1"},
+            {"expression": "object.metadata.name", "message": "m2"},
+        ]}),
+    )
+}
+
+#[test]
+fn run_time_errors_follow_the_failure_policy() {
+    let req = create(pod(json!([])));
+    let fail = review(&req, &broken("Fail"), Phase::Validating);
+    assert!(!fail.allowed());
+    let status = fail.status.clone().unwrap();
+    assert_eq!(
+        (status.code, status.reason.as_str()),
+        (500, "InternalError")
+    );
+    assert!(status.message.contains("policy \"broken\": spec.validate[0].expression: evaluation failed: No such key: nodeName"), "{}", status.message);
+    assert!(
+        status
+            .message
+            .contains("policy \"broken\": spec.validate[1].expression: returned string, want bool"),
+        "{}",
+        status.message
+    );
+
+    let ignore = review(&req, &broken("Ignore"), Phase::Validating);
+    assert!(ignore.allowed());
+    assert_eq!(ignore.warnings.len(), 2);
+    assert!(
+        ignore
+            .warnings
+            .iter()
+            .all(|w| w.starts_with("policy \"broken\": ") && w.contains("failurePolicy is Ignore"))
+    );
+}
+
+#[test]
+fn a_failing_when_follows_the_failure_policy() {
+    let spec = |fp: &str| {
+        json!({"match": pod_rules(), "failurePolicy": fp, "mutate": [
+            {"forEach": "spec.containers", "when": "element.securityContext.privileged == false", "merge": {"securityContext": {"runAsNonRoot": true}}},
+        ]})
+    };
+    let req = create(pod(json!([{"name": "app"}])));
+    let fail = review(&req, &compiled("guarded", spec("Fail")), Phase::Mutating);
+    assert!(!fail.allowed() && !fail.patched());
+    assert!(
+        fail.message()
+            .unwrap()
+            .starts_with("policy \"guarded\": spec.mutate[0].when: evaluation failed")
+    );
+    let ignore = review(&req, &compiled("guarded", spec("Ignore")), Phase::Mutating);
+    assert!(ignore.allowed() && !ignore.patched());
+    assert_eq!(
+        ignore.warnings.len(),
+        1,
+        "reported once, however many passes: {:?}",
+        ignore.warnings
+    );
+    assert!(ignore.warnings[0].starts_with("policy \"guarded\": spec.mutate[0].when"));
+}
+
+#[test]
+fn guards_see_element_object_and_request() {
+    let policy = compiled(
+        "guards",
+        json!({"match": pod_rules(), "mutate": [
+            {"forEach": "spec.containers", "when": "element.name != 'proxy' && request.userInfo.username == 'alice'", "merge": {"tty": true}},
+            {"when": "oldObject == null && object.metadata.labels.app == 'web'", "merge": {"metadata": {"labels": {"seen": "yes"}}}},
+        ]}),
+    );
+    let req = create(pod(json!([{"name": "app"}, {"name": "proxy"}])));
+    let resp = review(&req, &policy, Phase::Mutating);
+    let mut object = req.object.clone().unwrap();
+    json_patch::patch(&mut object, &resp.patch).unwrap();
+    assert_eq!(
+        object["spec"]["containers"],
+        json!([{"name": "app", "tty": true}, {"name": "proxy"}])
+    );
+    assert_eq!(object["metadata"]["labels"]["seen"], "yes");
+}
+
+#[test]
+fn a_for_each_before_an_append_still_reaches_the_new_element() {
+    // The list is applied to a fixed point, so the appended sidecar gets the forEach's merge too
+    // and a reinvocation has nothing left to do.
+    let policy = compiled(
+        "both",
+        json!({"match": pod_rules(), "mutate": [
+            {"forEach": "spec.containers", "merge": {"securityContext": {"allowPrivilegeEscalation": false}}},
+            {"merge": {"spec": {"containers": [{"name": "proxy", "image": "envoy"}]}}},
+        ]}),
+    );
+    let req = create(pod(json!([{"name": "app"}])));
+    let resp = review(&req, &policy, Phase::Mutating);
+    let mut object = req.object.clone().unwrap();
+    json_patch::patch(&mut object, &resp.patch).unwrap();
+    let sc = json!({"allowPrivilegeEscalation": false});
+    assert_eq!(object["spec"]["containers"][0]["securityContext"], sc);
+    assert_eq!(object["spec"]["containers"][1]["securityContext"], sc);
+    assert!(!review(&create(object), &policy, Phase::Mutating).patched());
+}
+
+#[test]
+fn compiled_policies_are_shared_across_threads() {
+    let policy = Arc::new(limits());
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let policy = Arc::clone(&policy);
+            std::thread::spawn(move || {
+                let req = create(pod(json!([{"name": "a", "image": "a:1"}])));
+                review(&req, &policy, Phase::Validating).allowed()
+            })
+        })
+        .collect();
+    for h in handles {
+        assert!(!h.join().unwrap());
+    }
+}
+
+#[test]
+fn the_policy_webhook_lists_every_problem() {
+    let bad = json!({
+        "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": "bad"},
+        "spec": {"match": {"rules": []}, "timeoutSeconds": 0},
+    });
+    let resp = review_policy_object(&create(bad));
+    assert!(!resp.allowed());
+    let status = resp.status.unwrap();
+    assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
+    assert_eq!(
+        status.message,
+        "Policy \"bad\" is invalid: spec: at least one of mutate or validate must be set; \
+         spec.timeoutSeconds: must be between 1 and 30, got 0; spec.match.rules: must not be empty"
+    );
+    let good = serde_json::to_value(policy(
+        "good",
+        json!({"match": pod_rules(), "validate": [{"expression": "true", "message": "m"}]}),
+    ))
+    .unwrap();
+    assert!(review_policy_object(&create(good)).allowed());
+    let undecodable = json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": "u"}, "spec": {"match": 1}});
+    let resp = review_policy_object(&create(undecodable));
+    assert!(
+        resp.message()
+            .unwrap()
+            .starts_with("Policy \"u\" is invalid: spec: ")
+    );
+}
+
+fn matcher(match_: Value) -> CompiledPolicy {
+    compiled(
+        "m",
+        json!({"match": match_, "validate": [{"expression": "true", "message": "m"}]}),
+    )
+}
+
+fn with_resource(
+    mut req: Request,
+    group: &str,
+    version: &str,
+    resource: &str,
+    sub: Option<&str>,
+) -> Request {
+    req.resource.group = group.into();
+    req.resource.version = version.into();
+    req.resource.resource = resource.into();
+    req.sub_resource = sub.map(str::to_string);
+    req
+}
+
+#[test]
+fn rules_match_like_the_api_server() {
+    let rule = |resources: Value, scope: &str| {
+        matcher(
+            json!({"rules": [{"operations": ["CREATE"], "apiGroups": ["", "apps"], "apiVersions": ["v1"], "resources": resources, "scope": scope}]}),
+        )
+    };
+    let pod_req = create(pod(json!([])));
+    let status_req = with_resource(create(pod(json!([]))), "", "v1", "pods", Some("status"));
+    let deploy = with_resource(create(pod(json!([]))), "apps", "v1", "deployments", None);
+    let scale = with_resource(
+        create(pod(json!([]))),
+        "apps",
+        "v1",
+        "deployments",
+        Some("scale"),
+    );
+    let batch = with_resource(create(pod(json!([]))), "batch", "v1", "jobs", None);
+    let beta = with_resource(create(pod(json!([]))), "", "v1beta1", "pods", None);
+
+    let cases = [
+        (json!(["pods"]), "*", &pod_req, true),
+        (json!(["pods"]), "*", &status_req, false),
+        (json!(["pods/status"]), "*", &status_req, true),
+        (json!(["pods/*"]), "*", &status_req, true),
+        (json!(["pods/*"]), "*", &pod_req, true),
+        (json!(["*"]), "*", &deploy, true),
+        (json!(["*"]), "*", &scale, false),
+        (json!(["*/scale"]), "*", &scale, true),
+        (json!(["*/*"]), "*", &scale, true),
+        (json!(["*"]), "*", &batch, false),
+        (json!(["*"]), "*", &beta, false),
+        (json!(["pods"]), "Namespaced", &pod_req, true),
+        (json!(["pods"]), "Cluster", &pod_req, false),
+    ];
+    for (resources, scope, req, want) in cases {
+        let got = matches(req, &rule(resources.clone(), scope)).unwrap();
+        assert_eq!(
+            got,
+            want,
+            "{resources} {scope} vs {}/{}",
+            req.resource.resource,
+            req.sub_resource()
+        );
+    }
+    let update = request("UPDATE", Some(pod(json!([]))), Some(pod(json!([]))));
+    assert!(!matches(&update, &rule(json!(["pods"]), "*")).unwrap());
+}
+
+#[test]
+fn object_selectors_read_the_object_or_the_old_one() {
+    let select = |selector: Value| {
+        matcher(json!({"rules": pod_rules()["rules"], "objectSelector": selector}))
+    };
+    let web = create(pod(json!([])));
+    assert!(matches(&web, &select(json!({"matchLabels": {"app": "web"}}))).unwrap());
+    assert!(!matches(&web, &select(json!({"matchLabels": {"app": "db"}}))).unwrap());
+    let expr = |op: &str, values: Value| {
+        select(json!({"matchExpressions": [{"key": "app", "operator": op, "values": values}]}))
+    };
+    assert!(matches(&web, &expr("In", json!(["web", "api"]))).unwrap());
+    assert!(!matches(&web, &expr("NotIn", json!(["web"]))).unwrap());
+    assert!(matches(&web, &expr("Exists", json!([]))).unwrap());
+    assert!(!matches(&web, &expr("DoesNotExist", json!([]))).unwrap());
+    let tier = select(
+        json!({"matchExpressions": [{"key": "tier", "operator": "NotIn", "values": ["x"]}]}),
+    );
+    assert!(
+        matches(&web, &tier).unwrap(),
+        "NotIn matches an absent label"
+    );
+    assert!(
+        matches(&web, &select(json!({}))).unwrap(),
+        "an empty selector matches everything"
+    );
+    let delete = request("DELETE", None, Some(pod(json!([]))));
+    assert!(matches(&delete, &select(json!({"matchLabels": {"app": "web"}}))).unwrap());
+}
+
+#[test]
+fn match_conditions_must_all_hold() {
+    let conditions = |exprs: &[&str]| {
+        let list: Vec<Value> = exprs
+            .iter()
+            .enumerate()
+            .map(|(i, e)| json!({"name": format!("c{i}"), "expression": e}))
+            .collect();
+        matcher(json!({"rules": pod_rules()["rules"], "conditions": list}))
+    };
+    let req = create(pod(json!([])));
+    assert!(
+        matches(
+            &req,
+            &conditions(&[
+                "request.namespace == 'shop'",
+                "object.metadata.name == 'web'"
+            ])
+        )
+        .unwrap()
+    );
+    assert!(
+        !matches(
+            &req,
+            &conditions(&["true", "request.userInfo.username == 'bob'"])
+        )
+        .unwrap()
+    );
+    let err = matches(&req, &conditions(&["object.nope"])).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("spec.match.conditions[0] (\"c0\"): evaluation failed"),
+        "{err}"
+    );
+}
+
+#[test]
+fn patch_paths_escape_slashes_and_tildes() {
+    let policy = compiled(
+        "labels",
+        json!({"match": pod_rules(), "mutate": [{"merge": {"metadata": {"labels": {"gatehouse.dev/managed": "true", "a~b": "x"}}}}]}),
+    );
+    let req = create(pod(json!([])));
+    let resp = review(&req, &policy, Phase::Mutating);
+    let ops = decoded_patch(&wire(&req, &resp));
+    let paths: Vec<&str> = ops
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|op| op["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "/metadata/labels/a~0b",
+            "/metadata/labels/gatehouse.dev~1managed"
+        ]
+    );
+    let mut object = req.object.clone().unwrap();
+    json_patch::patch(&mut object, &resp.patch).unwrap();
+    assert_eq!(
+        object["metadata"]["labels"],
+        json!({"app": "web", "gatehouse.dev/managed": "true", "a~b": "x"})
+    );
+}
