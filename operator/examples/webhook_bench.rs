@@ -73,10 +73,7 @@ async fn main() -> anyhow::Result<()> {
             for policy in load_policies(&args.policy)? {
                 policies.upsert(Arc::new(policy));
             }
-            let state = Arc::new(WebhookState {
-                policies,
-                metrics: Arc::new(Metrics::new()),
-            });
+            let state = Arc::new(WebhookState::new(policies, Arc::new(Metrics::new())));
             Arc::new(move |req| {
                 let state = state.clone();
                 Box::pin(async move { webhook::handle(state, req).await })

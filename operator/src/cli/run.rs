@@ -226,10 +226,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding the webhook server to {}", args.listen))?;
     let server_config = Arc::new(tls::server_config(resolver.clone())?);
-    let state = Arc::new(WebhookState {
-        policies: policies.clone(),
-        metrics: metrics.clone(),
-    });
+    let state = Arc::new(WebhookState::new(policies.clone(), metrics.clone()));
     let webhook_handler: Handler = Arc::new(move |req| {
         let state = state.clone();
         Box::pin(async move { webhook::handle(state, req).await })

@@ -16,12 +16,24 @@ use crate::engine::{self, Phase};
 use crate::telemetry::{AdmissionLabels, Metrics};
 
 /// How long a client may take to send the whole body once the headers are in.
-const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the webhook server shares between requests.
 pub struct WebhookState {
     pub policies: Arc<PolicyStore>,
     pub metrics: Arc<Metrics>,
+    /// See [`BODY_READ_TIMEOUT`].
+    pub body_read_timeout: Duration,
+}
+
+impl WebhookState {
+    pub fn new(policies: Arc<PolicyStore>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            policies,
+            metrics,
+            body_read_timeout: BODY_READ_TIMEOUT,
+        }
+    }
 }
 
 /// The routes of the webhook port, parsed from a request path.
@@ -63,7 +75,7 @@ pub async fn handle(state: Arc<WebhookState>, req: Request<Incoming>) -> Respons
             .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
         return resp;
     }
-    let body = match read_body(req).await {
+    let body = match read_body(req, state.body_read_timeout).await {
         Ok(body) => body,
         Err(resp) => return resp,
     };
@@ -153,7 +165,10 @@ fn validate_policy_object(body: &[u8]) -> Response<Full<Bytes>> {
     json(StatusCode::OK, engine::response_review(&request, &response))
 }
 
-async fn read_body(req: Request<Incoming>) -> Result<Bytes, Response<Full<Bytes>>> {
+async fn read_body(
+    req: Request<Incoming>,
+    timeout: Duration,
+) -> Result<Bytes, Response<Full<Bytes>>> {
     let too_large = || {
         error(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -169,7 +184,7 @@ async fn read_body(req: Request<Incoming>) -> Result<Bytes, Response<Full<Bytes>
         return Err(too_large());
     }
     let limited = Limited::new(req.into_body(), MAX_BODY_BYTES);
-    match tokio::time::timeout(BODY_READ_TIMEOUT, limited.collect()).await {
+    match tokio::time::timeout(timeout, limited.collect()).await {
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
         Ok(Err(e)) => Err(error(
@@ -180,7 +195,7 @@ async fn read_body(req: Request<Incoming>) -> Result<Bytes, Response<Full<Bytes>
             warn!("client did not send the body in time");
             Err(error(
                 StatusCode::REQUEST_TIMEOUT,
-                format!("body not received within {}s", BODY_READ_TIMEOUT.as_secs()),
+                format!("body not received within {timeout:?}"),
             ))
         }
     }

@@ -5,7 +5,7 @@ mod handler;
 mod serve;
 mod store;
 
-pub use handler::{Routes, WebhookState, handle};
+pub use handler::{BODY_READ_TIMEOUT, Routes, WebhookState, handle};
 pub use serve::{Handler, serve_http, serve_tls};
 pub use store::{Lookup, PolicyStore, RETIRED_GRACE};
 
