@@ -948,3 +948,131 @@ async fn two_hundred_policies_coalesce_into_few_writes() {
     })
     .await;
 }
+
+/// Completes a TLS handshake with 127.0.0.1:`port` trusting only `ca_pem`.
+async fn handshake_trusting(port: u16, ca_pem: &str) -> anyhow::Result<()> {
+    use std::sync::Arc;
+    gatehouse_e2e::install_crypto_provider();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert?)?;
+    }
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await?;
+    Ok(())
+}
+
+fn decode_secret_key(secret: &Value, key: &str) -> anyhow::Result<String> {
+    use base64::Engine as _;
+    let b64 = secret["data"][key].as_str().context("key missing")?;
+    Ok(String::from_utf8(
+        base64::engine::general_purpose::STANDARD.decode(b64)?,
+    )?)
+}
+
+#[tokio::test]
+async fn replicas_share_one_ca_and_one_leader_fails_over() {
+    run_test(|cluster| async move {
+        let _serial = gatehouse::exclusive().await;
+        let home = TestNamespace::new(cluster, "gh-home").await?;
+        let ns = TestNamespace::new(cluster, "gh-replicas").await?;
+        let options = || Options::url().arg("--lease-duration", "4s");
+        let (a, b) = tokio::join!(
+            Gatehouse::start(cluster, home.name(), options()),
+            Gatehouse::start(cluster, home.name(), options())
+        );
+        let (mut a, mut b) = (a?, b?);
+        let inject = format!("inject-{}", unique(&ns));
+        let result = async {
+            // One CA, created race-free; both replicas serve certificates it signed.
+            let secret = get_json(cluster, &["secret", "gatehouse-tls", "-n", home.name()])
+                .await?
+                .context("TLS secret")?;
+            let ca = decode_secret_key(&secret, "ca.crt")?;
+            handshake_trusting(a.port, &ca).await?;
+            handshake_trusting(b.port, &ca).await?;
+
+            // One leader writes the configurations, pointing at itself.
+            apply(
+                cluster,
+                &policy(&inject, ns.name(), 100, &sidecar_body(true, false)),
+            )
+            .await?;
+            await_ready(cluster, &inject, "True").await?;
+            let url_of_entry = || async {
+                let cfg = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"]).await?;
+                Ok::<_, anyhow::Error>(cfg.and_then(|c| {
+                    c["webhooks"].as_array().and_then(|ws| {
+                        ws.iter()
+                            .find(|w| w["name"] == format!("{inject}.gatehouse.dev").as_str())
+                            .and_then(|w| w["clientConfig"]["url"].as_str().map(str::to_string))
+                    })
+                }))
+            };
+            let url = url_of_entry().await?.context("entry url")?;
+            let lease = get_json(
+                cluster,
+                &["lease", "gatehouse-controller", "-n", home.name()],
+            )
+            .await?
+            .context("lease")?;
+            let holder = lease["spec"]["holderIdentity"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            ensure!(!holder.is_empty(), "nobody holds the lease: {lease}");
+            let leader_is_a = url.contains(&format!(":{}/", a.port));
+            ensure!(
+                leader_is_a || url.contains(&format!(":{}/", b.port)),
+                "entry url {url} is neither replica"
+            );
+            let (leader, follower) = if leader_is_a {
+                (&mut a, &mut b)
+            } else {
+                (&mut b, &mut a)
+            };
+            ensure!(
+                holder.ends_with(&format!("-{}", leader.pid().context("pid")?)),
+                "lease holder {holder} is not the replica the configuration points at"
+            );
+
+            // The leader dies without releasing the Lease; the follower takes over when it
+            // expires and rewires the configuration to itself.
+            leader.kill().await?;
+            let follower_port = follower.port;
+            await_condition("follower rewires the configuration", WAIT, || async {
+                Ok(url_of_entry()
+                    .await?
+                    .filter(|u| u.contains(&format!(":{follower_port}/")))
+                    .map(|_| ()))
+            })
+            .await?;
+            let out =
+                create_pod_until(cluster, ns.name(), "after-failover", &["-o", "json"], |o| {
+                    o.status.success()
+                })
+                .await?;
+            let p: Value = serde_json::from_slice(&out.stdout)?;
+            ensure!(
+                container_names(&p) == ["app", "proxy"],
+                "not mutated after failover"
+            );
+            Ok(())
+        }
+        .await;
+        delete_policies(cluster, &[&inject]).await?;
+        // Whichever is still running shuts down and removes the configurations.
+        let survivor = if a.pid().is_some() { a } else { b };
+        survivor.shutdown().await?;
+        ns.cleanup().await?;
+        home.cleanup().await?;
+        result
+    })
+    .await;
+}

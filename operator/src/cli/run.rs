@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use tracing::{error, info};
 
 use crate::admin::{self, AdminState};
+use crate::controller::lease::{self, LeaseConfig};
 use crate::controller::wiring::{Endpoint, Wiring};
 use crate::controller::{self, Context, Readiness};
 use crate::telemetry::{self, CertLabels, Metrics};
@@ -75,6 +76,14 @@ pub struct RunArgs {
     #[arg(long, env = "GATEHOUSE_DRAIN_TIMEOUT", default_value = "20s", value_parser = super::duration::parse)]
     pub drain_timeout: Duration,
 
+    /// Identity in the leader-election Lease (default: the pod name, else host name and PID).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+
+    /// A leader that has not renewed the Lease for this long is replaced.
+    #[arg(long, env = "GATEHOUSE_LEASE_DURATION", default_value = "15s", value_parser = super::duration::parse)]
+    pub lease_duration: Duration,
+
     /// Log as JSON lines instead of text.
     #[arg(long, env = "GATEHOUSE_LOG_JSON")]
     pub log_json: bool,
@@ -126,6 +135,19 @@ impl RunArgs {
                 ))
             }
         }
+    }
+
+    /// This replica's name in the Lease.
+    pub fn identity(&self) -> String {
+        self.identity.clone().unwrap_or_else(|| {
+            let host = std::env::var("HOSTNAME")
+                .ok()
+                .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+                .map(|h| h.trim().to_string())
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "gatehouse".into());
+            format!("{host}-{}", std::process::id())
+        })
     }
 
     /// The excluded namespaces: the flag's list plus our own namespace, always.
@@ -259,13 +281,25 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
 
     let ctx = Arc::new(Context::new(
-        client,
+        client.clone(),
         metrics.clone(),
         policies,
         wiring,
         readiness,
     ));
-    let controller_task = controller::run(ctx, bundle_rx, stopped());
+    let (leader_tx, leader_rx) = watch::channel(false);
+    let lease_task = lease::run(
+        client.clone(),
+        LeaseConfig {
+            namespace: args.namespace.clone(),
+            identity: args.identity(),
+            duration: args.lease_duration,
+            renew_every: (args.lease_duration / 3).max(Duration::from_secs(1)),
+        },
+        leader_tx,
+        stopped(),
+    );
+    let controller_task = controller::run(ctx, bundle_rx, leader_rx, stopped());
 
     let signals = async move {
         wait_for_signal().await;
@@ -279,6 +313,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         tls_task,
         webhook_task,
         admin_task,
+        lease_task,
         controller_task
     );
     info!("stopped");

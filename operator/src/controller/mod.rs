@@ -1,6 +1,7 @@
 //! The Policy controller: fetch → validate (pure) → build desired configurations (pure) →
 //! server-side apply → status. One coalescing loop owns both webhook configurations, so a burst
 //! of Policy changes costs a handful of writes, not one per Policy.
+pub mod lease;
 pub mod status;
 pub mod wiring;
 
@@ -117,10 +118,12 @@ struct Applied {
 
 /// Runs the controller until `shutdown` fires. `ca_bundle` carries the PEM bundle the TLS manager
 /// publishes; nothing is written before the caches are synced and a bundle is known, so a
-/// half-started operator never empties the cluster's configurations.
+/// half-started operator never empties the cluster's configurations. Every replica compiles
+/// Policies for its own webhook server; only the one `leader` says leads writes anything.
 pub async fn run(
     ctx: Arc<Context>,
     mut ca_bundle: watch::Receiver<Option<String>>,
+    mut leader: watch::Receiver<bool>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let trigger = Arc::new(Notify::new());
@@ -161,6 +164,7 @@ pub async fn run(
         let mut compiled_specs: HashMap<String, Arc<engine::CompiledPolicy>> = HashMap::new();
         loop {
             let bundle = ca_bundle.borrow_and_update().clone().unwrap_or_default();
+            let leading = *leader.borrow_and_update();
             let started = Instant::now();
             let labels = ReconcileLabels {
                 controller: "webhook-configurations".into(),
@@ -172,6 +176,7 @@ pub async fn run(
                 &mutating,
                 &validating,
                 &bundle,
+                leading,
                 &mut applied,
                 &mut compiled_specs,
             )
@@ -193,6 +198,7 @@ pub async fn run(
             tokio::select! {
                 () = trigger.notified() => {}
                 changed = ca_bundle.changed() => if changed.is_err() { return; },
+                changed = leader.changed() => if changed.is_err() { return; },
                 () = tokio::time::sleep(retry) => {}
             }
             coalesce(&trigger).await;
@@ -269,6 +275,7 @@ async fn reconcile_all(
     mutating: &Store<MutatingWebhookConfiguration>,
     validating: &Store<ValidatingWebhookConfiguration>,
     bundle: &str,
+    leading: bool,
     applied: &mut Applied,
     compiled: &mut HashMap<String, Arc<engine::CompiledPolicy>>,
 ) -> Result<(), ReconcileError> {
@@ -302,10 +309,15 @@ async fn reconcile_all(
         }
     }
 
-    let refs: Vec<&Policy> = valid.iter().map(|p| p.as_ref()).collect();
-    let desired = wiring::desired(&refs, &ctx.wiring, bundle);
-    apply_if_changed(ctx, mutating, desired.mutating, &mut applied.mutating).await?;
-    apply_if_changed(ctx, validating, desired.validating, &mut applied.validating).await?;
+    if leading {
+        let refs: Vec<&Policy> = valid.iter().map(|p| p.as_ref()).collect();
+        let desired = wiring::desired(&refs, &ctx.wiring, bundle);
+        apply_if_changed(ctx, mutating, desired.mutating, &mut applied.mutating).await?;
+        apply_if_changed(ctx, validating, desired.validating, &mut applied.validating).await?;
+    } else {
+        // A new leader must not trust what an earlier term remembered.
+        *applied = Applied::default();
+    }
 
     // Only now that the API server no longer calls them may the server forget them.
     let keep: HashSet<String> = valid.iter().map(|p| p.name_any()).collect();
@@ -316,6 +328,9 @@ async fn reconcile_all(
     }
     compiled.retain(|name, _| keep.contains(name));
 
+    if !leading {
+        return Ok(());
+    }
     let now = Time(Timestamp::now());
     for (policy, outcome) in outcomes {
         write_status(ctx, &policy, &outcome, now.clone()).await?;
