@@ -27,6 +27,9 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 
+/// How long in-flight requests may take to finish after a signal.
+const DRAIN: Duration = Duration::from_secs(1);
+
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum Mode {
     Gatehouse,
@@ -95,7 +98,7 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     println!("ready");
-    webhook::serve_tls(listener, server_config, handler, stopped, Duration::from_secs(1)).await;
+    webhook::serve_tls(listener, server_config, handler, stopped, DRAIN).await;
     Ok(())
 }
 
