@@ -193,35 +193,86 @@ fn container_names(pod: &Value) -> Vec<String> {
 }
 
 async fn delete_policies(cluster: &Cluster, names: &[&str]) -> anyhow::Result<()> {
-    for name in names {
-        cluster
-            .kubectl_ok(["delete", "policy", name, "--ignore-not-found"], None)
-            .await?;
-    }
+    let mut args = vec!["delete", "policies", "--ignore-not-found", "--wait=false"];
+    args.extend_from_slice(names);
+    cluster.kubectl_ok(args, None).await?;
     Ok(())
+}
+
+/// One scenario's world: the lock on the configurations, Gatehouse's home namespace, the
+/// namespace its Policies select, and the running Gatehouse.
+struct Scene {
+    _serial: tokio::sync::MutexGuard<'static, ()>,
+    home: TestNamespace,
+    ns: TestNamespace,
+    gh: Gatehouse,
+}
+
+impl Scene {
+    async fn start(
+        cluster: &'static Cluster,
+        prefix: &str,
+        options: Options,
+    ) -> anyhow::Result<Self> {
+        let serial = gatehouse::exclusive().await;
+        let home = TestNamespace::new(cluster, "gh-home").await?;
+        let ns = TestNamespace::new(cluster, prefix).await?;
+        let gh = Gatehouse::start(cluster, home.name(), options).await?;
+        Ok(Self {
+            _serial: serial,
+            home,
+            ns,
+            gh,
+        })
+    }
+
+    fn home(&self) -> &str {
+        self.home.name()
+    }
+
+    fn ns(&self) -> &str {
+        self.ns.name()
+    }
+
+    /// A suffix unique to this scenario, for cluster-scoped names.
+    fn id(&self) -> String {
+        unique(&self.ns)
+    }
+
+    /// Deletes the scenario's Policies, stops Gatehouse (removing its configurations) and the
+    /// namespaces; the scenario's own outcome comes first.
+    async fn finish(self, policies: &[&str], result: anyhow::Result<()>) -> anyhow::Result<()> {
+        let cluster = self.gh.cluster();
+        let cleanup = async {
+            delete_policies(cluster, policies).await?;
+            self.gh.shutdown().await?;
+            self.ns.cleanup().await?;
+            self.home.cleanup().await
+        }
+        .await;
+        result.and(cleanup)
+    }
 }
 
 /// Scenario 1, in the given mode.
 async fn order_matters(cluster: &'static Cluster, options: Options) -> anyhow::Result<()> {
-    let _serial = gatehouse::exclusive().await;
-    let home = TestNamespace::new(cluster, "gh-home").await?;
-    let ns = TestNamespace::new(cluster, "gh-order").await?;
-    let gh = Gatehouse::start(cluster, home.name(), options).await?;
-    let id = unique(&ns);
+    let scene = Scene::start(cluster, "gh-order", options).await?;
+    let id = scene.id();
     let (inject, limits) = (format!("inject-{id}"), format!("require-limits-{id}"));
     let result = async {
         apply(
             cluster,
-            &policy(&inject, ns.name(), 100, &sidecar_body(false, false)),
+            &policy(&inject, scene.ns(), 100, &sidecar_body(false, false)),
         )
         .await?;
-        apply(cluster, &policy(&limits, ns.name(), 100, REQUIRE_LIMITS)).await?;
+        apply(cluster, &policy(&limits, scene.ns(), 100, REQUIRE_LIMITS)).await?;
         await_ready(cluster, &inject, "True").await?;
         await_ready(cluster, &limits, "True").await?;
 
         // The sidecar injected by the mutating Policy has no limits, and the validating Policy
         // judges the final object: the Pod is rejected, naming the validating Policy.
-        let out = create_pod_until(cluster, ns.name(), "app", &[], |o| !o.status.success()).await?;
+        let out =
+            create_pod_until(cluster, scene.ns(), "app", &[], |o| !o.status.success()).await?;
         let err = stderr(&out);
         ensure!(
             err.contains(&limits) && err.contains("every container must declare resource limits"),
@@ -231,12 +282,12 @@ async fn order_matters(cluster: &'static Cluster, options: Options) -> anyhow::R
         // Give the sidecar limits: admitted, with the sidecar exactly once.
         apply(
             cluster,
-            &policy(&inject, ns.name(), 100, &sidecar_body(true, false)),
+            &policy(&inject, scene.ns(), 100, &sidecar_body(true, false)),
         )
         .await?;
         await_ready(cluster, &inject, "True").await?;
-        create_pod_until(cluster, ns.name(), "app", &[], |o| o.status.success()).await?;
-        let stored = get_json(cluster, &["pod", "app", "-n", ns.name()])
+        create_pod_until(cluster, scene.ns(), "app", &[], |o| o.status.success()).await?;
+        let stored = get_json(cluster, &["pod", "app", "-n", scene.ns()])
             .await?
             .context("pod not stored")?;
         let names = container_names(&stored);
@@ -244,11 +295,7 @@ async fn order_matters(cluster: &'static Cluster, options: Options) -> anyhow::R
         Ok(())
     }
     .await;
-    delete_policies(cluster, &[&inject, &limits]).await?;
-    gh.shutdown().await?;
-    ns.cleanup().await?;
-    home.cleanup().await?;
-    result
+    scene.finish(&[&inject, &limits], result).await
 }
 
 #[tokio::test]
@@ -264,20 +311,17 @@ async fn order_matters_url_mode() {
 #[tokio::test]
 async fn reinvocation_keeps_one_sidecar() {
     run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
-        let home = TestNamespace::new(cluster, "gh-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-reinvoke").await?;
-        let gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
-        let id = unique(&ns);
+        let scene = Scene::start(cluster, "gh-reinvoke", Options::service()).await?;
+        let id = scene.id();
         let (a, b) = (format!("a-sidecar-{id}"), format!("b-label-{id}"));
         let result = async {
             apply(
                 cluster,
-                &policy(&a, ns.name(), 10, &sidecar_body(true, true)),
+                &policy(&a, scene.ns(), 10, &sidecar_body(true, true)),
             )
             .await?;
             let label = "  mutate:\n  - merge: {metadata: {labels: {team: platform}}}\n";
-            apply(cluster, &policy(&b, ns.name(), 20, label)).await?;
+            apply(cluster, &policy(&b, scene.ns(), 20, label)).await?;
             await_ready(cluster, &a, "True").await?;
             await_ready(cluster, &b, "True").await?;
             let order = entries(cluster, "mutatingwebhookconfiguration").await?;
@@ -295,7 +339,7 @@ async fn reinvocation_keeps_one_sidecar() {
             // one Pod and count how often A was asked.
             create_pod_until(
                 cluster,
-                ns.name(),
+                scene.ns(),
                 "probe",
                 &["--dry-run=server", "-o", "json"],
                 |o| {
@@ -306,22 +350,24 @@ async fn reinvocation_keeps_one_sidecar() {
                 },
             )
             .await?;
-            let before = gh
+            let before = scene
+                .gh
                 .metric_sum(
                     "gatehouse_admission_requests_total",
                     &format!("policy=\"{a}\""),
                 )
                 .await?;
             cluster
-                .kubectl_ok(["create", "-f", "-"], Some(&pod("app", ns.name())))
+                .kubectl_ok(["create", "-f", "-"], Some(&pod("app", scene.ns())))
                 .await?;
-            let after = gh
+            let after = scene
+                .gh
                 .metric_sum(
                     "gatehouse_admission_requests_total",
                     &format!("policy=\"{a}\""),
                 )
                 .await?;
-            let stored = get_json(cluster, &["pod", "app", "-n", ns.name()])
+            let stored = get_json(cluster, &["pod", "app", "-n", scene.ns()])
                 .await?
                 .context("pod")?;
             ensure!(
@@ -343,11 +389,7 @@ async fn reinvocation_keeps_one_sidecar() {
             Ok(())
         }
         .await;
-        delete_policies(cluster, &[&a, &b]).await?;
-        gh.shutdown().await?;
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result
+        scene.finish(&[&a, &b], result).await
     })
     .await;
 }
@@ -355,15 +397,12 @@ async fn reinvocation_keeps_one_sidecar() {
 #[tokio::test]
 async fn server_dry_run_previews_and_stores_nothing() {
     run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
-        let home = TestNamespace::new(cluster, "gh-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-dryrun").await?;
-        let gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
-        let inject = format!("inject-{}", unique(&ns));
+        let scene = Scene::start(cluster, "gh-dryrun", Options::service()).await?;
+        let inject = format!("inject-{}", scene.id());
         let result = async {
             apply(
                 cluster,
-                &policy(&inject, ns.name(), 100, &sidecar_body(true, false)),
+                &policy(&inject, scene.ns(), 100, &sidecar_body(true, false)),
             )
             .await?;
             await_ready(cluster, &inject, "True").await?;
@@ -372,7 +411,7 @@ async fn server_dry_run_previews_and_stores_nothing() {
                 let out = cluster
                     .kubectl_ok(
                         ["apply", "--dry-run=server", "-o", "json", "-f", "-"],
-                        Some(&pod("preview", ns.name())),
+                        Some(&pod("preview", scene.ns())),
                     )
                     .await?;
                 let p: Value = serde_json::from_str(&out)?;
@@ -386,7 +425,7 @@ async fn server_dry_run_previews_and_stores_nothing() {
                 "dry run did not show the mutation: {preview}"
             );
             ensure!(
-                get_json(cluster, &["pod", "preview", "-n", ns.name()])
+                get_json(cluster, &["pod", "preview", "-n", scene.ns()])
                     .await?
                     .is_none(),
                 "server dry-run stored the Pod"
@@ -394,11 +433,7 @@ async fn server_dry_run_previews_and_stores_nothing() {
             Ok(())
         }
         .await;
-        delete_policies(cluster, &[&inject]).await?;
-        gh.shutdown().await?;
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result
+        scene.finish(&[&inject], result).await
     })
     .await;
 }
@@ -406,30 +441,23 @@ async fn server_dry_run_previews_and_stores_nothing() {
 #[tokio::test]
 async fn warn_admits_and_warns() {
     run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
-        let home = TestNamespace::new(cluster, "gh-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-warn").await?;
-        let gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
-        let warn = format!("warn-team-{}", unique(&ns));
+        let scene = Scene::start(cluster, "gh-warn", Options::service()).await?;
+        let warn = format!("warn-team-{}", scene.id());
         let body = "  validate:\n  - expression: \"has(object.metadata.labels) && 'team' in object.metadata.labels\"\n    message: \"pods should carry a team label\"\n    action: Warn\n";
         let result = async {
-            apply(cluster, &policy(&warn, ns.name(), 100, body)).await?;
+            apply(cluster, &policy(&warn, scene.ns(), 100, body)).await?;
             await_ready(cluster, &warn, "True").await?;
-            let out = create_pod_until(cluster, ns.name(), "app", &[], |o| {
+            let out = create_pod_until(cluster, scene.ns(), "app", &[], |o| {
                 o.status.success() && stderr(o).contains("pods should carry a team label")
             })
             .await?;
             let err = stderr(&out);
             ensure!(err.contains("Warning:") && err.contains(&warn), "kubectl printed: {err}");
-            ensure!(get_json(cluster, &["pod", "app", "-n", ns.name()]).await?.is_some(), "pod not stored");
+            ensure!(get_json(cluster, &["pod", "app", "-n", scene.ns()]).await?.is_some(), "pod not stored");
             Ok(())
         }
         .await;
-        delete_policies(cluster, &[&warn]).await?;
-        gh.shutdown().await?;
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result
+        scene.finish(&[&warn], result).await
     })
     .await;
 }
@@ -437,20 +465,17 @@ async fn warn_admits_and_warns() {
 #[tokio::test]
 async fn deleting_a_policy_unwires_it() {
     run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
-        let home = TestNamespace::new(cluster, "gh-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-delete").await?;
-        let gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
-        let inject = format!("inject-{}", unique(&ns));
+        let scene = Scene::start(cluster, "gh-delete", Options::service()).await?;
+        let inject = format!("inject-{}", scene.id());
         let entry = format!("{inject}.gatehouse.dev");
         let result = async {
             apply(
                 cluster,
-                &policy(&inject, ns.name(), 100, &sidecar_body(true, false)),
+                &policy(&inject, scene.ns(), 100, &sidecar_body(true, false)),
             )
             .await?;
             await_ready(cluster, &inject, "True").await?;
-            create_pod_until(cluster, ns.name(), "before", &[], |o| o.status.success()).await?;
+            create_pod_until(cluster, scene.ns(), "before", &[], |o| o.status.success()).await?;
             cluster
                 .kubectl_ok(["delete", "policy", &inject], None)
                 .await?;
@@ -462,9 +487,9 @@ async fn deleting_a_policy_unwires_it() {
             })
             .await?;
             // Later Pods are untouched (allowing the API server a moment to see the change).
-            create_pod_until(cluster, ns.name(), "after", &[], |o| o.status.success()).await?;
+            create_pod_until(cluster, scene.ns(), "after", &[], |o| o.status.success()).await?;
             let after = await_condition("untouched pod", WAIT, || async {
-                let p = get_json(cluster, &["pod", "after", "-n", ns.name()])
+                let p = get_json(cluster, &["pod", "after", "-n", scene.ns()])
                     .await?
                     .context("pod")?;
                 if container_names(&p) == ["app"] {
@@ -477,14 +502,14 @@ async fn deleting_a_policy_unwires_it() {
                             "pod",
                             "after",
                             "-n",
-                            ns.name(),
+                            scene.ns(),
                             "--grace-period=0",
                         ],
                         None,
                     )
                     .await?;
                 cluster
-                    .kubectl_ok(["create", "-f", "-"], Some(&pod("after", ns.name())))
+                    .kubectl_ok(["create", "-f", "-"], Some(&pod("after", scene.ns())))
                     .await?;
                 Ok(None)
             })
@@ -493,11 +518,7 @@ async fn deleting_a_policy_unwires_it() {
             Ok(())
         }
         .await;
-        delete_policies(cluster, &[&inject]).await?;
-        gh.shutdown().await?;
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result
+        scene.finish(&[&inject], result).await
     })
     .await;
 }
@@ -505,16 +526,13 @@ async fn deleting_a_policy_unwires_it() {
 #[tokio::test]
 async fn drift_is_repaired() {
     run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
-        let home = TestNamespace::new(cluster, "gh-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-drift").await?;
-        let gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
-        let inject = format!("inject-{}", unique(&ns));
+        let scene = Scene::start(cluster, "gh-drift", Options::service()).await?;
+        let inject = format!("inject-{}", scene.id());
         let entry = format!("{inject}.gatehouse.dev");
         let result = async {
             apply(
                 cluster,
-                &policy(&inject, ns.name(), 100, &sidecar_body(true, false)),
+                &policy(&inject, scene.ns(), 100, &sidecar_body(true, false)),
             )
             .await?;
             await_ready(cluster, &inject, "True").await?;
@@ -579,11 +597,7 @@ async fn drift_is_repaired() {
             Ok(())
         }
         .await;
-        delete_policies(cluster, &[&inject]).await?;
-        gh.shutdown().await?;
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result
+        scene.finish(&[&inject], result).await
     })
     .await;
 }
@@ -591,11 +605,8 @@ async fn drift_is_repaired() {
 #[tokio::test]
 async fn match_everything_spares_system_namespaces() {
     run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
-        let home = TestNamespace::new(cluster, "gh-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-everything").await?;
-        let gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
-        let id = unique(&ns);
+        let scene = Scene::start(cluster, "gh-everything", Options::service()).await?;
+        let id = scene.id();
         let name = format!("everything-{id}");
         let label = format!("deny-{id}");
         // Matches every resource in every namespace; denies only objects carrying the label, so
@@ -625,11 +636,11 @@ spec:
             apply(cluster, &yaml).await?;
             await_ready(cluster, &name, "True").await?;
             await_condition("match-everything policy in effect", WAIT, || async {
-                let out = cluster.kubectl_output(["create", "--dry-run=server", "-f", "-"], Some(&cm(ns.name()))).await?;
+                let out = cluster.kubectl_output(["create", "--dry-run=server", "-f", "-"], Some(&cm(scene.ns()))).await?;
                 Ok((!out.status.success() && stderr(&out).contains(&format!("labelled {label}"))).then_some(()))
             })
             .await?;
-            for protected in ["kube-system", home.name()] {
+            for protected in ["kube-system", scene.home()] {
                 let out = cluster.kubectl_output(["create", "-f", "-"], Some(&cm(protected))).await?;
                 ensure!(out.status.success(), "create in {protected} was refused: {}", stderr(&out));
                 cluster.kubectl_ok(["delete", "configmap", &format!("probe-{id}"), "-n", protected], None).await?;
@@ -637,11 +648,7 @@ spec:
             Ok(())
         }
         .await;
-        delete_policies(cluster, &[&name]).await?;
-        gh.shutdown().await?;
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result
+        scene.finish(&[&name], result).await
     })
     .await;
 }
@@ -649,17 +656,14 @@ spec:
 #[tokio::test]
 async fn invalid_policies_are_refused_or_marked_not_ready() {
     run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
-        let home = TestNamespace::new(cluster, "gh-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-invalid").await?;
-        let mut gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
-        let id = unique(&ns);
+        let mut scene = Scene::start(cluster, "gh-invalid", Options::service()).await?;
+        let id = scene.id();
         let (bad, slipped) = (format!("bad-cel-{id}"), format!("slipped-{id}"));
         let bad_body = "  validate:\n  - expression: \"object.spec.containers.all(c, \"\n    message: \"broken\"\n";
         let result = async {
             // With Gatehouse up, kubectl apply fails with the exact reason.
             let out = await_condition("invalid policy refused", WAIT, || async {
-                let out = cluster.kubectl_output(["apply", "-f", "-"], Some(&policy(&bad, ns.name(), 100, bad_body))).await?;
+                let out = cluster.kubectl_output(["apply", "-f", "-"], Some(&policy(&bad, scene.ns(), 100, bad_body))).await?;
                 if out.status.success() {
                     // Our validation webhook was not yet registered; try again.
                     cluster.kubectl_ok(["delete", "policy", &bad], None).await?;
@@ -674,9 +678,9 @@ async fn invalid_policies_are_refused_or_marked_not_ready() {
 
             // With Gatehouse away, an invalid Policy slips in; once back, it is Ready=False with
             // reason InvalidSpec and is not wired.
-            gh.stop().await?;
-            apply(cluster, &policy(&slipped, ns.name(), 100, bad_body)).await?;
-            gh.restart().await?;
+            scene.gh.stop().await?;
+            apply(cluster, &policy(&slipped, scene.ns(), 100, bad_body)).await?;
+            scene.gh.restart().await?;
             let cond = await_ready(cluster, &slipped, "False").await?;
             ensure!(cond["reason"] == "InvalidSpec", "condition {cond}");
             ensure!(
@@ -700,11 +704,7 @@ async fn invalid_policies_are_refused_or_marked_not_ready() {
             Ok(())
         }
         .await;
-        delete_policies(cluster, &[&bad, &slipped]).await?;
-        gh.shutdown().await?;
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result
+        scene.finish(&[&bad, &slipped], result).await
     })
     .await;
 }
@@ -712,25 +712,26 @@ async fn invalid_policies_are_refused_or_marked_not_ready() {
 #[tokio::test]
 async fn rotation_under_load_fails_no_request() {
     run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
-        let home = TestNamespace::new(cluster, "gh-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-rotate").await?;
-        let options = Options::service()
-            .arg("--ca-validity", "24s")
-            .arg("--cert-validity", "9s")
-            .arg("--bundle-propagation", "2s");
-        let gh = Gatehouse::start(cluster, home.name(), options).await?;
-        let inject = format!("inject-{}", unique(&ns));
+        let scene = Scene::start(
+            cluster,
+            "gh-rotate",
+            Options::service()
+                .arg("--ca-validity", "24s")
+                .arg("--cert-validity", "9s")
+                .arg("--bundle-propagation", "2s"),
+        )
+        .await?;
+        let inject = format!("inject-{}", scene.id());
         let result = async {
             apply(
                 cluster,
-                &policy(&inject, ns.name(), 100, &sidecar_body(true, false)),
+                &policy(&inject, scene.ns(), 100, &sidecar_body(true, false)),
             )
             .await?;
             await_ready(cluster, &inject, "True").await?;
             create_pod_until(
                 cluster,
-                ns.name(),
+                scene.ns(),
                 "warmup",
                 &["--dry-run=server", "-o", "json"],
                 |o| {
@@ -744,7 +745,7 @@ async fn rotation_under_load_fails_no_request() {
             let deadline = Instant::now() + Duration::from_secs(150);
             while (cas.len() < 3 || certs.len() < 4) && Instant::now() < deadline {
                 if let Some(secret) =
-                    get_json(cluster, &["secret", "gatehouse-tls", "-n", home.name()]).await?
+                    get_json(cluster, &["secret", "gatehouse-tls", "-n", scene.home()]).await?
                 {
                     cas.insert(
                         secret["data"]["ca.crt"]
@@ -764,14 +765,14 @@ async fn rotation_under_load_fails_no_request() {
                 let out = cluster
                     .kubectl_output(
                         ["create", "-o", "json", "-f", "-"],
-                        Some(&pod(&name, ns.name())),
+                        Some(&pod(&name, scene.ns())),
                     )
                     .await?;
                 ensure!(
                     out.status.success(),
                     "create #{i} failed during rotation: {}\n{}",
                     stderr(&out),
-                    gh.log()
+                    scene.gh.log()
                 );
                 let p: Value = serde_json::from_slice(&out.stdout)?;
                 ensure!(
@@ -786,7 +787,7 @@ async fn rotation_under_load_fails_no_request() {
                             "pod",
                             &name,
                             "-n",
-                            ns.name(),
+                            scene.ns(),
                             "--wait=false",
                             "--grace-period=0",
                         ],
@@ -813,11 +814,7 @@ async fn rotation_under_load_fails_no_request() {
             Ok(())
         }
         .await;
-        delete_policies(cluster, &[&inject]).await?;
-        gh.shutdown().await?;
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result
+        scene.finish(&[&inject], result).await
     })
     .await;
 }
@@ -825,15 +822,12 @@ async fn rotation_under_load_fails_no_request() {
 #[tokio::test]
 async fn restart_loses_nothing() {
     run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
-        let home = TestNamespace::new(cluster, "gh-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-restart").await?;
-        let mut gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
-        let inject = format!("inject-{}", unique(&ns));
+        let mut scene = Scene::start(cluster, "gh-restart", Options::service()).await?;
+        let inject = format!("inject-{}", scene.id());
         let result = async {
             apply(
                 cluster,
-                &policy(&inject, ns.name(), 100, &sidecar_body(true, false)),
+                &policy(&inject, scene.ns(), 100, &sidecar_body(true, false)),
             )
             .await?;
             await_ready(cluster, &inject, "True").await?;
@@ -842,13 +836,13 @@ async fn restart_loses_nothing() {
                     .await?
                     .context("secret")
             };
-            let before = secret(cluster, home.name().to_string()).await?;
+            let before = secret(cluster, scene.home().to_string()).await?;
             let mwc_before = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
                 .await?
                 .context("mwc")?;
-            gh.kill().await?;
-            gh.restart().await?;
-            let after = secret(cluster, home.name().to_string()).await?;
+            scene.gh.kill().await?;
+            scene.gh.restart().await?;
+            let after = secret(cluster, scene.home().to_string()).await?;
             ensure!(
                 before["data"]["ca.crt"] == after["data"]["ca.crt"],
                 "CA changed across a restart"
@@ -860,7 +854,7 @@ async fn restart_loses_nothing() {
                 mwc_before["webhooks"] == mwc_after["webhooks"],
                 "configuration changed across a restart"
             );
-            let out = create_pod_until(cluster, ns.name(), "after", &["-o", "json"], |o| {
+            let out = create_pod_until(cluster, scene.ns(), "after", &["-o", "json"], |o| {
                 o.status.success()
             })
             .await?;
@@ -872,11 +866,7 @@ async fn restart_loses_nothing() {
             Ok(())
         }
         .await;
-        delete_policies(cluster, &[&inject]).await?;
-        gh.shutdown().await?;
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result
+        scene.finish(&[&inject], result).await
     })
     .await;
 }
@@ -884,25 +874,22 @@ async fn restart_loses_nothing() {
 #[tokio::test]
 async fn two_hundred_policies_coalesce_into_few_writes() {
     run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
-        let home = TestNamespace::new(cluster, "gh-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-many").await?;
-        let gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
-        let id = unique(&ns);
+        let scene = Scene::start(cluster, "gh-many", Options::service()).await?;
+        let id = scene.id();
         let names: Vec<String> = (0..200).map(|i| format!("many-{id}-{i:03}")).collect();
         let label = "  mutate:\n  - merge: {metadata: {labels: {many: \"yes\"}}}\n";
         let all: String = names
             .iter()
-            .map(|n| format!("---\n{}", policy(n, ns.name(), 100, label)))
+            .map(|n| format!("---\n{}", policy(n, scene.ns(), 100, label)))
             .collect();
         let result = async {
             // The first pass after start-up writes both configurations once; count from here.
             let writes = "gatehouse_reconcile_webhook_configuration_writes_total";
             await_condition("initial configurations", WAIT, || async {
-                Ok((gh.metric_sum(writes, "").await? >= 2.0).then_some(()))
+                Ok((scene.gh.metric_sum(writes, "").await? >= 2.0).then_some(()))
             })
             .await?;
-            let before = gh.metric_sum(writes, "").await?;
+            let before = scene.gh.metric_sum(writes, "").await?;
             let started = Instant::now();
             apply(cluster, &all).await?;
             let applied = started.elapsed();
@@ -929,7 +916,7 @@ async fn two_hundred_policies_coalesce_into_few_writes() {
             let all_ready = started.elapsed();
             let count = entries(cluster, "mutatingwebhookconfiguration").await?.len();
             ensure!(count >= 200, "only {count} mutating entries");
-            let writes = gh.metric_sum(writes, "").await? - before;
+            let writes = scene.gh.metric_sum(writes, "").await? - before;
             eprintln!(
                 "200 Policies: kubectl apply took {applied:?}, all Ready after {all_ready:?}, {writes} configuration writes"
             );
@@ -938,13 +925,8 @@ async fn two_hundred_policies_coalesce_into_few_writes() {
             Ok(())
         }
         .await;
-        let mut delete = vec!["delete", "policies", "--ignore-not-found", "--wait=false"];
-        delete.extend(names.iter().map(String::as_str));
-        cluster.kubectl_ok(delete, None).await?;
-        gh.shutdown().await?;
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        scene.finish(&refs, result).await
     })
     .await;
 }

@@ -218,6 +218,11 @@ impl Gatehouse {
         self.spawn().await
     }
 
+    /// The control plane this Gatehouse runs against.
+    pub fn cluster(&self) -> &'static Cluster {
+        self.cluster
+    }
+
     /// PID of the running process.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().and_then(|c| c.id())
