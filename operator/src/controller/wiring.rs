@@ -132,48 +132,76 @@ pub fn entry_name(policy: &str) -> String {
     format!("{policy}{ENTRY_SUFFIX}")
 }
 
+/// The fields a mutating and a validating entry of one Policy share.
+struct Entry {
+    name: String,
+    client_config: WebhookClientConfig,
+    failure_policy: Option<String>,
+    match_conditions: Option<Vec<MatchCondition>>,
+    namespace_selector: Option<LabelSelector>,
+    object_selector: Option<LabelSelector>,
+    rules: Option<Vec<RuleWithOperations>>,
+    timeout_seconds: Option<i32>,
+}
+
+impl Entry {
+    fn new(p: &Policy, wiring: &Wiring, ca_bundle: &str, prefix: &str) -> Self {
+        let name = policy_name(p);
+        Self {
+            name: entry_name(name),
+            client_config: wiring
+                .endpoint
+                .client_config(&format!("{prefix}{name}"), ca_bundle),
+            failure_policy: Some(p.spec.failure_policy.as_str().to_string()),
+            match_conditions: match_conditions(p),
+            namespace_selector: Some(namespace_selector(
+                p.spec.match_.namespace_selector.as_ref(),
+                &wiring.excluded_namespaces,
+            )),
+            object_selector: p.spec.match_.object_selector.clone(),
+            rules: Some(rules(&p.spec.match_.rules)),
+            timeout_seconds: Some(p.spec.timeout_seconds),
+        }
+    }
+}
+
+/// `sideEffects: None` is true by construction: admission never writes anything.
+const SIDE_EFFECTS: &str = "None";
+/// Rules match every version a resource is served at, as users expect of a policy.
+const MATCH_POLICY: &str = "Equivalent";
+
 fn mutating_entry(p: &Policy, wiring: &Wiring, ca_bundle: &str) -> MutatingWebhook {
-    let name = policy_name(p);
+    let e = Entry::new(p, wiring, ca_bundle, MUTATE_PREFIX);
     MutatingWebhook {
-        name: entry_name(name),
+        name: e.name,
         admission_review_versions: vec!["v1".to_string()],
-        client_config: wiring
-            .endpoint
-            .client_config(&format!("{MUTATE_PREFIX}{name}"), ca_bundle),
-        failure_policy: Some(p.spec.failure_policy.as_str().to_string()),
-        match_conditions: match_conditions(p),
-        match_policy: Some("Equivalent".to_string()),
-        namespace_selector: Some(namespace_selector(
-            p.spec.match_.namespace_selector.as_ref(),
-            &wiring.excluded_namespaces,
-        )),
-        object_selector: p.spec.match_.object_selector.clone(),
+        client_config: e.client_config,
+        failure_policy: e.failure_policy,
+        match_conditions: e.match_conditions,
+        match_policy: Some(MATCH_POLICY.to_string()),
+        namespace_selector: e.namespace_selector,
+        object_selector: e.object_selector,
         reinvocation_policy: Some(p.spec.reinvocation_policy.as_str().to_string()),
-        rules: Some(rules(&p.spec.match_.rules)),
-        side_effects: "None".to_string(),
-        timeout_seconds: Some(p.spec.timeout_seconds),
+        rules: e.rules,
+        side_effects: SIDE_EFFECTS.to_string(),
+        timeout_seconds: e.timeout_seconds,
     }
 }
 
 fn validating_entry(p: &Policy, wiring: &Wiring, ca_bundle: &str) -> ValidatingWebhook {
-    let name = policy_name(p);
+    let e = Entry::new(p, wiring, ca_bundle, VALIDATE_PREFIX);
     ValidatingWebhook {
-        name: entry_name(name),
+        name: e.name,
         admission_review_versions: vec!["v1".to_string()],
-        client_config: wiring
-            .endpoint
-            .client_config(&format!("{VALIDATE_PREFIX}{name}"), ca_bundle),
-        failure_policy: Some(p.spec.failure_policy.as_str().to_string()),
-        match_conditions: match_conditions(p),
-        match_policy: Some("Equivalent".to_string()),
-        namespace_selector: Some(namespace_selector(
-            p.spec.match_.namespace_selector.as_ref(),
-            &wiring.excluded_namespaces,
-        )),
-        object_selector: p.spec.match_.object_selector.clone(),
-        rules: Some(rules(&p.spec.match_.rules)),
-        side_effects: "None".to_string(),
-        timeout_seconds: Some(p.spec.timeout_seconds),
+        client_config: e.client_config,
+        failure_policy: e.failure_policy,
+        match_conditions: e.match_conditions,
+        match_policy: Some(MATCH_POLICY.to_string()),
+        namespace_selector: e.namespace_selector,
+        object_selector: e.object_selector,
+        rules: e.rules,
+        side_effects: SIDE_EFFECTS.to_string(),
+        timeout_seconds: e.timeout_seconds,
     }
 }
 
@@ -189,7 +217,7 @@ fn self_entry(wiring: &Wiring, ca_bundle: &str) -> ValidatingWebhook {
             .client_config(VALIDATE_POLICY_PATH, ca_bundle),
         failure_policy: Some("Ignore".to_string()),
         match_conditions: None,
-        match_policy: Some("Equivalent".to_string()),
+        match_policy: Some(MATCH_POLICY.to_string()),
         namespace_selector: None,
         object_selector: None,
         rules: Some(vec![RuleWithOperations {
@@ -199,7 +227,7 @@ fn self_entry(wiring: &Wiring, ca_bundle: &str) -> ValidatingWebhook {
             resources: Some(vec!["policies".to_string()]),
             scope: Some("Cluster".to_string()),
         }]),
-        side_effects: "None".to_string(),
+        side_effects: SIDE_EFFECTS.to_string(),
         timeout_seconds: Some(5),
     }
 }
