@@ -679,6 +679,14 @@ async fn invalid_policies_are_refused_or_marked_not_ready() {
             // With Gatehouse away, an invalid Policy slips in; once back, it is Ready=False with
             // reason InvalidSpec and is not wired.
             scene.gh.stop().await?;
+            // What the schema can say, the API server enforces even with Gatehouse away.
+            let empty = format!("apiVersion: gatehouse.dev/v1alpha1\nkind: Policy\nmetadata: {{name: empty-{}}}\nspec:\n  match:\n    rules: [{{operations: [CREATE], apiGroups: [\"\"], apiVersions: [v1], resources: [pods]}}]\n", scene.id());
+            let out = cluster.kubectl_output(["apply", "-f", "-"], Some(&empty)).await?;
+            ensure!(
+                !out.status.success() && stderr(&out).contains("a Policy needs at least one of mutate or validate"),
+                "a Policy with neither mutate nor validate was not refused: {}",
+                stderr(&out)
+            );
             apply(cluster, &policy(&slipped, scene.ns(), 100, bad_body)).await?;
             scene.gh.restart().await?;
             let cond = await_ready(cluster, &slipped, "False").await?;

@@ -1,6 +1,6 @@
 //! `gatehouse.dev/v1alpha1`.
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
-use kube::CustomResource;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -10,7 +10,7 @@ pub const GROUP: &str = "gatehouse.dev";
 /// A Policy mutates and/or validates the objects it matches. Gatehouse wires each Policy into one
 /// entry of its MutatingWebhookConfiguration (when `mutate` is set) and one of its
 /// ValidatingWebhookConfiguration (when `validate` is set).
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[kube(
     group = "gatehouse.dev",
     version = "v1alpha1",
@@ -25,6 +25,16 @@ pub const GROUP: &str = "gatehouse.dev";
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = kube::core::Rule::new(
+        "(has(self.mutate) && size(self.mutate) > 0) || (has(self.validate) && size(self.validate) > 0)"
+    )
+        .message("a Policy needs at least one of mutate or validate"),
+    validation = kube::core::Rule::new(
+        "self.reinvocationPolicy == 'Never' || (has(self.mutate) && size(self.mutate) > 0)"
+    )
+        .message("reinvocationPolicy IfNeeded is only meaningful for a Policy with mutate")
+)]
 pub struct PolicySpec {
     /// Order among mutating Policies: lower runs first, ties are broken by name.
     #[serde(default = "default_priority")]
@@ -181,8 +191,10 @@ impl Scope {
 #[serde(rename_all = "camelCase")]
 pub struct MatchCondition {
     /// Unique name of the condition within the Policy.
+    #[schemars(length(min = 1, max = 63))]
     pub name: String,
     /// CEL expression over `object`, `oldObject`, `request`, `authorizer`; must return bool.
+    #[schemars(length(min = 1))]
     pub expression: String,
 }
 
@@ -253,8 +265,10 @@ pub struct Mutation {
 pub struct ValidationRule {
     /// CEL expression over `object`, `oldObject` (null on CREATE) and `request`; must return bool.
     /// true means the object complies.
+    #[schemars(length(min = 1))]
     pub expression: String,
     /// Shown to the user when the expression is false.
+    #[schemars(length(min = 1))]
     pub message: String,
     /// Deny rejects the request; Warn admits it and returns the message as a warning.
     #[serde(default)]

@@ -137,6 +137,16 @@ mod tests {
                 .unwrap()
                 .contains("lower runs first")
         );
+        // Rules that need no Gatehouse to check are enforced by the API server itself.
+        let rules = spec["x-kubernetes-validations"].as_array().unwrap();
+        assert!(rules.iter().any(|r| {
+            r["message"]
+                .as_str()
+                .unwrap()
+                .contains("at least one of mutate or validate")
+        }));
+        let rule_item = &spec["properties"]["validate"]["items"]["properties"];
+        assert_eq!(rule_item["message"]["minLength"], 1);
         let required = spec["required"].as_array().unwrap();
         assert!(required.contains(&serde_json::json!("match")));
     }
