@@ -89,6 +89,37 @@ fn binary(cluster: &Cluster) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// Installs the CRDs from `crds/` (once per test process), as a user does before running the
+/// operator: without them Gatehouse's Policy cache never syncs and it never becomes ready.
+pub async fn ensure_crds(cluster: &Cluster) -> anyhow::Result<()> {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED
+        .get_or_try_init(|| async {
+            let dir = cluster.repo_root().join("crds");
+            let dir = dir.to_string_lossy();
+            cluster
+                .kubectl_ok(
+                    ["apply", "--server-side", "--force-conflicts", "-k", &dir],
+                    None,
+                )
+                .await?;
+            cluster
+                .kubectl_ok(
+                    [
+                        "wait",
+                        "--for=condition=Established",
+                        "crd/policies.gatehouse.dev",
+                        "--timeout=60s",
+                    ],
+                    None,
+                )
+                .await?;
+            Ok::<(), anyhow::Error>(())
+        })
+        .await?;
+    Ok(())
+}
+
 impl Gatehouse {
     /// Starts Gatehouse with its home in `namespace` and waits until `/readyz` says ready.
     pub async fn start(
@@ -96,6 +127,7 @@ impl Gatehouse {
         namespace: &str,
         options: Options,
     ) -> anyhow::Result<Self> {
+        ensure_crds(cluster).await?;
         let port = free_port()?;
         let admin_port = free_port()?;
         let mut args = vec![
