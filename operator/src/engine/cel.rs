@@ -5,7 +5,7 @@
 //! [`Program`]s are evaluated on every request against borrowed views of the request's JSON
 //! ([`Activation`]), so the hot path converts the reviewed object into CEL values once per review
 //! and copies no strings.
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, LazyLock, OnceLock};
 
 use ::cel::common::ast::{EntryExpr, Expr, IdedExpr};
@@ -228,9 +228,314 @@ pub fn to_val(value: &Value) -> Box<dyn Val + '_> {
     }
 }
 
+/// What expressions read of one JSON variable, found by walking their AST ([`Needs::of`]): the
+/// conversion to CEL ([`to_val_pruned`]) then skips the rest, which no evaluation can observe.
+///
+/// A variable reached only through constant field selections (`element.image`,
+/// `has(c.resources.limits)`) and as the range of one-variable comprehensions needs only those
+/// fields and elements; any other use (the bare variable, an index, an optional selection) needs
+/// the whole value. Selecting a field keeps the key exactly when the JSON has it, so a missing
+/// key fails with the same error, and a value that is not an object is always converted whole,
+/// so a selection on it fails the same way.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Need {
+    /// The whole value: everything below is ignored.
+    full: bool,
+    /// Fields selected on the value, when it is an object.
+    fields: BTreeMap<String, Need>,
+    /// What a comprehension reads of each element, when the value is a list it iterates.
+    elements: Option<Box<Need>>,
+}
+
+impl Need {
+    fn full() -> Self {
+        Need {
+            full: true,
+            ..Need::default()
+        }
+    }
+
+    /// Only tested with `has()` by its parent: its value is never read.
+    fn presence_only(&self) -> bool {
+        !self.full && self.fields.is_empty() && self.elements.is_none()
+    }
+
+    fn merge(&mut self, other: Need) {
+        if self.full {
+            return;
+        }
+        if other.full {
+            *self = Need::full();
+            return;
+        }
+        for (field, need) in other.fields {
+            self.fields.entry(field).or_default().merge(need);
+        }
+        if let Some(elements) = other.elements {
+            match &mut self.elements {
+                Some(mine) => mine.merge(*elements),
+                None => self.elements = Some(elements),
+            }
+        }
+    }
+
+    /// The need at `path` below this one, created on the way.
+    fn at(&mut self, path: &[&str]) -> &mut Need {
+        path.iter().fold(self, |need, field| {
+            need.fields.entry((*field).to_string()).or_default()
+        })
+    }
+}
+
+/// What a set of programs reads of each variable; `None` for a variable none of them references.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Needs {
+    object: Option<Need>,
+    old_object: Option<Need>,
+    request: Option<Need>,
+    element: Option<Need>,
+}
+
+/// The variables [`Needs`] tracks, in slot order.
+const TRACKED: [&str; 4] = ["object", "oldObject", "request", "element"];
+
+impl Needs {
+    /// What `program` reads of `object`, `oldObject`, `request` and `element`.
+    pub fn of(program: &Program) -> Needs {
+        let mut walk = NeedWalk {
+            slots: vec![None; TRACKED.len()],
+            scope: Vec::new(),
+        };
+        walk.visit(program.expression());
+        let mut slots = walk.slots.into_iter();
+        let mut next = || slots.next().flatten();
+        Needs {
+            object: next(),
+            old_object: next(),
+            request: next(),
+            element: next(),
+        }
+    }
+
+    /// What any of `programs` reads.
+    pub fn union<'p>(programs: impl IntoIterator<Item = &'p Program>) -> Needs {
+        let mut all = Needs::default();
+        for program in programs {
+            all.merge(Needs::of(program));
+        }
+        all
+    }
+
+    fn merge(&mut self, other: Needs) {
+        fn one(mine: &mut Option<Need>, other: Option<Need>) {
+            match (mine.as_mut(), other) {
+                (Some(m), Some(o)) => m.merge(o),
+                (None, o @ Some(_)) => *mine = o,
+                (_, None) => {}
+            }
+        }
+        one(&mut self.object, other.object);
+        one(&mut self.old_object, other.old_object);
+        one(&mut self.request, other.request);
+        one(&mut self.element, other.element);
+    }
+
+    /// Whether the programs reference `request` at all: when not, the caller need not build it.
+    pub fn reads_request(&self) -> bool {
+        self.request.is_some()
+    }
+
+    /// What the programs read of `element`; `None` when they do not reference it.
+    pub fn element(&self) -> Option<&Need> {
+        self.element.as_ref()
+    }
+}
+
+/// Where an identifier in scope gets its value.
+#[derive(Clone, Copy)]
+enum Slot {
+    /// A tracked variable or a comprehension variable iterating over a tracked path: uses are
+    /// recorded in `NeedWalk::slots`.
+    Tracked(usize),
+    /// A comprehension variable whose values come from an expression already needed whole.
+    Opaque,
+}
+
+struct NeedWalk<'e> {
+    slots: Vec<Option<Need>>,
+    /// Comprehension variables, innermost last.
+    scope: Vec<(&'e str, Slot)>,
+}
+
+impl<'e> NeedWalk<'e> {
+    /// The slot `name` refers to, innermost binding first, as the interpreter resolves it.
+    fn slot(&mut self, name: &str) -> Option<Slot> {
+        if let Some(absolute) = name.strip_prefix('.') {
+            // `.object` skips the comprehension scopes: not worth modelling, so all of it.
+            if let Some(i) = TRACKED.iter().position(|t| *t == absolute) {
+                self.slots[i] = Some(Need::full());
+            }
+            return None;
+        }
+        if let Some((_, slot)) = self.scope.iter().rev().find(|(n, _)| *n == name) {
+            return Some(*slot);
+        }
+        TRACKED.iter().position(|t| *t == name).map(Slot::Tracked)
+    }
+
+    /// Records that `need` is read at `path` of the identifier `name`.
+    fn record(&mut self, name: &str, path: &[&str], need: Need) {
+        if let Some(Slot::Tracked(i)) = self.slot(name) {
+            self.slots[i].get_or_insert_default().at(path).merge(need);
+        }
+    }
+
+    fn visit(&mut self, expr: &'e IdedExpr) {
+        match &expr.expr {
+            Expr::Ident(name) => self.record(name, &[], Need::full()),
+            Expr::Select(select) => match select_chain(expr) {
+                Some((name, path)) => {
+                    // `has(x.a.b)` only needs `b` to be present or not on `x.a`.
+                    let need = if select.test {
+                        Need::default()
+                    } else {
+                        Need::full()
+                    };
+                    self.record(name, &path, need);
+                }
+                None => self.visit(&select.operand),
+            },
+            Expr::Call(call) => {
+                if let Some(target) = &call.target {
+                    self.visit(target);
+                }
+                for arg in &call.args {
+                    self.visit(arg);
+                }
+            }
+            Expr::Comprehension(c) => {
+                let depth = self.scope.len();
+                let range = match (&c.iter_var2, select_chain(&c.iter_range)) {
+                    (None, Some((name, path))) if !is_test(&c.iter_range) => {
+                        match self.slot(name) {
+                            Some(Slot::Tracked(_)) => Some((name, path)),
+                            _ => None,
+                        }
+                    }
+                    _ => None,
+                };
+                let element_slot = match range {
+                    Some(_) => {
+                        self.slots.push(None);
+                        Slot::Tracked(self.slots.len() - 1)
+                    }
+                    None => {
+                        self.visit(&c.iter_range);
+                        Slot::Opaque
+                    }
+                };
+                self.visit(&c.accu_init);
+                self.scope.push((&c.iter_var, element_slot));
+                if let Some(v) = &c.iter_var2 {
+                    self.scope.push((v, Slot::Opaque));
+                }
+                self.scope.push((&c.accu_var, Slot::Opaque));
+                self.visit(&c.loop_cond);
+                self.visit(&c.loop_step);
+                self.visit(&c.result);
+                self.scope.truncate(depth);
+                if let (Some((name, path)), Slot::Tracked(i)) = (range, element_slot) {
+                    // An unused element still counts: the comprehension iterates every one.
+                    let elements = self.slots[i].take().unwrap_or_default();
+                    let need = Need {
+                        elements: Some(Box::new(elements)),
+                        ..Need::default()
+                    };
+                    self.record(name, &path, need);
+                }
+            }
+            Expr::List(list) => {
+                for e in &list.elements {
+                    self.visit(e);
+                }
+            }
+            Expr::Map(map) => self.visit_entries(&map.entries),
+            Expr::Struct(s) => self.visit_entries(&s.entries),
+            Expr::Literal(_) | Expr::Unspecified => {}
+        }
+    }
+
+    fn visit_entries(&mut self, entries: &'e [::cel::common::ast::IdedEntryExpr]) {
+        for entry in entries {
+            match &entry.expr {
+                EntryExpr::StructField(f) => self.visit(&f.value),
+                EntryExpr::MapEntry(m) => {
+                    self.visit(&m.key);
+                    self.visit(&m.value);
+                }
+            }
+        }
+    }
+}
+
+fn is_test(expr: &IdedExpr) -> bool {
+    matches!(&expr.expr, Expr::Select(s) if s.test)
+}
+
+/// `x.a.b` (or `has(x.a.b)`) as `("x", ["a", "b"])`: field selections down to an identifier, only
+/// the outermost of which may be a `has()` test.
+fn select_chain(expr: &IdedExpr) -> Option<(&str, Vec<&str>)> {
+    let mut path = Vec::new();
+    let mut e = expr;
+    loop {
+        match &e.expr {
+            Expr::Ident(name) => {
+                path.reverse();
+                return Some((name, path));
+            }
+            Expr::Select(s) if !s.test || std::ptr::eq(e, expr) => {
+                path.push(s.field.as_str());
+                e = &s.operand;
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// [`to_val`] of the parts of `value` that `need` says are read; the rest is left out (or, for a
+/// value only tested for presence, replaced by null).
+pub fn to_val_pruned<'a>(value: &'a Value, need: &Need) -> Box<dyn Val + 'a> {
+    if need.full {
+        return to_val(value);
+    }
+    match value {
+        _ if need.presence_only() => Box::new(CelNull),
+        Value::Object(map) if need.elements.is_none() => Box::new(CelMap::from(
+            need.fields
+                .iter()
+                .filter_map(|(field, need)| {
+                    let (key, value) = map.get_key_value(field.as_str())?;
+                    Some((CelMapKey::from(key.as_str()), to_val_pruned(value, need)))
+                })
+                .collect::<HashMap<_, _>>(),
+        )),
+        Value::Array(items) if need.fields.is_empty() => match &need.elements {
+            Some(elements) => Box::new(CelList::from(
+                items
+                    .iter()
+                    .map(|item| to_val_pruned(item, elements))
+                    .collect::<Vec<_>>(),
+            )),
+            None => to_val(value),
+        },
+        _ => to_val(value),
+    }
+}
+
 /// The variables of one evaluation: `object`, `oldObject` and `request` (null when absent),
 /// converted to CEL values on first use and then borrowed by every expression of the review, so
-/// a guard that only reads `element` never pays for converting the whole object.
+/// a guard that only reads `element` never pays for converting the whole object. With
+/// [`Activation::with_needs`], only what the expressions read is converted.
 pub struct Activation<'a> {
     object: Lazy<'a>,
     old_object: Lazy<'a>,
@@ -240,22 +545,26 @@ pub struct Activation<'a> {
 /// A JSON value and its CEL conversion, made on first use.
 struct Lazy<'a> {
     json: Option<&'a Value>,
+    /// `None`: all of it.
+    need: Option<&'a Need>,
     val: OnceLock<Box<dyn Val + 'a>>,
 }
 
 impl<'a> Lazy<'a> {
-    fn new(json: Option<&'a Value>) -> Self {
+    fn new(json: Option<&'a Value>, need: Option<&'a Need>) -> Self {
         Lazy {
             json,
+            need,
             val: OnceLock::new(),
         }
     }
 
     fn get(&self) -> &(dyn Val + 'a) {
         self.val
-            .get_or_init(|| match self.json {
-                Some(v) => to_val(v),
-                None => Box::new(CelNull),
+            .get_or_init(|| match (self.json, self.need) {
+                (Some(v), Some(need)) => to_val_pruned(v, need),
+                (Some(v), None) => to_val(v),
+                (None, _) => Box::new(CelNull),
             })
             .as_ref()
     }
@@ -269,9 +578,23 @@ impl<'a> Activation<'a> {
         request: &'a Value,
     ) -> Self {
         Activation {
-            object: Lazy::new(object),
-            old_object: Lazy::new(old_object),
-            request: Lazy::new(Some(request)),
+            object: Lazy::new(object, None),
+            old_object: Lazy::new(old_object, None),
+            request: Lazy::new(Some(request), None),
+        }
+    }
+
+    /// [`Activation::new`] for expressions that read no more than `needs`: converts only that.
+    pub fn with_needs(
+        object: Option<&'a Value>,
+        old_object: Option<&'a Value>,
+        request: &'a Value,
+        needs: &'a Needs,
+    ) -> Self {
+        Activation {
+            object: Lazy::new(object, needs.object.as_ref()),
+            old_object: Lazy::new(old_object, needs.old_object.as_ref()),
+            request: Lazy::new(Some(request), needs.request.as_ref()),
         }
     }
 
@@ -280,6 +603,22 @@ impl<'a> Activation<'a> {
         ElementActivation {
             base: self,
             element: to_val(element),
+        }
+    }
+
+    /// [`Activation::with_element`] for a guard that reads no more than `need` of `element`
+    /// (all of it when `None`).
+    pub fn with_element_need<'b>(
+        &'b self,
+        element: &'b Value,
+        need: Option<&Need>,
+    ) -> ElementActivation<'b, 'a> {
+        ElementActivation {
+            base: self,
+            element: match need {
+                Some(need) => to_val_pruned(element, need),
+                None => to_val(element),
+            },
         }
     }
 }
@@ -393,6 +732,103 @@ mod tests {
         assert!(unknown_variables(&p, Site::MatchCondition).is_empty());
         let p = compile("strings.quote(object.metadata.name) != ''").unwrap();
         assert!(unknown_variables(&p, Site::Validation).is_empty());
+    }
+
+    #[test]
+    fn pruned_conversion_evaluates_like_the_whole_value() {
+        let objects = [
+            json!({"spec": {"containers": [
+                {"name": "a", "image": "x:1", "resources": {"limits": {"cpu": 1}}, "ports": [{"containerPort": 80}]},
+                {"name": "b", "image": "registry.internal/y", "resources": null},
+                "not-an-object",
+                {"name": "c", "securityContext": {"runAsNonRoot": true}}
+            ]}, "metadata": {"labels": {"tier": "web"}, "name": "n"}}),
+            json!({"spec": {"containers": {"a": {"image": "x"}}}, "metadata": "s"}),
+            json!({"spec": "nope"}),
+            json!({"spec": {"containers": []}}),
+            json!([1, 2]),
+            json!(null),
+        ];
+        let sources = [
+            "object.spec.containers.all(c, has(c.resources) && has(c.resources.limits))",
+            "object.spec.containers.all(c, c.image.contains(':'))",
+            "object.spec.containers.exists(c, !has(c.ports) || c.ports.all(p, p.containerPort > 1024))",
+            "object.spec.containers.exists_one(c, true)",
+            "object.spec.containers.filter(c, has(c.name)).size() == 2",
+            "object.spec.containers.map(c, c.name).size() > 0",
+            "size(object.spec.containers) == 4",
+            "object.spec.containers.all(i, c, true)",
+            "object.metadata.labels.tier in ['web', 'worker']",
+            "has(object.metadata.name) && object.metadata.labels.all(k, k == 'tier')",
+            "object.metadata == {'labels': {'tier': 'web'}, 'name': 'n'}",
+            "[object.spec].all(s, has(s.containers))",
+            "object.spec.containers.all(object, has(object.name))",
+            ".object.metadata.name == 'n'",
+            "object.?spec.hasValue()",
+            "object['spec'].containers.size() == 4",
+            "type(object.spec) == map",
+            "object.spec.containers[0].image == 'x:1'",
+            "element.image.startsWith('registry.internal/')",
+            "!has(element.securityContext.runAsNonRoot)",
+            "element.resources.limits.cpu == 1",
+            "has(element.resources)",
+            "object.spec",
+        ];
+        let request = json!({"namespace": "shop"});
+        for source in sources {
+            let program = compile(source).unwrap();
+            let needs = Needs::of(&program);
+            for object in &objects {
+                let full = Activation::new(Some(object), None, &request);
+                let pruned = Activation::with_needs(Some(object), None, &request, &needs);
+                assert_eq!(
+                    eval_bool(&program, &pruned),
+                    eval_bool(&program, &full),
+                    "{source} on {object}"
+                );
+                for element in object
+                    .pointer("/spec/containers")
+                    .into_iter()
+                    .flat_map(|c| c.as_array().into_iter().flatten())
+                {
+                    assert_eq!(
+                        eval_bool(
+                            &program,
+                            &pruned.with_element_need(element, needs.element())
+                        ),
+                        eval_bool(&program, &full.with_element(element)),
+                        "{source} on element {element}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn needs_keep_only_what_is_read() {
+        let needs = |src: &str| Needs::of(&compile(src).unwrap());
+        let n = needs("object.spec.containers.all(c, has(c.resources) && has(c.resources.limits))");
+        let object = json!({"metadata": {"name": "x"}, "spec": {"containers": [
+            {"name": "a", "resources": {"limits": {"cpu": 1}, "requests": {}}}, {"name": "b"}]}});
+        let pruned = to_val_pruned(&object, n.object.as_ref().unwrap());
+        let expected = json!({"spec": {"containers": [{"resources": {"limits": null}}, {}]}});
+        assert!(pruned.equals(to_val(&expected).as_ref()), "{pruned:?}");
+        assert!(!n.reads_request() && n.element().is_none());
+        let n = needs("!element.image.startsWith('registry.internal/')");
+        assert!(n.object.is_none());
+        let element = json!({"name": "a", "image": "x", "env": [{"name": "A"}]});
+        let pruned = to_val_pruned(&element, n.element().unwrap());
+        assert!(pruned.equals(to_val(&json!({"image": "x"})).as_ref()));
+        assert_eq!(
+            needs("object.spec == {}").object,
+            Some(Need {
+                fields: [("spec".to_string(), Need::full())].into(),
+                ..Need::default()
+            })
+        );
+        assert_eq!(needs("size(object) > 0").object, Some(Need::full()));
+        assert_eq!(needs(".object.x == 1").object, Some(Need::full()));
+        assert!(needs("request.namespace == 'a'").reads_request());
     }
 
     #[test]

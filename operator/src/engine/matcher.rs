@@ -40,8 +40,18 @@ pub fn matches(req: &Request, policy: &CompiledPolicy) -> Result<bool, MatchErro
     if spec.conditions.is_empty() {
         return Ok(true);
     }
-    let request = req.cel_variable();
-    let vars = Activation::new(req.object.as_ref(), req.old_object.as_ref(), &request);
+    let needs = &policy.condition_needs;
+    let request = if needs.reads_request() {
+        req.cel_variable()
+    } else {
+        serde_json::Value::Null
+    };
+    let vars = Activation::with_needs(
+        req.object.as_ref(),
+        req.old_object.as_ref(),
+        &request,
+        needs,
+    );
     for (index, (condition, program)) in spec.conditions.iter().zip(&policy.conditions).enumerate()
     {
         let decided = cel::eval_bool(program, &vars).map_err(|source| MatchError::Condition {

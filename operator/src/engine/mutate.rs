@@ -68,6 +68,15 @@ pub fn apply(
         return settled(object, ignored);
     }
     for _ in 1..max_passes(policy) {
+        if !policy.overwrites {
+            // Without `overwrite`, a merge only adds keys and elements or fills nulls, and no
+            // later merge can take that back: "something changed" is "the pass changed the
+            // object", so no snapshot is needed.
+            if !pass(policy, &mut object, old_object, request, &mut ignored)? {
+                return settled(object, ignored);
+            }
+            continue;
+        }
         // Mutations may undo each other within a pass, so "something changed" is not "the pass
         // changed the object": compare with a snapshot when the cheap test is not conclusive.
         let before = object.clone();
@@ -118,12 +127,15 @@ fn pass(
             }
         }
     };
-    for (index, (mutation, when)) in spec.mutate.iter().zip(&policy.whens).enumerate() {
+    let guards = policy.whens.iter().zip(&policy.when_needs);
+    for (index, (mutation, (when, needs))) in spec.mutate.iter().zip(guards).enumerate() {
         match (&mutation.for_each, when) {
             (None, None) => changed |= merge_changed(object, &mutation.merge, mutation.overwrite),
             (None, Some(guard)) => {
-                let decision =
-                    cel::eval_bool(guard, &Activation::new(Some(object), old_object, request));
+                let decision = cel::eval_bool(
+                    guard,
+                    &Activation::with_needs(Some(object), old_object, request, needs),
+                );
                 match decision {
                     Ok(true) => {
                         changed |= merge_changed(object, &mutation.merge, mutation.overwrite)
@@ -141,11 +153,13 @@ fn pass(
                 let decisions: Vec<Result<bool, CelError>> = match array_at(object, path) {
                     None => continue,
                     Some(elements) => {
-                        let vars = Activation::new(Some(object), old_object, request);
+                        let vars = Activation::with_needs(Some(object), old_object, request, needs);
                         elements
                             .iter()
                             .filter(|e| e.is_object())
-                            .map(|e| cel::eval_bool(guard, &vars.with_element(e)))
+                            .map(|e| {
+                                cel::eval_bool(guard, &vars.with_element_need(e, needs.element()))
+                            })
                             .collect()
                     }
                 };

@@ -11,7 +11,7 @@ use ::cel::Program;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 
-use super::cel::{self, Site};
+use super::cel::{self, Needs, Site};
 use super::merge::is_valid_path;
 use crate::api::v1alpha1::{Operation, Policy, PolicySpec, ReinvocationPolicy};
 
@@ -72,6 +72,15 @@ pub struct CompiledPolicy {
     pub(crate) whens: Vec<Option<Program>>,
     /// `spec.validate[i].expression`.
     pub(crate) validations: Vec<Program>,
+    /// What the match conditions read of the request's variables.
+    pub(crate) condition_needs: Needs,
+    /// What `spec.mutate[i].when` reads (nothing for an unguarded mutation).
+    pub(crate) when_needs: Vec<Needs>,
+    /// What the validations read, together: one conversion serves them all.
+    pub(crate) validation_needs: Needs,
+    /// Whether some mutation has `overwrite: true`, the only way a pass can undo what an earlier
+    /// mutation of the same pass did.
+    pub(crate) overwrites: bool,
 }
 
 impl CompiledPolicy {
@@ -113,6 +122,14 @@ pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
             name: policy.name_any(),
             generation: policy.metadata.generation,
             spec: policy.spec.clone(),
+            condition_needs: Needs::union(&programs.conditions),
+            when_needs: programs
+                .whens
+                .iter()
+                .map(|when| Needs::union(when.iter()))
+                .collect(),
+            validation_needs: Needs::union(&programs.validations),
+            overwrites: policy.spec.mutate.iter().any(|m| m.overwrite),
             conditions: programs.conditions,
             whens: programs.whens,
             validations: programs.validations,

@@ -8,7 +8,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::cel::{self, Activation};
+use super::cel::{self, Activation, Needs};
 use super::mutate;
 use super::policy::{self, CompiledPolicy};
 use crate::api::v1alpha1::{FailurePolicy, Operation, Policy, ValidationAction};
@@ -185,6 +185,15 @@ impl Request {
 
 /// Parses an AdmissionReview body and returns its request.
 pub fn parse_review(body: &[u8]) -> Result<Request, ReviewError> {
+    // What the API server sends decodes in one typed pass; anything else (including every
+    // malformed body) takes the generic path below, which reports what is wrong.
+    match wire::parse(body) {
+        Some(request) => Ok(request),
+        None => parse_review_generic(body),
+    }
+}
+
+fn parse_review_generic(body: &[u8]) -> Result<Request, ReviewError> {
     let value: Value = serde_json::from_slice(body).map_err(ReviewError::Json)?;
     let Value::Object(mut review) = value else {
         return Err(ReviewError::NotAnObject);
@@ -219,6 +228,178 @@ pub fn parse_review(body: &[u8]) -> Result<Request, ReviewError> {
         return Err(ReviewError::Operation);
     }
     Ok(request)
+}
+
+/// The typed fast path of [`parse_review`]: decodes the body straight into the request, without
+/// first building it as a generic JSON value.
+///
+/// It only answers when the generic path would produce the very same request: the review and
+/// its request must be JSON objects (not arrays, which typed decoding would also accept), every
+/// field must be a known one (an unknown one would be skipped unchecked, while the generic path
+/// parses it and may reject it), and no field may repeat (the generic path keeps the last).
+/// Otherwise it returns `None` and the generic path decides, errors included.
+mod wire {
+    use serde::de::{Deserialize, Deserializer, Visitor};
+    use serde_json::Value;
+
+    use super::{API_VERSION, GroupVersionKind, GroupVersionResource, KIND, Request, UserInfo};
+    use crate::api::v1alpha1::Operation;
+
+    pub(super) fn parse(body: &[u8]) -> Option<Request> {
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let Object(review) = Object::<Review>::deserialize(&mut de).ok()?;
+        de.end().ok()?;
+        let Object(r) = review.request;
+        let ok = review.api_version == API_VERSION
+            && review.kind == KIND
+            && !r.uid.is_empty()
+            && r.operation != Operation::All;
+        ok.then(|| Request {
+            uid: r.uid,
+            kind: r.kind.into(),
+            resource: r.resource.into(),
+            sub_resource: r.sub_resource,
+            request_kind: r.request_kind.map(Into::into),
+            request_resource: r.request_resource.map(Into::into),
+            request_sub_resource: r.request_sub_resource,
+            name: r.name,
+            namespace: r.namespace,
+            operation: r.operation,
+            user_info: r.user_info.into(),
+            object: r.object,
+            old_object: r.old_object,
+            dry_run: r.dry_run,
+            options: r.options,
+        })
+    }
+
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct Review {
+        api_version: String,
+        kind: String,
+        request: Object<WireRequest>,
+    }
+
+    /// [`Request`]'s fields and defaults, minus its tolerance of unknown fields.
+    #[derive(serde::Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct WireRequest {
+        uid: String,
+        kind: Gvk,
+        resource: Gvr,
+        #[serde(default)]
+        sub_resource: Option<String>,
+        #[serde(default)]
+        request_kind: Option<Gvk>,
+        #[serde(default)]
+        request_resource: Option<Gvr>,
+        #[serde(default)]
+        request_sub_resource: Option<String>,
+        #[serde(default)]
+        name: String,
+        #[serde(default)]
+        namespace: String,
+        operation: Operation,
+        #[serde(default)]
+        user_info: User,
+        #[serde(default)]
+        object: Option<Value>,
+        #[serde(default)]
+        old_object: Option<Value>,
+        #[serde(default)]
+        dry_run: bool,
+        #[serde(default)]
+        options: Option<Value>,
+    }
+
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Gvk {
+        #[serde(default)]
+        group: String,
+        version: String,
+        kind: String,
+    }
+
+    impl From<Gvk> for GroupVersionKind {
+        fn from(g: Gvk) -> Self {
+            GroupVersionKind {
+                group: g.group,
+                version: g.version,
+                kind: g.kind,
+            }
+        }
+    }
+
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Gvr {
+        #[serde(default)]
+        group: String,
+        version: String,
+        resource: String,
+    }
+
+    impl From<Gvr> for GroupVersionResource {
+        fn from(g: Gvr) -> Self {
+            GroupVersionResource {
+                group: g.group,
+                version: g.version,
+                resource: g.resource,
+            }
+        }
+    }
+
+    #[derive(serde::Deserialize, Default)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct User {
+        #[serde(default)]
+        username: String,
+        #[serde(default)]
+        uid: String,
+        #[serde(default)]
+        groups: Vec<String>,
+        #[serde(default)]
+        extra: std::collections::BTreeMap<String, Vec<String>>,
+    }
+
+    impl From<User> for UserInfo {
+        fn from(u: User) -> Self {
+            UserInfo {
+                username: u.username,
+                uid: u.uid,
+                groups: u.groups,
+                extra: u.extra,
+            }
+        }
+    }
+
+    /// A `T` that must be written as a JSON object: derived struct decoding also takes arrays.
+    struct Object<T>(T);
+
+    impl<'de, T: Deserialize<'de>> Deserialize<'de> for Object<T> {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            T::deserialize(MapOnly(deserializer)).map(Object)
+        }
+    }
+
+    /// A deserializer that only decodes maps.
+    struct MapOnly<D>(D);
+
+    impl<'de, D: Deserializer<'de>> Deserializer<'de> for MapOnly<D> {
+        type Error = D::Error;
+
+        fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+            self.0.deserialize_map(visitor)
+        }
+
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+            bytes byte_buf option unit unit_struct newtype_struct seq tuple
+            tuple_struct map struct enum identifier ignored_any
+        }
+    }
 }
 
 /// Which webhook configuration the request came through.
@@ -316,7 +497,12 @@ fn mutating(req: &Request, policy: &CompiledPolicy) -> Response {
     let Some(object) = req.object.as_ref().filter(|_| policy.has_mutations()) else {
         return Response::allow();
     };
-    let request = req.cel_variable();
+    // Guards that do not mention `request` never resolve it.
+    let request = if policy.when_needs.iter().any(Needs::reads_request) {
+        req.cel_variable()
+    } else {
+        Value::Null
+    };
     match mutate::apply(policy, object, req.old_object.as_ref(), &request) {
         Ok(outcome) => {
             let mut resp = Response::allow();
@@ -344,8 +530,18 @@ fn validating(req: &Request, policy: &CompiledPolicy) -> Response {
     if !policy.has_validations() {
         return Response::allow();
     }
-    let request = req.cel_variable();
-    let vars = Activation::new(req.object.as_ref(), req.old_object.as_ref(), &request);
+    let needs = &policy.validation_needs;
+    let request = if needs.reads_request() {
+        req.cel_variable()
+    } else {
+        Value::Null
+    };
+    let vars = Activation::with_needs(
+        req.object.as_ref(),
+        req.old_object.as_ref(),
+        &request,
+        needs,
+    );
     let (mut denials, mut failures, mut warnings) = (Vec::new(), Vec::new(), Vec::new());
     for (i, (rule, program)) in policy
         .spec()
@@ -464,4 +660,35 @@ pub fn review_json(req: &Request, resp: &Response) -> Value {
     review.insert("kind".into(), Value::String(KIND.into()));
     review.insert("response".into(), Value::Object(response));
     Value::Object(review)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_typed_path_decodes_like_the_generic_one() {
+        for body in [
+            include_str!("../../testdata/reviews/pod-create.json"),
+            include_str!("../../benches/fixtures/pod-create.json"),
+        ] {
+            let fast =
+                wire::parse(body.as_bytes()).expect("an API server review takes the typed path");
+            assert_eq!(fast, parse_review_generic(body.as_bytes()).unwrap());
+        }
+        // Shapes the typed decoding would accept but the generic path rejects or reads otherwise.
+        let request = r#"{"uid":"u","kind":{"version":"v1","kind":"Pod"},"resource":{"version":"v1","resource":"pods"},"operation":"CREATE"}"#;
+        for body in [
+            format!(r#"["admission.k8s.io/v1","AdmissionReview",{request}]"#),
+            r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":["u",{"version":"v1","kind":"Pod"},{"version":"v1","resource":"pods"},null,null,null,null,"","","CREATE"]}"#.to_string(),
+            format!(r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{request},"x":1e999}}"#),
+            format!(r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{request},"request":{{"uid":"v"}}}}"#),
+            format!(
+                r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{}}}"#,
+                request.replace(r#""kind":"Pod""#, r#""kind":"Pod","x":"\ud800""#)
+            ),
+        ] {
+            assert!(wire::parse(body.as_bytes()).is_none(), "{body}");
+        }
+    }
 }
