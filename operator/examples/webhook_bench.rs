@@ -16,6 +16,10 @@ use anyhow::Context as _;
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
 use gatehouse::cli::eval::load_policies;
+
+// The same allocator as the `gatehouse` binary, for both modes, so the comparison is fair.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use gatehouse::telemetry::{self, Metrics};
 use gatehouse::tls::{self, CertResolver};
 use gatehouse::webhook::{self, Handler, PolicyStore, WebhookState};
