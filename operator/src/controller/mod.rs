@@ -48,7 +48,7 @@ const RESYNC: Duration = Duration::from_secs(60);
 pub enum ReconcileError {
     #[error("applying {kind}/{name}: {source}")]
     ApplyConfiguration {
-        kind: &'static str,
+        kind: String,
         name: String,
         source: kube::Error,
     },
@@ -376,11 +376,7 @@ where
         )
         .await
         .map_err(|source| ReconcileError::ApplyConfiguration {
-            kind: if kind == "MutatingWebhookConfiguration" {
-                "MutatingWebhookConfiguration"
-            } else {
-                "ValidatingWebhookConfiguration"
-            },
+            kind: kind.to_string(),
             name: CONFIGURATION_NAME.to_string(),
             source,
         })?;
