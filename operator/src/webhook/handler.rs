@@ -126,7 +126,13 @@ async fn review_policy(
         tracing::Span::current()
             .record("allowed", response.allowed())
             .record("patched", response.patched());
-        tracing::info!("decided");
+        // A line per admitted request would dominate the log (and the CPU) at API-server rates;
+        // denials are what operators look for. The span carries every decision either way.
+        if response.allowed() {
+            tracing::debug!("admitted");
+        } else {
+            tracing::info!(reason = response.message().unwrap_or_default(), "denied");
+        }
         response
     });
     let decision = if response.allowed() {
