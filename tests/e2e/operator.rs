@@ -113,6 +113,23 @@ async fn await_ready(cluster: &Cluster, name: &str, status: &str) -> anyhow::Res
     .await
 }
 
+/// Applies a Policy and waits until it is Ready for its current generation.
+async fn apply_ready(cluster: &Cluster, name: &str, yaml: &str) -> anyhow::Result<()> {
+    apply(cluster, yaml).await?;
+    await_ready(cluster, name, "True").await?;
+    Ok(())
+}
+
+/// The sidecar injector (with limits) most scenarios use, applied and Ready.
+async fn apply_sidecar(cluster: &Cluster, name: &str, ns: &str) -> anyhow::Result<()> {
+    apply_ready(
+        cluster,
+        name,
+        &policy(name, ns, 100, &sidecar_body(true, false)),
+    )
+    .await
+}
+
 /// Entry names of `kind`/gatehouse (empty when absent).
 async fn entries(cluster: &Cluster, kind: &str) -> anyhow::Result<Vec<String>> {
     let Some(cfg) = get_json(cluster, &[kind, "gatehouse"]).await? else {
@@ -260,14 +277,14 @@ async fn order_matters(cluster: &'static Cluster, options: Options) -> anyhow::R
     let id = scene.id();
     let (inject, limits) = (format!("inject-{id}"), format!("require-limits-{id}"));
     let result = async {
-        apply(
+        let no_limits = policy(&inject, scene.ns(), 100, &sidecar_body(false, false));
+        apply_ready(cluster, &inject, &no_limits).await?;
+        apply_ready(
             cluster,
-            &policy(&inject, scene.ns(), 100, &sidecar_body(false, false)),
+            &limits,
+            &policy(&limits, scene.ns(), 100, REQUIRE_LIMITS),
         )
         .await?;
-        apply(cluster, &policy(&limits, scene.ns(), 100, REQUIRE_LIMITS)).await?;
-        await_ready(cluster, &inject, "True").await?;
-        await_ready(cluster, &limits, "True").await?;
 
         // The sidecar injected by the mutating Policy has no limits, and the validating Policy
         // judges the final object: the Pod is rejected, naming the validating Policy.
@@ -280,12 +297,7 @@ async fn order_matters(cluster: &'static Cluster, options: Options) -> anyhow::R
         );
 
         // Give the sidecar limits: admitted, with the sidecar exactly once.
-        apply(
-            cluster,
-            &policy(&inject, scene.ns(), 100, &sidecar_body(true, false)),
-        )
-        .await?;
-        await_ready(cluster, &inject, "True").await?;
+        apply_sidecar(cluster, &inject, scene.ns()).await?;
         create_pod_until(cluster, scene.ns(), "app", &[], |o| o.status.success()).await?;
         let stored = get_json(cluster, &["pod", "app", "-n", scene.ns()])
             .await?
@@ -315,15 +327,14 @@ async fn reinvocation_keeps_one_sidecar() {
         let id = scene.id();
         let (a, b) = (format!("a-sidecar-{id}"), format!("b-label-{id}"));
         let result = async {
-            apply(
+            apply_ready(
                 cluster,
+                &a,
                 &policy(&a, scene.ns(), 10, &sidecar_body(true, true)),
             )
             .await?;
             let label = "  mutate:\n  - merge: {metadata: {labels: {team: platform}}}\n";
-            apply(cluster, &policy(&b, scene.ns(), 20, label)).await?;
-            await_ready(cluster, &a, "True").await?;
-            await_ready(cluster, &b, "True").await?;
+            apply_ready(cluster, &b, &policy(&b, scene.ns(), 20, label)).await?;
             let order = entries(cluster, "mutatingwebhookconfiguration").await?;
             let pos = |n: &str| {
                 order
@@ -400,12 +411,7 @@ async fn server_dry_run_previews_and_stores_nothing() {
         let scene = Scene::start(cluster, "gh-dryrun", Options::service()).await?;
         let inject = format!("inject-{}", scene.id());
         let result = async {
-            apply(
-                cluster,
-                &policy(&inject, scene.ns(), 100, &sidecar_body(true, false)),
-            )
-            .await?;
-            await_ready(cluster, &inject, "True").await?;
+            apply_sidecar(cluster, &inject, scene.ns()).await?;
             let deadline = Instant::now() + WAIT;
             let preview = loop {
                 let out = cluster
@@ -445,8 +451,7 @@ async fn warn_admits_and_warns() {
         let warn = format!("warn-team-{}", scene.id());
         let body = "  validate:\n  - expression: \"has(object.metadata.labels) && 'team' in object.metadata.labels\"\n    message: \"pods should carry a team label\"\n    action: Warn\n";
         let result = async {
-            apply(cluster, &policy(&warn, scene.ns(), 100, body)).await?;
-            await_ready(cluster, &warn, "True").await?;
+            apply_ready(cluster, &warn, &policy(&warn, scene.ns(), 100, body)).await?;
             let out = create_pod_until(cluster, scene.ns(), "app", &[], |o| {
                 o.status.success() && stderr(o).contains("pods should carry a team label")
             })
@@ -469,12 +474,7 @@ async fn deleting_a_policy_unwires_it() {
         let inject = format!("inject-{}", scene.id());
         let entry = format!("{inject}.gatehouse.dev");
         let result = async {
-            apply(
-                cluster,
-                &policy(&inject, scene.ns(), 100, &sidecar_body(true, false)),
-            )
-            .await?;
-            await_ready(cluster, &inject, "True").await?;
+            apply_sidecar(cluster, &inject, scene.ns()).await?;
             create_pod_until(cluster, scene.ns(), "before", &[], |o| o.status.success()).await?;
             cluster
                 .kubectl_ok(["delete", "policy", &inject], None)
@@ -487,34 +487,12 @@ async fn deleting_a_policy_unwires_it() {
             })
             .await?;
             // Later Pods are untouched (allowing the API server a moment to see the change).
-            create_pod_until(cluster, scene.ns(), "after", &[], |o| o.status.success()).await?;
-            let after = await_condition("untouched pod", WAIT, || async {
-                let p = get_json(cluster, &["pod", "after", "-n", scene.ns()])
-                    .await?
-                    .context("pod")?;
-                if container_names(&p) == ["app"] {
-                    return Ok(Some(p));
-                }
-                cluster
-                    .kubectl_ok(
-                        [
-                            "delete",
-                            "pod",
-                            "after",
-                            "-n",
-                            scene.ns(),
-                            "--grace-period=0",
-                        ],
-                        None,
-                    )
-                    .await?;
-                cluster
-                    .kubectl_ok(["create", "-f", "-"], Some(&pod("after", scene.ns())))
-                    .await?;
-                Ok(None)
+            create_pod_until(cluster, scene.ns(), "after", &["-o", "json"], |o| {
+                o.status.success()
+                    && serde_json::from_slice::<Value>(&o.stdout)
+                        .is_ok_and(|p| container_names(&p) == ["app"])
             })
             .await?;
-            ensure!(container_names(&after) == ["app"]);
             Ok(())
         }
         .await;
@@ -530,12 +508,7 @@ async fn drift_is_repaired() {
         let inject = format!("inject-{}", scene.id());
         let entry = format!("{inject}.gatehouse.dev");
         let result = async {
-            apply(
-                cluster,
-                &policy(&inject, scene.ns(), 100, &sidecar_body(true, false)),
-            )
-            .await?;
-            await_ready(cluster, &inject, "True").await?;
+            apply_sidecar(cluster, &inject, scene.ns()).await?;
             let timeout_of = |cfg: &Value| {
                 cfg["webhooks"].as_array().and_then(|ws| {
                     ws.iter()
@@ -731,12 +704,7 @@ async fn rotation_under_load_fails_no_request() {
         .await?;
         let inject = format!("inject-{}", scene.id());
         let result = async {
-            apply(
-                cluster,
-                &policy(&inject, scene.ns(), 100, &sidecar_body(true, false)),
-            )
-            .await?;
-            await_ready(cluster, &inject, "True").await?;
+            apply_sidecar(cluster, &inject, scene.ns()).await?;
             create_pod_until(
                 cluster,
                 scene.ns(),
@@ -833,12 +801,7 @@ async fn restart_loses_nothing() {
         let mut scene = Scene::start(cluster, "gh-restart", Options::service()).await?;
         let inject = format!("inject-{}", scene.id());
         let result = async {
-            apply(
-                cluster,
-                &policy(&inject, scene.ns(), 100, &sidecar_body(true, false)),
-            )
-            .await?;
-            await_ready(cluster, &inject, "True").await?;
+            apply_sidecar(cluster, &inject, scene.ns()).await?;
             let secret = |c: &'static Cluster, home: String| async move {
                 get_json(c, &["secret", "gatehouse-tls", "-n", &home])
                     .await?
@@ -989,12 +952,7 @@ async fn replicas_share_one_ca_and_one_leader_fails_over() {
             handshake_trusting(b.port, &ca).await?;
 
             // One leader writes the configurations, pointing at itself.
-            apply(
-                cluster,
-                &policy(&inject, ns.name(), 100, &sidecar_body(true, false)),
-            )
-            .await?;
-            await_ready(cluster, &inject, "True").await?;
+            apply_sidecar(cluster, &inject, ns.name()).await?;
             let url_of_entry = || async {
                 let cfg = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"]).await?;
                 Ok::<_, anyhow::Error>(cfg.and_then(|c| {
