@@ -521,7 +521,7 @@ pub fn admit(request: &Request, policies: &[CompiledPolicy]) -> Admission {
 
     let mut response = Response::allow();
     if let (Some(original), Some(last)) = (&request.object, &current.object) {
-        response.patch = json_patch::diff(original, last);
+        response.patch = crate::engine::diff::diff(original, last);
     }
     response.warnings = distinct(warnings);
     Admission {

@@ -12,6 +12,7 @@
 //!   and [`response_review`];
 //! * [`matcher`]: rules, objectSelector and match conditions, for offline evaluation.
 pub mod cel;
+pub mod diff;
 pub mod matcher;
 pub mod merge;
 pub mod mutate;
