@@ -5,7 +5,7 @@ pub mod lease;
 pub mod status;
 pub mod wiring;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -161,7 +161,6 @@ pub async fn run(
         info!("caches synced and certificate known; reconciling");
 
         let mut applied = Applied::default();
-        let mut compiled_specs: HashMap<String, Arc<engine::CompiledPolicy>> = HashMap::new();
         loop {
             let bundle = ca_bundle.borrow_and_update().clone().unwrap_or_default();
             let leading = *leader.borrow_and_update();
@@ -178,7 +177,6 @@ pub async fn run(
                 &bundle,
                 leading,
                 &mut applied,
-                &mut compiled_specs,
             )
             .instrument(span)
             .await;
@@ -268,7 +266,6 @@ where
     (store, fut)
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn reconcile_all(
     ctx: &Context,
     policies: &Store<Policy>,
@@ -277,32 +274,28 @@ async fn reconcile_all(
     bundle: &str,
     leading: bool,
     applied: &mut Applied,
-    compiled: &mut HashMap<String, Arc<engine::CompiledPolicy>>,
 ) -> Result<(), ReconcileError> {
     let all = policies.state();
     let mut outcomes: Vec<(Arc<Policy>, Outcome)> = Vec::with_capacity(all.len());
     let mut valid: Vec<Arc<Policy>> = Vec::new();
     for policy in &all {
-        let name = policy.name_any();
-        // CEL is compiled once per spec, not once per pass.
-        let cached = compiled
-            .get(&name)
-            .filter(|c| c.spec() == &policy.spec)
-            .cloned();
-        let result = match cached {
-            Some(c) => Ok(c),
-            None => engine::compile(policy).map(Arc::new),
+        // The server's store is the cache: CEL is compiled once per spec, not once per pass.
+        let served = ctx
+            .policies
+            .get(&policy.name_any())
+            .is_some_and(|c| c.spec() == &policy.spec);
+        let result = if served {
+            Ok(())
+        } else {
+            // Serve it before the API server is told about it.
+            engine::compile(policy).map(|c| ctx.policies.upsert(Arc::new(c)))
         };
         match result {
-            Ok(c) => {
-                compiled.insert(name, c.clone());
-                // Serve it before the API server is told about it.
-                ctx.policies.upsert(c);
+            Ok(()) => {
                 valid.push(policy.clone());
                 outcomes.push((policy.clone(), Outcome::Wired));
             }
             Err(invalid) => {
-                compiled.remove(&name);
                 let problems = invalid.problems.iter().map(|p| p.to_string()).collect();
                 outcomes.push((policy.clone(), Outcome::Invalid(problems)));
             }
@@ -326,7 +319,6 @@ async fn reconcile_all(
             ctx.policies.retire(&name);
         }
     }
-    compiled.retain(|name, _| keep.contains(name));
 
     if !leading {
         return Ok(());
