@@ -120,36 +120,61 @@ fn name_of(v: &Value) -> Option<&str> {
 
 /// Merges a named or scalar patch array (see [`array_kind`]) into `target`.
 fn merge_array(target: &mut Vec<Value>, patch: &[Value], overwrite: bool) -> bool {
-    let mut changed = false;
     match array_kind(patch) {
-        ArrayKind::Named => {
-            for element in patch {
-                let name = name_of(element);
-                match target.iter_mut().find(|t| name_of(t) == name) {
-                    Some(existing) => changed |= merge_changed(existing, element, overwrite),
-                    None => {
-                        target.push(materialize(element, overwrite));
-                        changed = true;
-                    }
-                }
-            }
+        // Two elements of the same name can, with `overwrite`, set a field and unset it again:
+        // each step's "changed" is then no guide to the net result, so compare with a snapshot.
+        // (Without `overwrite` a merge only adds, so no later element can take a change back.)
+        ArrayKind::Named if overwrite && repeats_a_name(patch) => {
+            let before = target.clone();
+            merge_array_named(target, patch, overwrite);
+            *target != before
         }
+        ArrayKind::Named => merge_array_named(target, patch, overwrite),
         ArrayKind::Scalars => {
+            let mut changed = false;
             for element in patch {
                 if !target.contains(element) {
                     target.push(element.clone());
                     changed = true;
                 }
             }
+            changed
         }
         ArrayKind::Atomic => {
-            if overwrite && target.as_slice() != patch {
+            let changed = overwrite && target.as_slice() != patch;
+            if changed {
                 *target = patch.to_vec();
+            }
+            changed
+        }
+    }
+}
+
+/// Merges each element of a named patch array into the target element of the same name, or
+/// appends it.
+fn merge_array_named(target: &mut Vec<Value>, patch: &[Value], overwrite: bool) -> bool {
+    let mut changed = false;
+    for element in patch {
+        let name = name_of(element);
+        match target.iter_mut().find(|t| name_of(t) == name) {
+            Some(existing) => changed |= merge_changed(existing, element, overwrite),
+            None => {
+                target.push(materialize(element, overwrite));
                 changed = true;
             }
         }
     }
     changed
+}
+
+/// Whether two elements of a named patch array share a name. Patch arrays are a handful of
+/// elements, so the quadratic scan beats building a set.
+fn repeats_a_name(patch: &[Value]) -> bool {
+    patch.iter().enumerate().any(|(i, e)| {
+        patch[..i]
+            .iter()
+            .any(|earlier| name_of(earlier) == name_of(e))
+    })
 }
 
 /// Whether `path` is a well-formed `forEach` path: dot-separated, non-empty segments of
@@ -277,6 +302,19 @@ mod tests {
             merged(json!({"a": [1]}), json!({"a": 2}), true),
             json!({"a": 2})
         );
+    }
+
+    #[test]
+    fn a_name_repeated_to_undo_itself_reports_no_change() {
+        let x = json!({"c": [{"name": "x"}]});
+        let p = json!({"c": [{"name": "x", "v": false}, {"name": "x", "v": null}]});
+        let mut y = x.clone();
+        assert!(!merge_changed(&mut y, &p, true));
+        assert_eq!(y, x);
+        // The same patch on a target that had the field: removed, and said so.
+        let mut z = json!({"c": [{"name": "x", "v": true}]});
+        assert!(merge_changed(&mut z, &p, true));
+        assert_eq!(z, x);
     }
 
     #[test]
