@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use gatehouse_e2e::gatehouse::{Gatehouse, Options};
-use gatehouse_e2e::{TestNamespace, await_condition, cluster};
+use gatehouse_e2e::{TestNamespace, TestWebhook, allow, await_condition, cluster};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
@@ -195,6 +195,54 @@ fn policy(name: &str, ns: &str, body: Value) -> Value {
     json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": name}, "spec": spec})
 }
 
+/// Name of the webhook configurations of the floor phase.
+const FLOOR: &str = "bench-floor";
+
+/// 8 mutating and 8 validating entries, shaped like Gatehouse's (same rules, namespace,
+/// failurePolicy and sideEffects), that all call `hook` by URL.
+fn floor_configurations(hook: &TestWebhook, ns: &str) -> String {
+    let entries = |kind: &str| -> Vec<Value> {
+        (0..8)
+            .map(|i| {
+                json!({
+                    "name": format!("{kind}-{i}.bench.gatehouse.test"),
+                    "clientConfig": {"url": hook.url(&format!("/{kind}/{i}")), "caBundle": hook.ca_bundle()},
+                    "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                    "failurePolicy": "Fail",
+                    "sideEffects": "None",
+                    "admissionReviewVersions": ["v1"],
+                    "timeoutSeconds": 10
+                })
+            })
+            .collect()
+    };
+    let config = |kind: &str, webhooks: Vec<Value>| {
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": kind,
+            "metadata": {"name": FLOOR},
+            "webhooks": webhooks,
+        })
+    };
+    format!(
+        "---\n{}\n---\n{}\n",
+        config("MutatingWebhookConfiguration", entries("mutate")),
+        config("ValidatingWebhookConfiguration", entries("validate"))
+    )
+}
+
+/// How many reviews `hook` receives for one server-dry-run Pod create.
+async fn reviews_per_create(api: &Api<Pod>, hook: &TestWebhook) -> anyhow::Result<usize> {
+    let before = hook.reviews().len();
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    api.create(&dry_run, &pod("probe-floor")?).await?;
+    Ok(hook.reviews().len() - before)
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let count = env_usize("PODS", 500);
@@ -215,6 +263,44 @@ async fn main() -> anyhow::Result<()> {
     let baseline = create_pods(&api, "base", count, concurrency).await?;
     let cpu1 = cpu_snapshot(&procs);
     delete_pods(&api).await?;
+
+    // The floor: the same number of entries answered by a server that does no work (a fixed
+    // allow, no patch). What they add is the API server's own cost of calling 16 webhooks per
+    // create on this machine, which no webhook implementation can get under.
+    let hook = TestWebhook::start(&["127.0.0.1"], allow())?;
+    cluster
+        .kubectl_ok(
+            ["apply", "-f", "-"],
+            Some(&floor_configurations(&hook, ns.name())),
+        )
+        .await?;
+    await_condition(
+        "16 floor entries in effect",
+        Duration::from_secs(60),
+        || async { Ok((reviews_per_create(&api, &hook).await? == 16).then_some(())) },
+    )
+    .await?;
+    create_pods(&api, "warm-floor", 20, concurrency).await?;
+    delete_pods(&api).await?;
+    let cpu_floor0 = cpu_snapshot(&procs);
+    let floor = create_pods(&api, "floor", count, concurrency).await?;
+    let cpu_floor1 = cpu_snapshot(&procs);
+    delete_pods(&api).await?;
+    cluster
+        .kubectl_ok(
+            [
+                "delete",
+                "mutatingwebhookconfiguration,validatingwebhookconfiguration",
+                FLOOR,
+            ],
+            None,
+        )
+        .await?;
+    await_condition("floor entries gone", Duration::from_secs(60), || async {
+        Ok((reviews_per_create(&api, &hook).await? == 0).then_some(()))
+    })
+    .await?;
+    hook.shutdown();
 
     let mut names = Vec::new();
     let mut docs = String::new();
@@ -273,7 +359,11 @@ async fn main() -> anyhow::Result<()> {
         "{:<16} {:>10} {:>10} {:>10} {:>10}",
         "", "avg", "p95", "p99", "wall"
     );
-    for (label, s) in [("no policies", &baseline), ("16 policies", &with)] {
+    for (label, s) in [
+        ("no policies", &baseline),
+        ("16 fixed-allow", &floor),
+        ("16 policies", &with),
+    ] {
         println!(
             "{:<16} {:>10} {:>10} {:>10} {:>10}",
             label,
@@ -290,15 +380,23 @@ async fn main() -> anyhow::Result<()> {
         with.p99.as_secs_f64() / baseline.p99.as_secs_f64()
     );
     println!(
+        "floor (16 fixed-allow / none): avg {:.2}x, p95 {:.2}x, p99 {:.2}x; Gatehouse over the floor: p99 {:.2}x",
+        floor.avg.as_secs_f64() / baseline.avg.as_secs_f64(),
+        floor.p95.as_secs_f64() / baseline.p95.as_secs_f64(),
+        floor.p99.as_secs_f64() / baseline.p99.as_secs_f64(),
+        with.p99.as_secs_f64() / floor.p99.as_secs_f64()
+    );
+    println!(
         "API server apiserver_admission_webhook_admission_duration_seconds p99 for Gatehouse entries: {}",
         bucket_p99(&before, &after).unwrap_or_else(|| "no samples".into())
     );
     println!("CPU seconds used during each phase (2-core machine, everything on it):");
     for (i, (name, _)) in procs.iter().enumerate() {
         println!(
-            "  {:<16} no policies {:>6.2} s   16 policies {:>6.2} s",
+            "  {:<16} no policies {:>6.2} s   16 fixed-allow {:>6.2} s   16 policies {:>6.2} s",
             name,
             cpu1[i] - cpu0[i],
+            cpu_floor1[i] - cpu_floor0[i],
             cpu3[i] - cpu2[i]
         );
     }
