@@ -138,6 +138,14 @@ fn strip_nulls(v: &mut Value) {
 /// A mutation as a Policy would spell it. Guards are drawn from expressions over `element` and
 /// `object` that later mutations can flip, which is what makes lists hard.
 fn mutation(guards: bool) -> impl Strategy<Value = Value> {
+    mutation_with(guards, any::<bool>())
+}
+
+/// [`mutation`] with `overwrite` drawn from `overwrite`.
+fn mutation_with(
+    guards: bool,
+    overwrite: impl Strategy<Value = bool>,
+) -> impl Strategy<Value = Value> {
     let for_each = prop_oneof![
         3 => Just(None),
         3 => Just(Some("spec.c")),
@@ -158,7 +166,7 @@ fn mutation(guards: bool) -> impl Strategy<Value = Value> {
         when_root,
         any::<bool>(),
         object(),
-        any::<bool>(),
+        overwrite,
     )
         .prop_map(
             move |(for_each, when_each, when_root, guarded, mut merge, overwrite)| {
@@ -180,6 +188,69 @@ fn mutation(guards: bool) -> impl Strategy<Value = Value> {
                 m
             },
         )
+}
+
+/// Mutate lists shaped like the ones `settles_in_one_pass` accepts: plain merges (guards over
+/// constants only) before `forEach` merges (guards over `element` only), mostly without
+/// overwrite. About one mutation in ten overwrites or has a guard over `object`, and guarded
+/// `forEach`s followed by one over the same path occur, so rejected lists are drawn too.
+fn one_pass_shaped() -> impl Strategy<Value = Vec<Value>> {
+    let plain = (
+        prop::option::of(prop::sample::select(vec![
+            "true",
+            "false",
+            "oldObject == null",
+        ])),
+        object(),
+    )
+        .prop_map(|(when, merge)| {
+            let mut m = json!({"merge": merge});
+            if let Some(when) = when {
+                m["when"] = json!(when);
+            }
+            m
+        });
+    let for_each = (
+        prop::sample::select(vec!["spec.c", "spec", "nope.c"]),
+        prop::option::of(prop::sample::select(vec![
+            "true",
+            "!has(element.a)",
+            "has(element.name) && element.name == 'x'",
+        ])),
+        object(),
+    )
+        .prop_map(|(path, when, mut merge)| {
+            if let Value::Object(m) = &mut merge {
+                // Ruled out by validation: a forEach merge may not mention `name`.
+                m.remove("name");
+            }
+            let mut m = json!({"forEach": path, "merge": merge});
+            if let Some(when) = when {
+                m["when"] = json!(when);
+            }
+            m
+        });
+    let spoiler = prop_oneof![
+        18 => Just(None),
+        1 => Just(Some(json!({"overwrite": true}))),
+        1 => Just(Some(json!({"when": "!has(object.b)"}))),
+    ];
+    (
+        prop::collection::vec(plain, 0..3),
+        prop::collection::vec(for_each, 1..3),
+        spoiler,
+        any::<prop::sample::Index>(),
+    )
+        .prop_map(|(plain, for_each, spoiler, at)| {
+            let mut list: Vec<Value> = plain.into_iter().chain(for_each).collect();
+            if let Some(Value::Object(extra)) = spoiler {
+                let i = at.index(list.len());
+                if let Value::Object(m) = &mut list[i] {
+                    m.extend(extra);
+                }
+            }
+            list
+        })
 }
 
 fn policy(mutate: Vec<Value>, failure_policy: &str) -> Policy {
@@ -232,6 +303,22 @@ proptest! {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// A list the compiler says settles in one pass does: the engine stops after that pass, and
+    /// applying the list again changes nothing. The lists are drawn in the shapes that can
+    /// qualify (see [`one_pass_shaped`]), a few with an overwrite or an `object` guard mixed in.
+    #[test]
+    fn one_pass_lists_are_fixed_points_after_one_pass(x in target(), list in one_pass_shaped()) {
+        let compiled = compile(&policy(list, "Ignore")).expect("the generated Policy is valid");
+        if compiled.settles_in_one_pass() {
+            let request = json!({});
+            let once = mutate::apply(&compiled, &x, None, &request).expect("Ignore never fails");
+            prop_assert!(once.settled);
+            let twice =
+                mutate::apply(&compiled, &once.object, None, &request).expect("Ignore never fails");
+            prop_assert_eq!(twice.object, once.object);
+        }
+    }
 
     /// `merge_changed` is what fixed-point detection relies on: it must say exactly whether the
     /// target changed.

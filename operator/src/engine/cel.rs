@@ -345,6 +345,11 @@ impl Needs {
         self.request.is_some()
     }
 
+    /// Whether the programs reference `object` at all.
+    pub fn reads_object(&self) -> bool {
+        self.object.is_some()
+    }
+
     /// What the programs read of `element`; `None` when they do not reference it.
     pub fn element(&self) -> Option<&Need> {
         self.element.as_ref()

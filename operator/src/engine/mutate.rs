@@ -7,7 +7,10 @@
 //! others, and a second run (the API server's reinvocation) would add it. So the list is applied
 //! until the object stops changing: the result is a fixed point, and applying the Policy again
 //! (reinvocation, or `eval` twice) changes nothing. An object that is already a fixed point costs a
-//! single pass, detected by [`merge_changed`] without keeping a copy to compare with. Unguarded lists settle within a few passes; a `when` guard that reads a field a
+//! single pass, detected by [`merge_changed`] without keeping a copy to compare with, and so does
+//! any object when the list's shape proves that one pass always settles it
+//! ([`settles_in_one_pass`](super::policy::settles_in_one_pass): the common "add a sidecar, then
+//! default every container" Policy is such a list). Unguarded lists settle within a few passes; a `when` guard that reads a field a
 //! later mutation writes may not settle, in which case the last pass is kept and a warning says
 //! so (the bound is `mutate.len() + 2` passes).
 //!
@@ -61,10 +64,7 @@ pub fn apply(
             settled: true,
         })
     };
-    // One unguarded mutation is a fixed point after one pass: `merge` is idempotent, and a forEach
-    // merge into one element cannot move the array or its other elements.
-    let one_pass = matches!(policy.whens.as_slice(), [None]);
-    if !pass(policy, &mut object, old_object, request, &mut ignored)? || one_pass {
+    if !pass(policy, &mut object, old_object, request, &mut ignored)? || policy.one_pass {
         return settled(object, ignored);
     }
     for _ in 1..max_passes(policy) {
