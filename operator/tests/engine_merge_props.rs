@@ -5,6 +5,7 @@
 //! values at every depth, mismatched types, and `forEach` paths that hit arrays, scalars and
 //! nothing. Nothing is filtered away.
 use gatehouse::api::v1alpha1::Policy;
+use gatehouse::engine::diff::diff;
 use gatehouse::engine::merge::{materialize, merge};
 use gatehouse::engine::{compile, mutate};
 use proptest::prelude::*;
@@ -303,6 +304,29 @@ proptest! {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// The webhook's patch is the diff to what `apply` returns, with the same warnings, also
+    /// when only the parts of the object the list reaches are copied (no guard reads `object`:
+    /// unguarded lists and the one-pass shapes; the rest take the whole-object path).
+    #[test]
+    fn the_patch_is_the_diff_to_the_applied_object(
+        x in target(),
+        list in prop_oneof![
+            prop::collection::vec(mutation(false), 1..5),
+            one_pass_shaped(),
+            prop::collection::vec(mutation(true), 1..4),
+        ],
+    ) {
+        let compiled = compile(&policy(list, "Ignore")).expect("the generated Policy is valid");
+        let request = json!({});
+        let applied = mutate::apply(&compiled, &x, None, &request).expect("Ignore never fails");
+        let patched = mutate::patch(&compiled, &x, None, &request).expect("Ignore never fails");
+        let want = serde_json::to_value(diff(&x, &applied.object)).expect("a patch serializes");
+        let got = serde_json::to_value(&patched.patch).expect("a patch serializes");
+        prop_assert_eq!(got, want);
+        prop_assert_eq!(patched.ignored, applied.ignored);
+        prop_assert_eq!(patched.settled, applied.settled);
+    }
 
     /// A list the compiler says settles in one pass does: the engine stops after that pass, and
     /// applying the list again changes nothing. The lists are drawn in the shapes that can

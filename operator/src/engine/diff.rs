@@ -33,7 +33,9 @@
 //! generated documents.
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation};
-use serde_json::Value;
+use serde_json::{Map, Value};
+
+use super::merge::Reach;
 
 /// The RFC 6902 patch from `original` to `mutated`: always equal to
 /// `json_patch::diff(original, mutated)`, computed in one pass.
@@ -41,6 +43,50 @@ pub fn diff(original: &Value, mutated: &Value) -> Patch {
     let mut patch = Patch::default();
     walk(original, mutated, &Path::Root, &mut patch.0);
     patch
+}
+
+/// [`diff`] of `original` against an object that equals it outside `reach`, given as its
+/// [`Reach::copy`] after the change (`mutated`): the same patch, without copying, comparing or
+/// even visiting what `reach` leaves out. Operations outside `reach` cannot exist, since both
+/// sides agree there; inside it, [`walk`]'s order is kept (the members of `mutated` in its map
+/// order, then the removed members in `original`'s).
+pub fn diff_within(
+    original: &Map<String, Value>,
+    mutated: &Map<String, Value>,
+    reach: &Reach,
+) -> Patch {
+    let mut patch = Patch::default();
+    walk_within(original, mutated, reach, &Path::Root, &mut patch.0);
+    patch
+}
+
+fn walk_within(
+    left: &Map<String, Value>,
+    right: &Map<String, Value>,
+    reach: &Reach,
+    path: &Path<'_>,
+    ops: &mut Vec<PatchOperation>,
+) {
+    for (key, right_value) in right {
+        match (left.get(key), reach.member(key), right_value) {
+            // Copied in part: both sides hold only the reached members.
+            (Some(Value::Object(l)), Some(Some(sub)), Value::Object(r)) => {
+                walk_within(l, r, sub, &Path::Key(path, key), ops);
+            }
+            (Some(left_value), _, _) => walk(left_value, right_value, &Path::Key(path, key), ops),
+            (None, _, _) => ops.push(PatchOperation::Add(AddOperation {
+                path: path.pointer_to(key),
+                value: right_value.clone(),
+            })),
+        }
+    }
+    for key in left.keys() {
+        if reach.member(key).is_some() && !right.contains_key(key) {
+            ops.push(PatchOperation::Remove(RemoveOperation {
+                path: path.pointer_to(key),
+            }));
+        }
+    }
 }
 
 /// Where [`walk`] is: a chain of tokens borrowed from the documents, turned into a

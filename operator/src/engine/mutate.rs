@@ -21,9 +21,11 @@
 //! elements that are objects, and a `forEach` merge may not mention `name` (validation rejects
 //! it), since renaming or un-naming elements would let a named merge append them again on every
 //! pass.
+use json_patch::Patch;
 use serde_json::Value;
 
 use super::cel::{self, Activation, CelError};
+use super::diff::{diff, diff_within};
 use super::merge::{array_at, array_at_mut, merge_changed};
 use super::policy::CompiledPolicy;
 use crate::api::v1alpha1::FailurePolicy;
@@ -55,8 +57,57 @@ pub fn apply(
     old_object: Option<&Value>,
     request: &Value,
 ) -> Result<Mutated, MutateError> {
+    settle(policy, object.clone(), old_object, request)
+}
+
+/// What [`apply`] does to `object`, as a JSONPatch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Patched {
+    /// Always `diff(object, apply(object).object)`.
+    pub patch: Patch,
+    /// As [`Mutated::ignored`].
+    pub ignored: Vec<MutateError>,
+    /// As [`Mutated::settled`].
+    pub settled: bool,
+}
+
+/// [`apply`] followed by [`diff`], which is what a webhook answers. When no guard reads `object`,
+/// only the parts of it the list can reach are copied, mutated and compared (a sidecar Policy
+/// touches `spec.containers`, not the metadata, volumes or status around it).
+pub fn patch(
+    policy: &CompiledPolicy,
+    object: &Value,
+    old_object: Option<&Value>,
+    request: &Value,
+) -> Result<Patched, MutateError> {
+    if let (Some(reach), Value::Object(whole)) = (&policy.reach, object) {
+        let part = Value::Object(reach.copy(whole));
+        let mutated = settle(policy, part, old_object, request)?;
+        // A merge into an object leaves an object: the other arm is only a safety net.
+        if let Value::Object(part) = &mutated.object {
+            return Ok(Patched {
+                patch: diff_within(whole, part, reach),
+                ignored: mutated.ignored,
+                settled: mutated.settled,
+            });
+        }
+    }
+    let mutated = apply(policy, object, old_object, request)?;
+    Ok(Patched {
+        patch: diff(object, &mutated.object),
+        ignored: mutated.ignored,
+        settled: mutated.settled,
+    })
+}
+
+/// Applies the list to `object` (a working copy) until it settles.
+fn settle(
+    policy: &CompiledPolicy,
+    mut object: Value,
+    old_object: Option<&Value>,
+    request: &Value,
+) -> Result<Mutated, MutateError> {
     let mut ignored = Vec::new();
-    let mut object = object.clone();
     let settled = |object, ignored| {
         Ok(Mutated {
             object,

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 
 use super::cel::{self, Needs, Site};
-use super::merge::is_valid_path;
+use super::merge::{Reach, is_valid_path};
 use crate::api::v1alpha1::{Mutation, Operation, Policy, PolicySpec, ReinvocationPolicy};
 
 /// One thing wrong with a Policy, at a field path such as `spec.validate[0].expression`.
@@ -84,6 +84,9 @@ pub struct CompiledPolicy {
     /// Whether one pass of the mutate list always reaches its fixed point (see
     /// [`settles_in_one_pass`]).
     pub(crate) one_pass: bool,
+    /// What the mutate list can touch, when that is all it reads: `None` when a guard reads
+    /// `object` (it may look anywhere).
+    pub(crate) reach: Option<Reach>,
 }
 
 impl CompiledPolicy {
@@ -140,6 +143,7 @@ pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
                 spec: policy.spec.clone(),
                 condition_needs: Needs::union(&programs.conditions),
                 one_pass: settles_in_one_pass(&policy.spec.mutate, &when_needs),
+                reach: reach(&policy.spec.mutate, &when_needs),
                 when_needs,
                 validation_needs: Needs::union(&programs.validations),
                 overwrites: policy.spec.mutate.iter().any(|m| m.overwrite),
@@ -198,6 +202,21 @@ pub fn settles_in_one_pass(mutate: &[Mutation], when_needs: &[Needs]) -> bool {
         }
     }
     true
+}
+
+/// What `mutate` can read or write of an object, unless a guard reads `object`.
+fn reach(mutate: &[Mutation], when_needs: &[Needs]) -> Option<Reach> {
+    if when_needs.iter().any(Needs::reads_object) {
+        return None;
+    }
+    let mut reach = Reach::default();
+    for mutation in mutate {
+        match &mutation.for_each {
+            Some(path) => reach.add_path(path),
+            None => reach.add_merge(mutation.merge.as_object()?),
+        }
+    }
+    Some(reach)
 }
 
 struct Programs {

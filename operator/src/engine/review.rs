@@ -503,11 +503,11 @@ fn mutating(req: &Request, policy: &CompiledPolicy) -> Response {
     } else {
         Value::Null
     };
-    match mutate::apply(policy, object, req.old_object.as_ref(), &request) {
+    match mutate::patch(policy, object, req.old_object.as_ref(), &request) {
         Ok(outcome) => {
             let mut resp = Response::allow();
-            // Equal to json_patch::diff(object, &outcome.object), without walking unchanged subtrees.
-            resp.patch = super::diff::diff(object, &outcome.object);
+            // Equal to json_patch::diff(object, mutated object).
+            resp.patch = outcome.patch;
             resp.warnings = outcome
                 .ignored
                 .iter()
