@@ -81,23 +81,29 @@ pub fn patch(
     request: &Value,
 ) -> Result<Patched, MutateError> {
     if let (Some(reach), Value::Object(whole)) = (&policy.reach, object) {
-        let part = Value::Object(reach.copy(whole));
-        let mutated = settle(policy, part, old_object, request)?;
-        // A merge into an object leaves an object: the other arm is only a safety net.
+        let mutated = settle(
+            policy,
+            Value::Object(reach.copy(whole)),
+            old_object,
+            request,
+        )?;
+        // A merge into an object leaves an object: the fallback below is only a safety net.
         if let Value::Object(part) = &mutated.object {
-            return Ok(Patched {
-                patch: diff_within(whole, part, reach),
-                ignored: mutated.ignored,
-                settled: mutated.settled,
-            });
+            return Ok(Patched::new(diff_within(whole, part, reach), mutated));
         }
     }
     let mutated = apply(policy, object, old_object, request)?;
-    Ok(Patched {
-        patch: diff(object, &mutated.object),
-        ignored: mutated.ignored,
-        settled: mutated.settled,
-    })
+    Ok(Patched::new(diff(object, &mutated.object), mutated))
+}
+
+impl Patched {
+    fn new(patch: Patch, mutated: Mutated) -> Patched {
+        Patched {
+            patch,
+            ignored: mutated.ignored,
+            settled: mutated.settled,
+        }
+    }
 }
 
 /// Applies the list to `object` (a working copy) until it settles.
