@@ -15,14 +15,14 @@
 //! * **Objects** (`diff_object`): for each `(key, right_value)` of the right map in its iteration
 //!   order, recurse with `key` pushed if the left map has the key, else emit `add`; then, for
 //!   each key of the left map in its iteration order that the right map lacks, emit `remove`.
-//!   [`walk`] does the same over the same maps (whatever their iteration order, BTreeMap or
+//!   `walk` does the same over the same maps (whatever their iteration order, BTreeMap or
 //!   `preserve_order`: the lockstep cursor is only a shortcut for the lookup), and materializes
 //!   paths with the same `PointerBuf::push_back`, so escaping (`~0`, `~1`, empty keys) is
 //!   identical.
 //! * **Arrays** (`diff_array`): for `idx < min(len)` it recurses at `idx`; removals only start at
 //!   `idx == right.len()` (left longer), and `shift` counts them, so every removal's index is
 //!   `right.len()`; additions (right longer) are at `idx` for `left.len()..right.len()`. While both
-//!   elements exist `shift` is 0, so the recursion path is `idx`. [`walk`] emits the same
+//!   elements exist `shift` is 0, so the recursion path is `idx`. `walk` emits the same
 //!   sequence.
 //! * **Anything else** (scalars, or differing types): nothing when equal, else the operations of
 //!   `json_patch::diff` on the pair itself, with each path prefixed by the pair's pointer. At the
@@ -48,7 +48,7 @@ pub fn diff(original: &Value, mutated: &Value) -> Patch {
 /// [`diff`] of `original` against an object that equals it outside `reach`, given as its
 /// [`Reach::copy`] after the change (`mutated`): the same patch, without copying, comparing or
 /// even visiting what `reach` leaves out. Operations outside `reach` cannot exist, since both
-/// sides agree there; inside it, [`walk`]'s order is kept (the members of `mutated` in its map
+/// sides agree there; inside it, `walk`'s order is kept (the members of `mutated` in its map
 /// order, then the removed members in `original`'s).
 pub fn diff_within(
     original: &Map<String, Value>,
@@ -89,7 +89,7 @@ fn walk_within(
     }
 }
 
-/// Where [`walk`] is: a chain of tokens borrowed from the documents, turned into a
+/// Where `walk` is: a chain of tokens borrowed from the documents, turned into a
 /// [`PointerBuf`] only for the nodes that get an operation.
 enum Path<'a> {
     Root,

@@ -10,9 +10,13 @@
 //! single pass, detected by [`merge_changed`] without keeping a copy to compare with, and so does
 //! any object when the list's shape proves that one pass always settles it
 //! ([`settles_in_one_pass`](super::policy::settles_in_one_pass): the common "add a sidecar, then
-//! default every container" Policy is such a list). Unguarded lists settle within a few passes; a `when` guard that reads a field a
-//! later mutation writes may not settle, in which case the last pass is kept and a warning says
-//! so (the bound is `mutate.len() + 2` passes).
+//! default every container" Policy is such a list). Unguarded lists settle within a few passes; a
+//! `when` guard that reads a field a later mutation writes may not settle, in which case the last
+//! pass is kept and a warning says so (the bound is `mutate.len() + 2` passes).
+//!
+//! The webhook needs the change as a JSONPatch, not the object: [`patch`] works on a copy of only
+//! what the list can reach ([`Reach`](super::merge::Reach)) when no guard reads `object`, and
+//! diffs just that.
 //!
 //! Guards see the object as it was before their own mutation; a `forEach` guard is evaluated for
 //! every element first, then the merges are applied.
