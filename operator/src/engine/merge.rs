@@ -218,7 +218,11 @@ impl Reach {
     pub fn add_merge(&mut self, patch: &Map<String, Value>) {
         for (key, value) in patch {
             match value {
-                Value::Object(sub) => self.descend(key).map_or((), |r| r.add_merge(sub)),
+                Value::Object(sub) => {
+                    if let Some(reach) = self.descend(key) {
+                        reach.add_merge(sub);
+                    }
+                }
                 _ => self.whole(key),
             }
         }
