@@ -26,7 +26,7 @@ pub fn handle<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> 
             } else {
                 text(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "not ready: caches not synced or no certificate loaded\n".into(),
+                    "not ready: Policies not loaded yet or no certificate loaded\n".into(),
                     "text/plain",
                 )
             }
@@ -81,7 +81,7 @@ mod tests {
             get(&state, "/readyz").status(),
             StatusCode::SERVICE_UNAVAILABLE
         );
-        state.readiness.caches_synced.store(true, Ordering::Release);
+        state.readiness.policies_loaded.store(true, Ordering::Release);
         assert_eq!(
             get(&state, "/readyz").status(),
             StatusCode::SERVICE_UNAVAILABLE

@@ -27,6 +27,12 @@ pub struct CertLabels {
     pub cert: String,
 }
 
+/// Labels of a CA-rotation step.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RotationLabels {
+    pub step: String,
+}
+
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -44,6 +50,8 @@ pub struct Metrics {
     pub reconcile_duration: HistogramFamily<ReconcileLabels>,
     pub webhook_config_writes: Counter,
     pub cert_not_after: Family<CertLabels, Gauge>,
+    pub tls_rotation_waiting: Family<RotationLabels, Gauge>,
+    pub leader: Gauge,
 }
 
 impl Default for Metrics {
@@ -64,6 +72,8 @@ impl Metrics {
             Family::new_with_constructor(latency_histogram);
         let webhook_config_writes = Counter::default();
         let cert_not_after = Family::<CertLabels, Gauge>::default();
+        let tls_rotation_waiting = Family::<RotationLabels, Gauge>::default();
+        let leader = Gauge::default();
         {
             let admission = registry.sub_registry_with_prefix("admission");
             admission.register(
@@ -95,6 +105,11 @@ impl Metrics {
                 "Server-side applies of the webhook configurations",
                 webhook_config_writes.clone(),
             );
+            reconcile.register(
+                "leader",
+                "1 while this replica leads (writes configurations and statuses), else 0",
+                leader.clone(),
+            );
         }
         {
             let tls = registry.sub_registry_with_prefix("tls");
@@ -102,6 +117,11 @@ impl Metrics {
                 "not_after_seconds",
                 "Expiry (unix seconds) of the CA and serving certificate in use",
                 cert_not_after.clone(),
+            );
+            tls.register(
+                "rotation_waiting",
+                "1 while a CA-rotation step (switch, drop) waits for the cluster to confirm it is safe",
+                tls_rotation_waiting.clone(),
             );
         }
         Self {
@@ -113,6 +133,8 @@ impl Metrics {
             reconcile_duration,
             webhook_config_writes,
             cert_not_after,
+            tls_rotation_waiting,
+            leader,
         }
     }
 

@@ -11,11 +11,11 @@ use tokio::sync::watch;
 use tracing::{error, info};
 
 use crate::admin::{self, AdminState};
-use crate::controller::lease::{self, LeaseConfig};
-use crate::controller::wiring::{Endpoint, Wiring};
+use crate::controller::lease::{self, LeaseConfig, Leadership};
+use crate::controller::wiring::{CONFIGURATION_NAME, Endpoint, Wiring};
 use crate::controller::{self, Context, Readiness};
 use crate::telemetry::{self, CertLabels, Metrics};
-use crate::tls::{self, CertResolver, San, TlsConfig, TlsManager};
+use crate::tls::{self, CertResolver, Coordination, San, TlsConfig, TlsManager};
 use crate::webhook::{self, Handler, PolicyStore, WebhookState};
 
 /// Flags of `gatehouse run`; every flag is also an environment variable.
@@ -194,7 +194,23 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     tls_config.ca_validity = args.ca_validity;
     tls_config.cert_validity = args.cert_validity;
     tls_config.bundle_propagation = args.bundle_propagation;
-    let manager = TlsManager::new(tls_config, client.clone(), resolver.clone());
+    let identity = args.identity();
+    let reporter = kube::runtime::events::Reporter {
+        controller: "gatehouse".into(),
+        instance: Some(identity.clone()),
+    };
+    let manager = TlsManager::new(
+        tls_config,
+        client.clone(),
+        resolver.clone(),
+        Coordination {
+            identity: identity.clone(),
+            replica_ttl: args.lease_duration,
+            configuration_name: CONFIGURATION_NAME.to_string(),
+            metrics: metrics.clone(),
+            recorder: kube::runtime::events::Recorder::new(client.clone(), reporter),
+        },
+    );
     let mut tls_state = manager.subscribe();
     let (bundle_tx, bundle_rx) = watch::channel::<Option<String>>(None);
     let bundle_task = {
@@ -287,16 +303,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         wiring,
         readiness,
     ));
-    let (leader_tx, leader_rx) = watch::channel(false);
+    let (leader_tx, leader_rx) = watch::channel(Leadership::default());
     let lease_task = lease::run(
         client.clone(),
-        LeaseConfig {
-            namespace: args.namespace.clone(),
-            identity: args.identity(),
-            duration: args.lease_duration,
-            renew_every: (args.lease_duration / 3).max(Duration::from_secs(1)),
-        },
+        LeaseConfig::new(args.namespace.clone(), identity, args.lease_duration),
         leader_tx,
+        metrics.leader.clone(),
         stopped(),
     );
     let controller_task = controller::run(ctx, bundle_rx, leader_rx, stopped());

@@ -1,11 +1,13 @@
 //! The Policy controller: fetch → validate (pure) → build desired configurations (pure) →
 //! server-side apply → status. One coalescing loop owns both webhook configurations, so a burst
 //! of Policy changes costs a handful of writes, not one per Policy.
+pub mod isolate;
 pub mod lease;
 pub mod status;
 pub mod wiring;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -30,6 +32,7 @@ use crate::api::v1alpha1::Policy;
 use crate::engine;
 use crate::telemetry::{Metrics, ReconcileLabels};
 use crate::webhook::PolicyStore;
+use lease::Leadership;
 use status::Outcome;
 use wiring::{CONFIGURATION_NAME, Wiring};
 
@@ -52,6 +55,14 @@ pub enum ReconcileError {
         name: String,
         source: kube::Error,
     },
+    #[error("dry-running {kind}/{name} to find the Policy the API server refuses: {source}")]
+    DryRunConfiguration {
+        kind: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("the API server refuses the configurations even without any Policy: {reason}")]
+    RefusedWithoutPolicies { reason: String },
     #[error("writing status of Policy {name}: {source}")]
     WriteStatus { name: String, source: kube::Error },
     #[error("serializing {what}: {source}")]
@@ -59,18 +70,22 @@ pub enum ReconcileError {
         what: &'static str,
         source: serde_json::Error,
     },
+    #[error("not leading any more: {what} not written")]
+    NotLeading { what: String },
 }
 
 /// Readiness of the whole process, as `/readyz` reports it.
 #[derive(Default)]
 pub struct Readiness {
-    pub caches_synced: AtomicBool,
+    /// Every cache listed once and every valid Policy compiled into the server's store, so a
+    /// new replica never answers 404 for a Policy the API server already calls.
+    pub policies_loaded: AtomicBool,
     pub certificate_loaded: AtomicBool,
 }
 
 impl Readiness {
     pub fn is_ready(&self) -> bool {
-        self.caches_synced.load(Ordering::Acquire)
+        self.policies_loaded.load(Ordering::Acquire)
             && self.certificate_loaded.load(Ordering::Acquire)
     }
 }
@@ -109,21 +124,33 @@ impl Context {
     }
 }
 
-/// What the loop remembers of its own last write, to tell drift from its own echo.
+/// What the loop remembers of its own term as leader.
 #[derive(Default)]
 struct Applied {
+    /// Our own last writes, to tell drift from our own echo.
     mutating: Option<(serde_json::Value, Option<String>)>,
     validating: Option<(serde_json::Value, Option<String>)>,
+    /// Policies the API server refused, by name: (uid, generation) of the refused spec and
+    /// the API server's message. A new generation is tried again.
+    rejected: HashMap<String, (Option<String>, Option<i64>, String)>,
+}
+
+/// The three caches a pass reads.
+struct Caches {
+    policies: Store<Policy>,
+    mutating: Store<MutatingWebhookConfiguration>,
+    validating: Store<ValidatingWebhookConfiguration>,
 }
 
 /// Runs the controller until `shutdown` fires. `ca_bundle` carries the PEM bundle the TLS manager
 /// publishes; nothing is written before the caches are synced and a bundle is known, so a
 /// half-started operator never empties the cluster's configurations. Every replica compiles
-/// Policies for its own webhook server; only the one `leader` says leads writes anything.
+/// Policies for its own webhook server; only the one `leader` says leads writes anything, and
+/// it checks its term immediately before every write.
 pub async fn run(
     ctx: Arc<Context>,
     mut ca_bundle: watch::Receiver<Option<String>>,
-    mut leader: watch::Receiver<bool>,
+    mut leader: watch::Receiver<Leadership>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let trigger = Arc::new(Notify::new());
@@ -139,17 +166,21 @@ pub async fn run(
         Some(by_name.clone()),
         trigger.clone(),
     );
+    let caches = Caches {
+        policies,
+        mutating,
+        validating,
+    };
     let watches = tokio::spawn(async move {
         tokio::join!(policy_watch, mutating_watch, validating_watch);
     });
 
     let work = async {
-        // Ready means: every cache listed once and a certificate to put in caBundle.
         let synced = async {
             let _ = tokio::join!(
-                policies.wait_until_ready(),
-                mutating.wait_until_ready(),
-                validating.wait_until_ready()
+                caches.policies.wait_until_ready(),
+                caches.mutating.wait_until_ready(),
+                caches.validating.wait_until_ready()
             );
         };
         synced.await;
@@ -157,29 +188,20 @@ pub async fn run(
         if !bundle_known {
             return;
         }
-        ctx.readiness.caches_synced.store(true, Ordering::Release);
         info!("caches synced and certificate known; reconciling");
 
         let mut applied = Applied::default();
         loop {
             let bundle = ca_bundle.borrow_and_update().clone().unwrap_or_default();
-            let leading = *leader.borrow_and_update();
+            leader.borrow_and_update();
             let started = Instant::now();
             let labels = ReconcileLabels {
                 controller: "webhook-configurations".into(),
             };
             let span = info_span!("reconcile", controller = "webhook-configurations");
-            let result = reconcile_all(
-                &ctx,
-                &policies,
-                &mutating,
-                &validating,
-                &bundle,
-                leading,
-                &mut applied,
-            )
-            .instrument(span)
-            .await;
+            let result = reconcile_all(&ctx, &caches, &bundle, &leader, &mut applied)
+                .instrument(span)
+                .await;
             ctx.metrics.reconcile_runs.get_or_create(&labels).inc();
             ctx.metrics
                 .reconcile_duration
@@ -187,6 +209,10 @@ pub async fn run(
                 .observe(started.elapsed().as_secs_f64());
             let retry = match result {
                 Ok(()) => RESYNC,
+                Err(ReconcileError::NotLeading { what }) => {
+                    info!(%what, "leadership ended during the pass; stopped writing");
+                    RESYNC
+                }
                 Err(e) => {
                     ctx.metrics.reconcile_failures.get_or_create(&labels).inc();
                     warn!(error = %e, "reconcile failed; retrying");
@@ -268,14 +294,12 @@ where
 
 async fn reconcile_all(
     ctx: &Context,
-    policies: &Store<Policy>,
-    mutating: &Store<MutatingWebhookConfiguration>,
-    validating: &Store<ValidatingWebhookConfiguration>,
+    caches: &Caches,
     bundle: &str,
-    leading: bool,
+    leader: &watch::Receiver<Leadership>,
     applied: &mut Applied,
 ) -> Result<(), ReconcileError> {
-    let all = policies.state();
+    let all = caches.policies.state();
     let mut outcomes: Vec<(Arc<Policy>, Outcome)> = Vec::with_capacity(all.len());
     let mut valid: Vec<Arc<Policy>> = Vec::new();
     for policy in &all {
@@ -301,18 +325,23 @@ async fn reconcile_all(
             }
         }
     }
+    ctx.readiness.policies_loaded.store(true, Ordering::Release);
 
-    if leading {
-        let refs: Vec<&Policy> = valid.iter().map(|p| p.as_ref()).collect();
-        let desired = wiring::desired(&refs, &ctx.wiring, bundle);
-        apply_if_changed(ctx, mutating, desired.mutating, &mut applied.mutating).await?;
-        apply_if_changed(ctx, validating, desired.validating, &mut applied.validating).await?;
+    let leading = leader.borrow().is_leading();
+    let wired = if leading {
+        wire(ctx, caches, &valid, bundle, leader, applied).await
     } else {
         // A new leader must not trust what an earlier term remembered.
         *applied = Applied::default();
-    }
+        Ok(())
+    };
 
-    // Only now that the API server no longer calls them may the server forget them.
+    // Entries the API server may still call, as read back: never a 404 for those, whoever
+    // leads. Anything else no longer valid may be forgotten once its grace is over.
+    ctx.policies.set_wired(wiring::wired_policies(
+        caches.mutating.state().iter().map(|c| c.as_ref()),
+        caches.validating.state().iter().map(|c| c.as_ref()),
+    ));
     let keep: HashSet<String> = valid.iter().map(|p| p.name_any()).collect();
     for name in ctx.policies.names() {
         if !keep.contains(&name) {
@@ -323,11 +352,164 @@ async fn reconcile_all(
     if !leading {
         return Ok(());
     }
+    for (policy, outcome) in &mut outcomes {
+        if let Some((_, _, reason)) = applied.rejected.get(&policy.name_any()) {
+            *outcome = Outcome::Rejected(reason.clone());
+        }
+    }
     let now = Time(Timestamp::now());
     for (policy, outcome) in outcomes {
-        write_status(ctx, &policy, &outcome, now.clone()).await?;
+        // A Policy is only reported Wired once the configurations were written.
+        if wired.is_err() && outcome == Outcome::Wired {
+            continue;
+        }
+        write_status(ctx, &policy, &outcome, now.clone(), leader).await?;
     }
-    Ok(())
+    wired
+}
+
+/// Writes both configurations from the valid Policies, leaving out the ones the API server
+/// refuses (found by bisecting with dry runs when a write is refused as invalid).
+async fn wire(
+    ctx: &Context,
+    caches: &Caches,
+    valid: &[Arc<Policy>],
+    bundle: &str,
+    leader: &watch::Receiver<Leadership>,
+    applied: &mut Applied,
+) -> Result<(), ReconcileError> {
+    applied.rejected.retain(|name, (uid, generation, _)| {
+        valid.iter().any(|p| {
+            p.name_any() == *name && p.metadata.uid == *uid && p.metadata.generation == *generation
+        })
+    });
+    let candidates: Vec<&Policy> = valid
+        .iter()
+        .map(|p| p.as_ref())
+        .filter(|p| !applied.rejected.contains_key(&p.name_any()))
+        .collect();
+    let desired = wiring::desired(&candidates, &ctx.wiring, bundle);
+    let first = apply_both(ctx, caches, desired, applied, leader).await;
+    if !matches!(&first, Err(ReconcileError::ApplyConfiguration { source: kube::Error::Api(e), .. }) if e.code == 422)
+    {
+        return first;
+    }
+    if let Err(e) = &first {
+        warn!(error = %e, "the API server refused the configurations; finding the Policy to blame");
+    }
+    let (_, refused) = isolate::refused(candidates, |subset: Vec<&Policy>| {
+        let desired = wiring::desired(&subset, &ctx.wiring, bundle);
+        dry_run_both(ctx, desired)
+    })
+    .await
+    .map_err(|e| match e {
+        Ok(reason) => ReconcileError::RefusedWithoutPolicies { reason },
+        Err(e) => e,
+    })?;
+    for (policy, reason) in refused {
+        warn!(policy = %policy.name_any(), %reason, "the API server refuses this Policy's entries; leaving it out");
+        applied.rejected.insert(
+            policy.name_any(),
+            (
+                policy.metadata.uid.clone(),
+                policy.metadata.generation,
+                reason,
+            ),
+        );
+    }
+    let kept: Vec<&Policy> = valid
+        .iter()
+        .map(|p| p.as_ref())
+        .filter(|p| !applied.rejected.contains_key(&p.name_any()))
+        .collect();
+    let desired = wiring::desired(&kept, &ctx.wiring, bundle);
+    apply_both(ctx, caches, desired, applied, leader).await
+}
+
+async fn apply_both(
+    ctx: &Context,
+    caches: &Caches,
+    desired: wiring::Desired,
+    applied: &mut Applied,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<(), ReconcileError> {
+    let Applied {
+        mutating,
+        validating,
+        ..
+    } = applied;
+    apply_if_changed(ctx, &caches.mutating, desired.mutating, mutating, leader).await?;
+    apply_if_changed(ctx, &caches.validating, desired.validating, validating, leader).await
+}
+
+/// `Ok(Ok(()))` when the API server would accept both configurations, `Ok(Err(message))` when
+/// it refuses one as invalid.
+async fn dry_run_both(
+    ctx: &Context,
+    desired: wiring::Desired,
+) -> Result<Result<(), String>, ReconcileError> {
+    let m = dry_run(ctx, desired.mutating).await?;
+    if m.is_err() {
+        return Ok(m);
+    }
+    dry_run(ctx, desired.validating).await
+}
+
+async fn dry_run<K>(ctx: &Context, desired: K) -> Result<Result<(), String>, ReconcileError>
+where
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    let kind = K::kind(&());
+    let body = apply_body(&desired, None)?;
+    let api: Api<K> = Api::all(ctx.client.clone());
+    let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
+    match api
+        .patch(CONFIGURATION_NAME, &params, &Patch::Apply(&body))
+        .await
+    {
+        Ok(_) => Ok(Ok(())),
+        Err(kube::Error::Api(e)) if e.code == 422 => Ok(Err(e.message)),
+        Err(source) => Err(ReconcileError::DryRunConfiguration {
+            kind: kind.to_string(),
+            name: CONFIGURATION_NAME.to_string(),
+            source,
+        }),
+    }
+}
+
+/// The server-side apply body of `desired`; with `resource_version`, the API server refuses it
+/// (409) unless the stored object is still at that version.
+fn apply_body<K>(desired: &K, resource_version: Option<&str>) -> Result<serde_json::Value, ReconcileError>
+where
+    K: Resource<DynamicType = ()> + Serialize,
+{
+    let mut body = serde_json::to_value(desired).map_err(|source| ReconcileError::Serialize {
+        what: "webhook configuration",
+        source,
+    })?;
+    body["apiVersion"] = K::api_version(&()).into_owned().into();
+    body["kind"] = K::kind(&()).into_owned().into();
+    if let Some(rv) = resource_version {
+        body["metadata"]["resourceVersion"] = rv.into();
+    }
+    Ok(body)
+}
+
+/// Runs `write` only while this replica leads, and no longer than its term lasts. Together
+/// with the resourceVersion precondition on every write, a replica that stopped leading can
+/// neither start a write nor have one land after its successor wrote.
+async fn fenced<T>(
+    leader: &watch::Receiver<Leadership>,
+    what: impl Fn() -> String,
+    write: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<Result<T, kube::Error>, ReconcileError> {
+    let term = *leader.borrow();
+    if !term.is_leading() {
+        return Err(ReconcileError::NotLeading { what: what() });
+    }
+    tokio::time::timeout(term.remaining(), write)
+        .await
+        .map_err(|_| ReconcileError::NotLeading { what: what() })
 }
 
 async fn apply_if_changed<K>(
@@ -335,6 +517,7 @@ async fn apply_if_changed<K>(
     live: &Store<K>,
     desired: K,
     last: &mut Option<(serde_json::Value, Option<String>)>,
+    leader: &watch::Receiver<Leadership>,
 ) -> Result<(), ReconcileError>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
@@ -357,21 +540,19 @@ where
         }
     }
     let api: Api<K> = Api::all(ctx.client.clone());
-    let mut body = desired_json.clone();
-    body["apiVersion"] = K::api_version(&()).into_owned().into();
-    body["kind"] = kind.clone().into_owned().into();
-    let result = api
-        .patch(
-            CONFIGURATION_NAME,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await
-        .map_err(|source| ReconcileError::ApplyConfiguration {
-            kind: kind.to_string(),
-            name: CONFIGURATION_NAME.to_string(),
-            source,
-        })?;
+    let body = apply_body(&desired, live_rv.as_deref())?;
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let result = fenced(
+        leader,
+        || format!("{kind}/{CONFIGURATION_NAME}"),
+        api.patch(CONFIGURATION_NAME, &params, &Patch::Apply(&body)),
+    )
+    .await?
+    .map_err(|source| ReconcileError::ApplyConfiguration {
+        kind: kind.to_string(),
+        name: CONFIGURATION_NAME.to_string(),
+        source,
+    })?;
     ctx.metrics.webhook_config_writes.inc();
     let rv = result.meta().resource_version.clone();
     debug!(%kind, ?rv, "applied");
@@ -384,35 +565,46 @@ async fn write_status(
     policy: &Policy,
     outcome: &Outcome,
     now: Time,
+    leader: &watch::Receiver<Leadership>,
 ) -> Result<(), ReconcileError> {
     let Some(status) = status::desired_status(policy, outcome, now) else {
         return Ok(());
     };
     let name = policy.name_any();
     let api: Api<Policy> = Api::all(ctx.client.clone());
-    let patch = serde_json::json!({ "status": status });
-    match api
-        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
+    // The precondition fences a write that outlives our term, and skips a Policy that changed
+    // since we read it (its watch event brings the next pass).
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": policy.metadata.resource_version},
+        "status": status,
+    });
+    let written = fenced(
+        leader,
+        || format!("status of Policy {name}"),
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await?;
+    match written {
         Ok(_) => {}
-        // Deleted meanwhile: nothing left to report on.
-        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+        // Deleted or changed meanwhile: nothing to report on this version.
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(()),
         Err(source) => return Err(ReconcileError::WriteStatus { name, source }),
     }
-    if let Outcome::Invalid(problems) = outcome {
-        let note: String = problems.join("; ").chars().take(1000).collect();
-        let event = Event {
-            type_: EventType::Warning,
-            reason: status::REASON_INVALID.into(),
-            note: Some(note),
-            action: "Validate".into(),
-            secondary: None,
-        };
-        // An Event is a courtesy; failing to record one must not fail the reconcile.
-        if let Err(e) = ctx.recorder.publish(&event, &policy.object_ref(&())).await {
-            warn!(policy = %name, error = %e, "recording event failed");
-        }
+    let (reason, note) = match outcome {
+        Outcome::Wired => return Ok(()),
+        Outcome::Invalid(problems) => (status::REASON_INVALID, problems.join("; ")),
+        Outcome::Rejected(message) => (status::REASON_REJECTED, message.clone()),
+    };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: reason.into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: "Validate".into(),
+        secondary: None,
+    };
+    // An Event is a courtesy; failing to record one must not fail the reconcile.
+    if let Err(e) = ctx.recorder.publish(&event, &policy.object_ref(&())).await {
+        warn!(policy = %name, error = %e, "recording event failed");
     }
     Ok(())
 }

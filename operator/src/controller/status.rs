@@ -9,6 +9,8 @@ pub const READY: &str = "Ready";
 pub const REASON_INVALID: &str = "InvalidSpec";
 /// Reason of a wired Policy.
 pub const REASON_WIRED: &str = "Wired";
+/// Reason of a Policy whose entries the API server refused although `validate()` passed.
+pub const REASON_REJECTED: &str = "RejectedByAPIServer";
 
 /// What the reconcile made of one Policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,6 +19,9 @@ pub enum Outcome {
     Wired,
     /// Invalid: every problem, each with its field path.
     Invalid(Vec<String>),
+    /// Valid, but the API server refused the configuration with its entries: the API server's
+    /// message. Left out so that it cannot block the other Policies.
+    Rejected(String),
 }
 
 /// The status the Policy should have, or `None` when what it has already says the same (so an
@@ -30,6 +35,11 @@ pub fn desired_status(policy: &Policy, outcome: &Outcome, now: Time) -> Option<P
             "wired into the Gatehouse webhook configurations".to_string(),
         ),
         Outcome::Invalid(problems) => ("False", REASON_INVALID, problems.join("; ")),
+        Outcome::Rejected(message) => (
+            "False",
+            REASON_REJECTED,
+            format!("the API server refused this Policy's webhook entries, so they are left out: {message}"),
+        ),
     };
     let current = policy.status.as_ref();
     let previous = current.and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
@@ -108,6 +118,18 @@ mod tests {
         let second = desired_status(&policy(2, Some(first)), &Outcome::Wired, at(30)).unwrap();
         assert_eq!(second.observed_generation, Some(2));
         assert_eq!(second.conditions[0].last_transition_time, at(10));
+    }
+
+    #[test]
+    fn rejected_carries_the_api_servers_message() {
+        let out = Outcome::Rejected("webhooks[1].matchConditions[0].expression: Invalid".into());
+        let s = desired_status(&policy(4, None), &out, at(10)).unwrap();
+        let c = &s.conditions[0];
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "RejectedByAPIServer")
+        );
+        assert!(c.message.ends_with("webhooks[1].matchConditions[0].expression: Invalid"));
     }
 
     #[test]

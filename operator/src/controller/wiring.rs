@@ -1,6 +1,6 @@
 //! Policies → webhook configurations, as a pure function of the valid Policies, the way the API
 //! server reaches Gatehouse, and the CA bundle.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -130,6 +130,25 @@ fn policy_name(p: &Policy) -> &str {
 /// Entry name of a Policy: `<policy>.gatehouse.dev`.
 pub fn entry_name(policy: &str) -> String {
     format!("{policy}{ENTRY_SUFFIX}")
+}
+
+/// The Policies whose entries the given (live) configurations hold, by entry name.
+pub fn wired_policies<'a>(
+    mutating: impl IntoIterator<Item = &'a MutatingWebhookConfiguration>,
+    validating: impl IntoIterator<Item = &'a ValidatingWebhookConfiguration>,
+) -> HashSet<String> {
+    let mutating = mutating
+        .into_iter()
+        .flat_map(|c| c.webhooks.iter().flatten().map(|w| w.name.as_str()));
+    let validating = validating
+        .into_iter()
+        .flat_map(|c| c.webhooks.iter().flatten().map(|w| w.name.as_str()));
+    mutating
+        .chain(validating)
+        .filter(|name| *name != SELF_ENTRY_NAME)
+        .filter_map(|name| name.strip_suffix(ENTRY_SUFFIX))
+        .map(str::to_string)
+        .collect()
 }
 
 /// The fields a mutating and a validating entry of one Policy share.
@@ -397,6 +416,15 @@ mod tests {
         assert_eq!(d.mutating.webhooks.as_ref().unwrap().len(), 1);
         // The self entry plus v.
         assert_eq!(d.validating.webhooks.as_ref().unwrap().len(), 2);
+    }
+
+    #[test]
+    fn wired_policies_are_read_back_from_entry_names() {
+        let (m, v) = (policy("m", 1, true, false), policy("v", 1, false, true));
+        let d = desired(&[&m, &v], &wiring(), "CA");
+        let names = wired_policies([&d.mutating], [&d.validating]);
+        assert_eq!(names, HashSet::from(["m".to_string(), "v".to_string()]));
+        assert!(wired_policies([], []).is_empty());
     }
 
     #[test]

@@ -2,15 +2,27 @@
 //! replica. All coordination goes through the Secret: creation is first-writer-wins, updates
 //! carry the resourceVersion they were planned from, and a loser re-reads and re-plans, so
 //! concurrent replicas converge on one CA without a leader.
+//!
+//! The two rotation steps that could lock the cluster out wait for facts read back from the
+//! API server ([`Confirmed`]): the switch to a new CA waits until every live webhook
+//! configuration's `caBundle` holds it, the removal of the old CA until every live replica's
+//! record says it serves a certificate of the new one. Each fact must then hold for a
+//! propagation grace on this replica's monotonic clock. While a step waits, the current
+//! certificate keeps being served (and renewed), `gatehouse_tls_rotation_waiting` says so and
+//! an Event on the Secret says why.
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::api::core::v1::{ObjectReference, Secret};
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::watcher;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -18,12 +30,15 @@ use tracing::{debug, info, warn};
 
 use super::TlsError;
 use super::config::TlsConfig;
+use super::pki::{cert_ders, parse_cert_der, parse_cert_pem};
+use super::replicas::ReplicaRecords;
 use super::resolver::CertResolver;
 use super::rotation::{
-    self, Action, KEY_CA_BUNDLE, KEY_CA_CERT, KEY_CA_KEY, KEY_NEXT_CA_CERT, KEY_NEXT_CA_KEY,
-    KEY_PREVIOUS_CA_CERT, KEY_PREVIOUS_RETIRED_AT, KEY_ROTATION_STARTED_AT, KEY_TLS_CERT,
-    KEY_TLS_KEY, Reason, TlsMaterial, TlsState,
+    self, Action, Confirmed, KEY_CA_BUNDLE, KEY_CA_CERT, KEY_CA_KEY, KEY_NEXT_CA_CERT,
+    KEY_NEXT_CA_KEY, KEY_PREVIOUS_CA_CERT, KEY_PREVIOUS_RETIRED_AT, KEY_ROTATION_STARTED_AT,
+    KEY_TLS_CERT, KEY_TLS_KEY, Reason, TlsMaterial, TlsState,
 };
+use crate::telemetry::{Metrics, RotationLabels};
 
 /// Keys owned by the manager; anything else a user adds to the Secret is left alone.
 const MANAGED_KEYS: [&str; 10] = [
@@ -51,28 +66,100 @@ const MAX_RECHECK: Duration = Duration::from_secs(300);
 /// wake-up just before a deadline would find nothing to do and sleep again.
 const WAKE_MARGIN: Duration = Duration::from_millis(20);
 
+/// How often a waiting rotation step looks again.
+const CONFIRM_POLL: Duration = Duration::from_secs(1);
+
 /// The Secret as `watch_object` reports it: `None` while it does not exist.
 type SecretWatch =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<Option<Secret>, watcher::Error>> + Send>>;
+
+/// What a replica needs to take part in rotations beside the Secret itself.
+pub struct Coordination {
+    /// This replica's identity (its record's holder).
+    pub identity: String,
+    /// A replica record not seen renewed for this long is dead.
+    pub replica_ttl: Duration,
+    /// Name of the Mutating- and ValidatingWebhookConfiguration whose `caBundle` must hold a new
+    /// CA before it signs anything.
+    pub configuration_name: String,
+    pub metrics: Arc<Metrics>,
+    pub recorder: Recorder,
+}
+
+/// A rotation step that waits for the cluster, and since when (this replica's clock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// Switching to the next CA: waits for the bundle in every configuration.
+    Switch,
+    /// Dropping the previous CA: waits for every replica to serve the current one.
+    Drop,
+}
+
+impl Step {
+    fn label(self) -> &'static str {
+        match self {
+            Step::Switch => "switch",
+            Step::Drop => "drop",
+        }
+    }
+}
+
+/// A fact about one CA (by DER) and since when it has held.
+type Since = Option<(Vec<u8>, Instant)>;
 
 /// Maintains the TLS Secret and the served certificate on one replica.
 pub struct TlsManager {
     config: TlsConfig,
     api: Api<Secret>,
+    mutating: Api<MutatingWebhookConfiguration>,
+    validating: Api<ValidatingWebhookConfiguration>,
     resolver: Arc<CertResolver>,
     state: watch::Sender<Option<TlsState>>,
+    coordination: Coordination,
+    records: ReplicaRecords,
+    /// The CA (public key, base64url) of the certificate this replica serves.
+    served_ca: Option<String>,
+    /// The last material this replica served and planned as usable: a deleted or corrupted
+    /// Secret is restored from it instead of minting a CA nobody trusts yet.
+    last_good: Option<TlsMaterial>,
+    /// Since when every live configuration's bundle holds the next CA.
+    published: Since,
+    /// Since when every live replica serves a certificate of the current CA.
+    unused: Since,
+    /// Steps waiting for the cluster, with when they started waiting and whether the Event was
+    /// recorded.
+    waiting: Vec<(Step, Instant, bool)>,
 }
 
 impl TlsManager {
     /// A manager for `config`; nothing happens until [`TlsManager::run`].
-    pub fn new(config: TlsConfig, client: kube::Client, resolver: Arc<CertResolver>) -> TlsManager {
-        let api = Api::namespaced(client, &config.namespace);
+    pub fn new(
+        config: TlsConfig,
+        client: kube::Client,
+        resolver: Arc<CertResolver>,
+        coordination: Coordination,
+    ) -> TlsManager {
+        let api = Api::namespaced(client.clone(), &config.namespace);
+        let records = ReplicaRecords::new(
+            Api::namespaced(client.clone(), &config.namespace),
+            coordination.identity.clone(),
+            coordination.replica_ttl,
+        );
         let (state, _) = watch::channel(None);
         TlsManager {
             config,
             api,
+            mutating: Api::all(client.clone()),
+            validating: Api::all(client),
             resolver,
             state,
+            coordination,
+            records,
+            served_ca: None,
+            last_good: None,
+            published: None,
+            unused: None,
+            waiting: Vec::new(),
         }
     }
 
@@ -85,17 +172,27 @@ impl TlsManager {
     /// Ensures the Secret, serves its certificate and rotates, until `shutdown` resolves.
     /// API errors are logged and retried with backoff; the only error returned is a
     /// configuration no certificate can be issued for ([`TlsConfig::validate`]), at once.
-    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), TlsError> {
+    pub async fn run(mut self, shutdown: impl Future<Output = ()>) -> Result<(), TlsError> {
         self.config.validate()?;
         let mut shutdown = std::pin::pin!(shutdown);
         let mut secrets = self.watch_secret();
         let mut next_reconcile = Instant::now();
         let mut retry_not_before = Instant::now();
         let mut backoff = ERROR_BACKOFF_MIN;
+        let mut next_record = Instant::now();
         loop {
+            let served_before = self.served_ca.clone();
             tokio::select! {
                 biased;
                 () = &mut shutdown => return Ok(()),
+                () = tokio::time::sleep_until(next_record), if self.served_ca.is_some() => {
+                    let served = self.served_ca.clone().unwrap_or_default();
+                    next_record = Instant::now() + self.records.renew_every();
+                    if let Err(error) = self.records.publish(&served).await {
+                        warn!(%error, "writing this replica's serving record failed");
+                        next_record = Instant::now() + CONFIRM_POLL;
+                    }
+                }
                 event = secrets.next() => match event {
                     Some(Ok(Some(secret))) => {
                         let material = material_of(&secret);
@@ -130,6 +227,9 @@ impl TlsManager {
                             backoff = ERROR_BACKOFF_MIN;
                             retry_not_before = Instant::now();
                             next_reconcile = instant_at(next_check);
+                            if self.note_waiting(&material).await {
+                                next_reconcile = next_reconcile.min(Instant::now() + CONFIRM_POLL);
+                            }
                         }
                         Err(error) => {
                             warn!(%error, retry_in = ?backoff, "TLS Secret reconcile failed");
@@ -139,6 +239,10 @@ impl TlsManager {
                         }
                     }
                 }
+            }
+            // What this replica serves changed: say so at once, a waiting drop depends on it.
+            if self.served_ca != served_before {
+                next_record = Instant::now();
             }
         }
     }
@@ -151,7 +255,7 @@ impl TlsManager {
 
     /// When the material next needs a reconcile according to the plan.
     fn due(&self, material: &TlsMaterial) -> Instant {
-        match rotation::plan(material, SystemTime::now(), &self.config) {
+        match rotation::plan(material, SystemTime::now(), &self.config, self.confirmed()) {
             Action::Keep { next_check } => instant_at(next_check),
             _ => Instant::now(),
         }
@@ -160,7 +264,7 @@ impl TlsManager {
     /// Serves the material's certificate and publishes its state. The state is only
     /// published once this replica actually presents the certificate, so the bundle a
     /// subscriber sees always trusts what is served here.
-    fn observe(&self, material: &TlsMaterial) {
+    fn observe(&mut self, material: &TlsMaterial) {
         let Some(serving) = &material.serving else {
             return;
         };
@@ -174,6 +278,15 @@ impl TlsManager {
                 not_after = ?material.state().map(|s| s.serving_not_after),
                 "serving certificate loaded"
             );
+        }
+        // The Secret's invariant: `ca` signed `serving`.
+        self.served_ca = material.ca.as_ref().and_then(|ca| ca_id(&ca.cert_pem));
+        let usable = !matches!(
+            rotation::plan(material, SystemTime::now(), &self.config, Confirmed::default()),
+            Action::Create { .. }
+        );
+        if usable {
+            self.last_good = Some(material.clone());
         }
         if let Some(state) = material.state() {
             self.state.send_if_modified(|current| {
@@ -194,8 +307,9 @@ impl TlsManager {
 
     /// Reads the Secret and applies due actions until the plan says keep. Returns the
     /// material now stored and when to look again.
-    async fn reconcile(&self) -> Result<(TlsMaterial, SystemTime), TlsError> {
-        let name = self.config.secret_name.as_str();
+    async fn reconcile(&mut self) -> Result<(TlsMaterial, SystemTime), TlsError> {
+        let name = self.config.secret_name.clone();
+        let name = name.as_str();
         // `Some(..)`: the Secret as last written by us, no need to read it back.
         let mut known: Option<Option<Secret>> = None;
         for _ in 0..MAX_RECONCILE_STEPS {
@@ -212,14 +326,23 @@ impl TlsManager {
             };
             let now = SystemTime::now();
             let Some(mut secret) = current else {
-                let material = rotation::apply(
-                    &TlsMaterial::default(),
-                    Action::Create {
-                        reason: Reason::Missing,
-                    },
-                    now,
-                    &self.config,
-                )?;
+                let material = match &self.last_good {
+                    Some(good) => {
+                        warn!(
+                            secret = name,
+                            "TLS Secret missing; recreating it from the material this replica serves"
+                        );
+                        good.clone()
+                    }
+                    None => rotation::apply(
+                        &TlsMaterial::default(),
+                        Action::Create {
+                            reason: Reason::Missing,
+                        },
+                        now,
+                        &self.config,
+                    )?,
+                };
                 match self
                     .api
                     .create(&PostParams::default(), &self.new_secret(&material))
@@ -247,11 +370,23 @@ impl TlsManager {
             };
 
             let material = material_of(&secret);
-            let action = rotation::plan(&material, now, &self.config);
+            let confirmed = self.confirm(&material).await?;
+            let action = rotation::plan(&material, now, &self.config, confirmed);
             if let Action::Keep { next_check } = action {
                 return Ok((material, next_check));
             }
-            let updated = rotation::apply(&material, action, now, &self.config)?;
+            let restored = match (action, &self.last_good) {
+                // Corrupted by hand: what this replica serves is what the cluster trusts.
+                (Action::Create { reason }, Some(good)) if good != &material => {
+                    warn!(secret = name, %reason, "TLS Secret unusable; restoring the material this replica serves");
+                    Some(good.clone())
+                }
+                _ => None,
+            };
+            let updated = match restored {
+                Some(good) => good,
+                None => rotation::apply(&material, action, now, &self.config)?,
+            };
             let data = secret.data.get_or_insert_with(BTreeMap::new);
             for key in MANAGED_KEYS {
                 data.remove(key);
@@ -291,6 +426,160 @@ impl TlsManager {
         })
     }
 
+    /// The gates of the rotation steps as they stand now.
+    fn confirmed(&self) -> Confirmed {
+        let grace = self.config.effective_bundle_propagation();
+        let held = |since: &Since| since.as_ref().is_some_and(|(_, at)| at.elapsed() >= grace);
+        Confirmed {
+            next_ca_published: held(&self.published),
+            previous_ca_unused: held(&self.unused),
+        }
+    }
+
+    /// Reads back what the rotation in `material` waits for and ages it; returns the gates.
+    async fn confirm(&mut self, material: &TlsMaterial) -> Result<Confirmed, TlsError> {
+        let next = material.next_ca.as_ref().and_then(|c| der_of(&c.cert_pem));
+        self.published = match next {
+            Some(der) if self.bundle_holds(&der).await? => keep_since(self.published.take(), der),
+            _ => None,
+        };
+        let current = material.ca.as_ref().and_then(|c| der_of(&c.cert_pem));
+        self.unused = match current {
+            Some(der) if material.previous_ca_pem.is_some() && self.replicas_serve(&der).await? => {
+                keep_since(self.unused.take(), der)
+            }
+            _ => None,
+        };
+        Ok(self.confirmed())
+    }
+
+    /// Whether every entry of every live configuration trusts the CA with this DER. An absent
+    /// configuration calls nobody, so it holds vacuously.
+    async fn bundle_holds(&self, der: &[u8]) -> Result<bool, TlsError> {
+        let name = self.coordination.configuration_name.as_str();
+        let read = |source| TlsError::ReadConfiguration {
+            name: name.to_string(),
+            source,
+        };
+        let mutating = self.mutating.get_opt(name).await.map_err(read)?;
+        let validating = self.validating.get_opt(name).await.map_err(read)?;
+        let configs = mutating
+            .iter()
+            .flat_map(|c| c.webhooks.iter().flatten().map(|w| &w.client_config))
+            .chain(
+                validating
+                    .iter()
+                    .flat_map(|c| c.webhooks.iter().flatten().map(|w| &w.client_config)),
+            )
+            .collect::<Vec<&WebhookClientConfig>>();
+        Ok(configs.iter().all(|cc| {
+            cc.ca_bundle
+                .as_ref()
+                .and_then(|b| std::str::from_utf8(&b.0).ok())
+                .and_then(|pem| cert_ders(pem).ok())
+                .is_some_and(|ders| ders.iter().any(|d| d.as_slice() == der))
+        }))
+    }
+
+    /// Whether this replica and every live replica record serve a certificate of the CA with
+    /// this DER.
+    async fn replicas_serve(&mut self, der: &[u8]) -> Result<bool, TlsError> {
+        let Some(id) = ca_id_of_der(der) else {
+            return Ok(false);
+        };
+        if self.served_ca.as_deref() != Some(id.as_str()) {
+            return Ok(false);
+        }
+        let live = self
+            .records
+            .live()
+            .await
+            .map_err(|source| TlsError::ListReplicas { source })?;
+        Ok(live
+            .iter()
+            .all(|r| r.serving_ca.as_deref() == Some(id.as_str())))
+    }
+
+    /// Updates the waiting metric and, once per wait, the Event; true while a step waits.
+    async fn note_waiting(&mut self, material: &TlsMaterial) -> bool {
+        let mut now_waiting = Vec::new();
+        if material.next_ca.is_some() {
+            now_waiting.push(Step::Switch);
+        }
+        if material.previous_ca_pem.is_some() {
+            now_waiting.push(Step::Drop);
+        }
+        self.waiting.retain(|(step, _, _)| now_waiting.contains(step));
+        for step in &now_waiting {
+            if !self.waiting.iter().any(|(s, _, _)| s == step) {
+                self.waiting.push((*step, Instant::now(), false));
+            }
+        }
+        let patience = self.config.effective_bundle_propagation() * 2 + CONFIRM_POLL;
+        let mut to_report = Vec::new();
+        for (step, since, reported) in &mut self.waiting {
+            let stalled = since.elapsed() > patience;
+            self.coordination
+                .metrics
+                .tls_rotation_waiting
+                .get_or_create(&RotationLabels {
+                    step: step.label().into(),
+                })
+                .set(i64::from(stalled));
+            if stalled && !*reported {
+                *reported = true;
+                to_report.push(*step);
+            }
+        }
+        for step in [Step::Switch, Step::Drop] {
+            if !now_waiting.contains(&step) {
+                self.coordination
+                    .metrics
+                    .tls_rotation_waiting
+                    .get_or_create(&RotationLabels {
+                        step: step.label().into(),
+                    })
+                    .set(0);
+            }
+        }
+        for step in to_report {
+            let note = match step {
+                Step::Switch => format!(
+                    "CA rotation waits: not every webhook configuration {:?} holds the new CA in its caBundle yet (is a Gatehouse replica leading and able to write it?); the current certificate stays in use",
+                    self.coordination.configuration_name
+                ),
+                Step::Drop => "CA rotation waits: not every live replica serves a certificate of the new CA yet; the previous CA stays in the bundle".to_string(),
+            };
+            warn!(step = step.label(), "{note}");
+            let event = Event {
+                type_: EventType::Warning,
+                reason: "RotationWaiting".into(),
+                note: Some(note),
+                action: "Rotate".into(),
+                secondary: None,
+            };
+            if let Err(error) = self
+                .coordination
+                .recorder
+                .publish(&event, &self.secret_ref())
+                .await
+            {
+                warn!(%error, "recording the rotation event failed");
+            }
+        }
+        !now_waiting.is_empty()
+    }
+
+    fn secret_ref(&self) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Secret".into()),
+            name: Some(self.config.secret_name.clone()),
+            namespace: Some(self.config.namespace.clone()),
+            ..ObjectReference::default()
+        }
+    }
+
     fn new_secret(&self, material: &TlsMaterial) -> Secret {
         let labels = BTreeMap::from([
             (
@@ -318,6 +607,29 @@ impl TlsManager {
             ..Secret::default()
         }
     }
+}
+
+/// Keeps the start of a fact that still holds for the same CA, or starts it now.
+fn keep_since(previous: Since, der: Vec<u8>) -> Since {
+    match previous {
+        Some((d, at)) if d == der => Some((d, at)),
+        _ => Some((der, Instant::now())),
+    }
+}
+
+fn der_of(pem: &str) -> Option<Vec<u8>> {
+    parse_cert_pem(pem).ok().map(|info| info.der)
+}
+
+/// A CA's identity in replica records: its public key, base64url.
+fn ca_id(pem: &str) -> Option<String> {
+    ca_id_of_der(&der_of(pem)?)
+}
+
+fn ca_id_of_der(der: &[u8]) -> Option<String> {
+    use base64::Engine as _;
+    let info = parse_cert_der(der.to_vec()).ok()?;
+    Some(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(info.public_key))
 }
 
 fn material_of(secret: &Secret) -> TlsMaterial {

@@ -8,13 +8,17 @@
 //! * [`manager`]: the [`TlsManager`] that ties the Secret, the resolver and the published
 //!   [`TlsState`] together.
 //!
+//! * [`replicas`]: the per-replica records of which CA each replica serves.
+//!
 //! Timeline (defaults CA 1 year, serving 30 days; `g` = effective bundle propagation):
 //! serving renewed at 2/3 of its lifetime; at 2/3 of the CA lifetime a new CA joins the
-//! bundle, `g` later it signs the serving certificate, `g` after that the old CA leaves the
-//! bundle.
+//! bundle; once every live webhook configuration's `caBundle` is read back holding it, and `g`
+//! later, it signs the serving certificate; once every live replica reports serving that
+//! certificate, and `g` later, the old CA leaves the bundle.
 pub mod config;
 pub mod manager;
 mod pki;
+pub mod replicas;
 pub mod resolver;
 pub mod rotation;
 
@@ -25,10 +29,10 @@ pub use config::{
     DEFAULT_BUNDLE_PROPAGATION, DEFAULT_CA_VALIDITY, DEFAULT_CERT_VALIDITY, DEFAULT_SECRET_NAME,
     San, TlsConfig,
 };
-pub use manager::TlsManager;
+pub use manager::{Coordination, TlsManager};
 pub use pki::CertKeyPem;
 pub use resolver::{CertResolver, server_config};
-pub use rotation::{Action, Reason, TlsMaterial, TlsState, apply, plan};
+pub use rotation::{Action, Confirmed, Reason, TlsMaterial, TlsState, apply, plan};
 
 /// Everything that can go wrong in this module, named after the failing step.
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +101,17 @@ pub enum TlsError {
     #[error("updating Secret {name}: {source}")]
     UpdateSecret {
         name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("reading webhook configuration {name} to confirm the CA bundle: {source}")]
+    ReadConfiguration {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("listing the replicas' serving records: {source}")]
+    ListReplicas {
         #[source]
         source: kube::Error,
     },

@@ -10,10 +10,12 @@
 //!   a serving certificate it signed.
 //!
 //! A CA rotation therefore goes: `StartCaRotation` (bundle = old + new, serving still by the
-//! old CA) → after the propagation grace `FinishCaRotation` (new CA signs a new serving
-//! certificate; old CA becomes previous, bundle unchanged) → after another grace `DropOldCa`.
-//! At every instant the bundle the API server may still hold trusts whatever certificate a
-//! replica may still present.
+//! old CA) → `FinishCaRotation` (new CA signs a new serving certificate; old CA becomes previous,
+//! bundle unchanged) → `DropOldCa`. Neither of the last two steps is taken on a timer: each
+//! waits for a fact read back from the cluster ([`Confirmed`]), so a leader that cannot write
+//! the configurations, or no leader at all, stalls the rotation instead of locking the cluster
+//! out. At every instant the bundle the API server holds trusts whatever certificate a replica
+//! may still present.
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -36,9 +38,10 @@ pub const KEY_NEXT_CA_KEY: &str = "ca-next.key";
 pub const KEY_PREVIOUS_CA_CERT: &str = "ca-previous.crt";
 /// Derived (the `caBundle` to publish), written for humans and tools; never read back.
 pub const KEY_CA_BUNDLE: &str = "ca-bundle.crt";
-/// Unix seconds at which `ca-next.crt` was first stored.
+/// Unix seconds at which `ca-next.crt` was first stored (for humans; no decision reads it).
 pub const KEY_ROTATION_STARTED_AT: &str = "ca-rotation-started-at";
-/// Unix seconds at which the serving certificate stopped being signed by `ca-previous.crt`.
+/// Unix seconds at which the serving certificate stopped being signed by `ca-previous.crt`
+/// (for humans; no decision reads it).
 pub const KEY_PREVIOUS_RETIRED_AT: &str = "ca-previous-retired-at";
 
 /// Tolerance when comparing a certificate's lifetime with the configured one, so that
@@ -85,7 +88,6 @@ pub enum Reason {
     NotIssuedByCa,
     SansChanged,
     ValidityChanged,
-    MissingTimestamp,
 }
 
 impl fmt::Display for Reason {
@@ -100,7 +102,6 @@ impl fmt::Display for Reason {
             Reason::NotIssuedByCa => "not signed by the current CA",
             Reason::SansChanged => "SANs differ from the configured ones",
             Reason::ValidityChanged => "lifetime exceeds the configured validity",
-            Reason::MissingTimestamp => "rotation timestamp missing",
         })
     }
 }
@@ -116,8 +117,8 @@ pub enum Action {
     RenewServing { reason: Reason },
     /// Generate the next CA and add it to the bundle; the serving certificate is untouched.
     StartCaRotation { reason: Reason },
-    /// The next CA has been in the bundle long enough: it becomes the current CA and signs a
-    /// new serving certificate; the old CA stays in the bundle as previous.
+    /// The next CA is confirmed in every live configuration: it becomes the current CA and signs
+    /// a new serving certificate; the old CA stays in the bundle as previous.
     FinishCaRotation,
     /// No replica presents a certificate by the previous CA any more: remove it from the bundle.
     DropOldCa,
@@ -136,10 +137,22 @@ impl fmt::Display for Action {
     }
 }
 
-/// Decides the next step for `m` at `now`. See the module documentation for the phases.
-pub fn plan(m: &TlsMaterial, now: SystemTime, cfg: &TlsConfig) -> Action {
-    let grace = cfg.effective_bundle_propagation();
+/// What the cluster has confirmed about the rotation in progress: facts read back from the API
+/// server and aged on this replica's monotonic clock, never timestamps another replica wrote
+/// with its own wall clock (which skew could make lie).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Confirmed {
+    /// Every live webhook configuration's `caBundle` has held the next CA for a propagation
+    /// grace: the API server trusts it.
+    pub next_ca_published: bool,
+    /// Every live replica has served a certificate of the current CA for a grace: nobody
+    /// presents one of the previous CA any more.
+    pub previous_ca_unused: bool,
+}
 
+/// Decides the next step for `m` at `now`, given what the cluster `confirmed`. See the module
+/// documentation for the phases.
+pub fn plan(m: &TlsMaterial, now: SystemTime, cfg: &TlsConfig, confirmed: Confirmed) -> Action {
     // Without a usable CA nothing else can be kept. An existing valid CA is never replaced
     // here, so a restarted or additional replica adopts it.
     let ca = match inspect_ca(m.ca.as_ref(), now) {
@@ -147,11 +160,18 @@ pub fn plan(m: &TlsMaterial, now: SystemTime, cfg: &TlsConfig) -> Action {
         Err(reason) => return Action::Create { reason },
     };
 
-    // Checked before the serving certificate: switching issues a new one anyway.
+    if let Some(prev) = &m.previous_ca_pem {
+        match parse_cert_pem(prev) {
+            Ok(info) if now < info.not_after && !confirmed.previous_ca_unused => {}
+            // Unused, or a corrupt or expired CA that protects nobody.
+            _ => return Action::DropOldCa,
+        }
+    }
+
+    // Checked before the serving certificate: switching issues a new one anyway. One rotation
+    // at a time: the previous CA leaves the bundle before the next one is switched to.
     let next = inspect_ca(m.next_ca.as_ref(), now);
-    if let (Ok(_), Some(started)) = (&next, m.rotation_started_at)
-        && now >= started + grace
-    {
+    if next.is_ok() && m.previous_ca_pem.is_none() && confirmed.next_ca_published {
         return Action::FinishCaRotation;
     }
 
@@ -161,31 +181,12 @@ pub fn plan(m: &TlsMaterial, now: SystemTime, cfg: &TlsConfig) -> Action {
     };
     let mut next_check = serving.renew_at();
 
-    if let Some(prev) = &m.previous_ca_pem {
-        match (parse_cert_pem(prev), m.previous_retired_at) {
-            (Ok(_), Some(retired)) if now < retired + grace => {
-                next_check = next_check.min(retired + grace);
-            }
-            // Unknown retirement time: the grace cannot be computed, and a corrupt or
-            // expired CA protects nobody, so it goes.
-            _ => return Action::DropOldCa,
-        }
-    }
-
     match (m.next_ca.as_ref(), next) {
         (Some(_), Err(reason)) => return Action::StartCaRotation { reason },
-        (Some(_), Ok(_)) => match m.rotation_started_at {
-            // Not yet due, or FinishCaRotation would have been returned above.
-            Some(started) => next_check = next_check.min(started + grace),
-            None => {
-                return Action::StartCaRotation {
-                    reason: Reason::MissingTimestamp,
-                };
-            }
-        },
+        // Waiting for the bundle to be confirmed; the caller polls while it waits.
+        (Some(_), Ok(_)) => {}
         (None, _) => {
-            // One rotation at a time: the previous CA must be gone before the next appears,
-            // so the bundle never holds more than two CAs.
+            // The bundle never holds more than two CAs.
             if m.previous_ca_pem.is_none() {
                 if now >= ca.renew_at() {
                     return Action::StartCaRotation {

@@ -18,6 +18,22 @@ use super::*;
 const DNS_NAME: &str = "gatehouse.gatehouse-system.svc";
 const IP_NAME: &str = "127.0.0.1";
 
+/// Nothing confirmed by the cluster yet.
+const NONE: Confirmed = Confirmed {
+    next_ca_published: false,
+    previous_ca_unused: false,
+};
+/// The new CA confirmed in every configuration.
+const PUBLISHED: Confirmed = Confirmed {
+    next_ca_published: true,
+    previous_ca_unused: false,
+};
+/// Every replica confirmed serving the current CA.
+const UNUSED: Confirmed = Confirmed {
+    next_ca_published: false,
+    previous_ca_unused: true,
+};
+
 fn sans() -> Vec<San> {
     vec![
         San::parse("gatehouse"),
@@ -53,16 +69,26 @@ fn at(base: SystemTime, secs: f64) -> SystemTime {
 fn fresh(now: SystemTime, cfg: &TlsConfig) -> TlsMaterial {
     let m = TlsMaterial::default();
     assert_eq!(
-        plan(&m, now, cfg),
+        plan(&m, now, cfg, NONE),
         Action::Create {
             reason: Reason::Missing
         }
     );
-    apply(&m, plan(&m, now, cfg), now, cfg).unwrap()
+    apply(&m, plan(&m, now, cfg, NONE), now, cfg).unwrap()
 }
 
 fn step(m: &TlsMaterial, now: SystemTime, cfg: &TlsConfig, expected: Action) -> TlsMaterial {
-    assert_eq!(plan(m, now, cfg), expected);
+    step_given(m, now, cfg, NONE, expected)
+}
+
+fn step_given(
+    m: &TlsMaterial,
+    now: SystemTime,
+    cfg: &TlsConfig,
+    confirmed: Confirmed,
+    expected: Action,
+) -> TlsMaterial {
+    assert_eq!(plan(m, now, cfg, confirmed), expected);
     apply(m, expected, now, cfg).unwrap()
 }
 
@@ -113,7 +139,7 @@ fn fresh_material_is_created_and_then_kept() {
     assert_eq!(bundle_len(&m), 1);
     // Serving: not_before t0-1 (backdate), not_after t0+8, renewal at 2/3 of 9s.
     assert_eq!(
-        plan(&m, at(t0, 1.0), &cfg),
+        plan(&m, at(t0, 1.0), &cfg, NONE),
         Action::Keep {
             next_check: at(t0, 5.0)
         }
@@ -209,7 +235,7 @@ fn serving_at_70_percent_is_renewed_under_the_same_ca() {
         serving_pem(&renewed),
         now
     ));
-    assert!(matches!(plan(&renewed, now, &cfg), Action::Keep { .. }));
+    assert!(matches!(plan(&renewed, now, &cfg, NONE), Action::Keep { .. }));
 }
 
 #[test]
@@ -230,9 +256,10 @@ fn serving_is_capped_at_the_ca_expiry() {
     assert_eq!(info.not_after, at(t0, 20.0));
 }
 
-/// Drives a full CA rotation and checks every phase.
+/// Drives a full CA rotation and checks every phase: neither the switch nor the drop happens
+/// on a timer, however long it has been, until the cluster confirms it.
 #[test]
-fn ca_rotation_goes_through_both_graces() {
+fn ca_rotation_waits_for_each_confirmation() {
     let (cfg, t0) = (cfg(), t0());
     let m = fresh(t0, &cfg);
     // Renew the serving certificate first (the first one has expired by t0+12), so that at
@@ -274,30 +301,30 @@ fn ca_rotation_goes_through_both_graces() {
         started
     ));
 
-    // The switch waits for the propagation grace: 2s after the start, stored rounded up
-    // to t0+14.
-    assert_eq!(m.rotation_started_at, Some(at(t0, 14.0)));
-    assert_eq!(
-        plan(&m, at(t0, 15.9), &cfg),
-        Action::Keep {
-            next_check: at(t0, 16.0)
-        }
-    );
-    // A serving renewal during phase 1 still uses the old CA.
-    let renewed = apply(
+    // Unconfirmed, the switch never happens: long past any grace the old CA keeps signing,
+    // and an expiring serving certificate is renewed by it.
+    assert!(matches!(
+        plan(&m, at(t0, 15.9), &cfg, NONE),
+        Action::Keep { .. }
+    ));
+    assert!(matches!(
+        plan(&m, at(t0, 16.5), &cfg, UNUSED),
+        Action::Keep { .. }
+    ));
+    let renewed = step(
         &m,
+        at(t0, 17.0),
+        &cfg,
         Action::RenewServing {
             reason: Reason::NearExpiry,
         },
-        at(t0, 14.0),
-        &cfg,
-    )
-    .unwrap();
+    );
     assert!(issued_by_pem(serving_pem(&renewed), &old_ca.cert_pem));
+    assert_eq!(renewed.next_ca.as_ref(), Some(&next_ca));
 
-    // Phase 2: the new CA signs, the old one stays in the bundle.
-    let switched = at(t0, 16.0);
-    let m = step(&m, switched, &cfg, Action::FinishCaRotation);
+    // Phase 2, once the bundle is confirmed: the new CA signs, the old one stays in the bundle.
+    let switched = at(t0, 17.0);
+    let m = step_given(&renewed, switched, &cfg, PUBLISHED, Action::FinishCaRotation);
     assert_eq!(m.ca.as_ref(), Some(&next_ca));
     assert!(m.next_ca.is_none());
     assert_eq!(m.previous_ca_pem.as_deref(), Some(old_ca.cert_pem.as_str()));
@@ -314,15 +341,17 @@ fn ca_rotation_goes_through_both_graces() {
         switched
     ));
 
-    // The old CA goes only after the second grace.
-    assert_eq!(
-        plan(&m, at(t0, 17.9), &cfg),
-        Action::Keep {
-            next_check: at(t0, 18.0)
-        }
-    );
-    let dropped_at = at(t0, 18.0);
-    let m = step(&m, dropped_at, &cfg, Action::DropOldCa);
+    // The old CA stays until every replica is confirmed serving the new one.
+    assert!(matches!(
+        plan(&m, at(t0, 19.0), &cfg, NONE),
+        Action::Keep { .. }
+    ));
+    assert!(matches!(
+        plan(&m, at(t0, 19.0), &cfg, PUBLISHED),
+        Action::Keep { .. }
+    ));
+    let dropped_at = at(t0, 19.0);
+    let m = step_given(&m, dropped_at, &cfg, UNUSED, Action::DropOldCa);
     assert!(m.previous_ca_pem.is_none() && m.previous_retired_at.is_none());
     assert_eq!(bundle_len(&m), 1);
     assert!(verifies_both_names(
@@ -336,7 +365,44 @@ fn ca_rotation_goes_through_both_graces() {
         DNS_NAME,
         dropped_at
     ));
-    assert!(matches!(plan(&m, dropped_at, &cfg), Action::Keep { .. }));
+    assert!(matches!(plan(&m, dropped_at, &cfg, NONE), Action::Keep { .. }));
+}
+
+/// A stuck rotation keeps the current CA and certificate in use as long as they are valid;
+/// only an expired CA is replaced (nothing else can be served then).
+#[test]
+fn an_unconfirmed_rotation_waits_until_the_old_ca_expires() {
+    let (cfg, t0) = (cfg(), t0());
+    let m = fresh(t0, &cfg);
+    let m = step(
+        &m,
+        at(t0, 14.0),
+        &cfg,
+        Action::RenewServing {
+            reason: Reason::Expired,
+        },
+    );
+    let m = step(
+        &m,
+        at(t0, 14.0),
+        &cfg,
+        Action::StartCaRotation {
+            reason: Reason::NearExpiry,
+        },
+    );
+    for s in [15.0, 16.0, 17.0, 18.0, 19.0, 19.9] {
+        let action = plan(&m, at(t0, s), &cfg, NONE);
+        assert!(
+            !matches!(action, Action::FinishCaRotation | Action::Create { .. }),
+            "t0+{s}: {action:?}"
+        );
+    }
+    assert_eq!(
+        plan(&m, at(t0, 20.0), &cfg, NONE),
+        Action::Create {
+            reason: Reason::Expired
+        }
+    );
 }
 
 #[test]
@@ -355,15 +421,13 @@ fn no_new_rotation_while_the_previous_ca_is_still_in_the_bundle() {
         &cfg,
     )
     .unwrap();
+    assert!(matches!(
+        plan(&m, at(t0, 14.5), &cfg, NONE),
+        Action::Keep { .. }
+    ));
+    let m = step_given(&m, at(t0, 16.0), &cfg, UNUSED, Action::DropOldCa);
     assert_eq!(
-        plan(&m, at(t0, 14.5), &cfg),
-        Action::Keep {
-            next_check: at(t0, 16.0)
-        }
-    );
-    let m = step(&m, at(t0, 16.0), &cfg, Action::DropOldCa);
-    assert_eq!(
-        plan(&m, at(t0, 16.0), &cfg),
+        plan(&m, at(t0, 16.0), &cfg, NONE),
         Action::StartCaRotation {
             reason: Reason::NearExpiry
         }
@@ -393,7 +457,7 @@ fn changed_sans_reissue_the_serving_certificate() {
     // Order and case do not matter.
     cfg.sans.reverse();
     cfg.sans.push(San::Dns("GATEHOUSE".into()));
-    assert!(matches!(plan(&m2, t0, &cfg), Action::Keep { .. }));
+    assert!(matches!(plan(&m2, t0, &cfg, NONE), Action::Keep { .. }));
 }
 
 #[test]
@@ -405,20 +469,20 @@ fn broken_serving_material_is_reissued() {
 
     let mut bad = m.clone();
     bad.serving = None;
-    assert_eq!(plan(&bad, t0, &cfg), renew(Reason::Missing));
+    assert_eq!(plan(&bad, t0, &cfg, NONE), renew(Reason::Missing));
     bad.serving = Some(CertKeyPem {
         cert_pem: "garbage".into(),
         key_pem: "garbage".into(),
     });
-    assert_eq!(plan(&bad, t0, &cfg), renew(Reason::Unparseable));
+    assert_eq!(plan(&bad, t0, &cfg, NONE), renew(Reason::Unparseable));
     bad.serving = Some(CertKeyPem {
         cert_pem: serving_pem(&m).into(),
         key_pem: other.serving.as_ref().unwrap().key_pem.clone(),
     });
-    assert_eq!(plan(&bad, t0, &cfg), renew(Reason::KeyMismatch));
+    assert_eq!(plan(&bad, t0, &cfg, NONE), renew(Reason::KeyMismatch));
     bad.serving = other.serving.clone();
-    assert_eq!(plan(&bad, t0, &cfg), renew(Reason::NotIssuedByCa));
-    assert_eq!(plan(&m, at(t0, 8.0), &cfg), renew(Reason::Expired));
+    assert_eq!(plan(&bad, t0, &cfg, NONE), renew(Reason::NotIssuedByCa));
+    assert_eq!(plan(&m, at(t0, 8.0), &cfg, NONE), renew(Reason::Expired));
 }
 
 #[test]
@@ -430,16 +494,16 @@ fn broken_or_expired_ca_is_replaced() {
 
     let mut bad = m.clone();
     bad.ca.as_mut().unwrap().key_pem = other.ca.as_ref().unwrap().key_pem.clone();
-    assert_eq!(plan(&bad, t0, &cfg), create(Reason::KeyMismatch));
+    assert_eq!(plan(&bad, t0, &cfg, NONE), create(Reason::KeyMismatch));
     bad.ca = m.serving.clone();
-    assert_eq!(plan(&bad, t0, &cfg), create(Reason::NotACa));
+    assert_eq!(plan(&bad, t0, &cfg, NONE), create(Reason::NotACa));
     bad.ca.as_mut().unwrap().cert_pem = "-----BEGIN CERTIFICATE-----\nAAAA\n".into();
-    assert_eq!(plan(&bad, t0, &cfg), create(Reason::Unparseable));
-    assert_eq!(plan(&m, at(t0, 20.0), &cfg), create(Reason::Expired));
+    assert_eq!(plan(&bad, t0, &cfg, NONE), create(Reason::Unparseable));
+    assert_eq!(plan(&m, at(t0, 20.0), &cfg, NONE), create(Reason::Expired));
     let replaced = apply(&m, create(Reason::Expired), at(t0, 20.0), &cfg).unwrap();
     assert_ne!(replaced.ca, m.ca);
     assert!(matches!(
-        plan(&replaced, at(t0, 20.0), &cfg),
+        plan(&replaced, at(t0, 20.0), &cfg, NONE),
         Action::Keep { .. }
     ));
 }
@@ -449,7 +513,7 @@ fn shorter_configured_validity_rotates_gracefully() {
     let t0 = t0();
     let long = TlsConfig::new("gatehouse-system", sans());
     let m = fresh(t0, &long);
-    assert!(matches!(plan(&m, t0, &long), Action::Keep { .. }));
+    assert!(matches!(plan(&m, t0, &long, NONE), Action::Keep { .. }));
     let short = cfg();
     let m = step(
         &m,
@@ -472,20 +536,26 @@ fn shorter_configured_validity_rotates_gracefully() {
 }
 
 #[test]
-fn missing_rotation_timestamps_are_repaired() {
+fn rotation_timestamps_decide_nothing() {
+    // Written by one replica's wall clock, judged by none: missing or absurd ones change no
+    // decision, so clock skew between replicas cannot shorten an overlap.
     let (cfg, t0) = (cfg(), t0());
     let m = fresh(t0, &cfg);
     let mut m1 = m.clone();
     m1.next_ca = fresh(t0, &cfg).ca;
-    assert_eq!(
-        plan(&m1, t0, &cfg),
-        Action::StartCaRotation {
-            reason: Reason::MissingTimestamp
-        }
-    );
+    assert!(matches!(plan(&m1, t0, &cfg, NONE), Action::Keep { .. }));
+    m1.rotation_started_at = Some(at(t0, -3600.0));
+    assert!(matches!(plan(&m1, t0, &cfg, NONE), Action::Keep { .. }));
+    assert_eq!(plan(&m1, t0, &cfg, PUBLISHED), Action::FinishCaRotation);
     let mut m2 = m.clone();
     m2.previous_ca_pem = fresh(t0, &cfg).ca.map(|c| c.cert_pem);
-    assert_eq!(plan(&m2, t0, &cfg), Action::DropOldCa);
+    assert!(matches!(plan(&m2, t0, &cfg, NONE), Action::Keep { .. }));
+    m2.previous_retired_at = Some(at(t0, -3600.0));
+    assert!(matches!(plan(&m2, t0, &cfg, NONE), Action::Keep { .. }));
+    assert_eq!(plan(&m2, t0, &cfg, UNUSED), Action::DropOldCa);
+    // A corrupt previous CA protects nobody.
+    m2.previous_ca_pem = Some("garbage".into());
+    assert_eq!(plan(&m2, t0, &cfg, NONE), Action::DropOldCa);
 }
 
 #[test]
@@ -518,8 +588,8 @@ fn secret_data_round_trips_and_a_restart_adopts_it() {
     let restarted = TlsMaterial::from_secret_data(&read.to_secret_data());
     assert_eq!(restarted.ca, m.ca);
     assert_eq!(
-        plan(&restarted, at(t0, 13.6), &cfg),
-        plan(&m, at(t0, 13.6), &cfg)
+        plan(&restarted, at(t0, 13.6), &cfg, NONE),
+        plan(&m, at(t0, 13.6), &cfg, NONE)
     );
 
     let mut corrupt = data.clone();
@@ -545,19 +615,40 @@ fn state_reports_bundle_and_expiries() {
 /// Simulates a minute of continuous operation with rotations every ~13s and checks the
 /// property the e2e test relies on: with replicas and API servers lagging by up to half a
 /// grace period, whatever certificate any replica presents verifies against whatever bundle
-/// any API server holds.
+/// any API server holds. Confirmations are modelled as the manager makes them: the bundle is
+/// confirmed once the lagging API server's copy holds the next CA, replicas once the lagging
+/// replica serves a certificate of the current CA, each then held for a grace.
 #[test]
 fn simulated_rotations_never_present_an_untrusted_certificate() {
     let (cfg, t0) = (cfg(), t0());
     let tick = 0.25;
     let lag_ticks = 4; // 1s = half the 2s grace
+    let grace_ticks = 8; // 2s
     let mut history: Vec<TlsMaterial> = Vec::new();
     let mut m = TlsMaterial::default();
     let mut rotations = 0;
+    let (mut published_since, mut unused_since): (Option<usize>, Option<usize>) = (None, None);
     for i in 0..(70.0 / tick) as usize {
         let now = at(t0, i as f64 * tick);
+        let lagging = history.get(i.saturating_sub(lag_ticks)).cloned();
+        let ca_pem = |c: &Option<CertKeyPem>| c.as_ref().map(|c| c.cert_pem.trim().to_string());
+        let published = lagging.as_ref().zip(ca_pem(&m.next_ca)).is_some_and(|(old, next)| {
+            old.ca_bundle_pem().contains(&next)
+        });
+        published_since = if published { published_since.or(Some(i)) } else { None };
+        let unused = m.previous_ca_pem.is_some()
+            && lagging.as_ref().zip(ca_pem(&m.ca)).is_some_and(|(old, ca)| {
+                old.serving
+                    .as_ref()
+                    .is_some_and(|s| issued_by_pem(&s.cert_pem, &ca))
+            });
+        unused_since = if unused { unused_since.or(Some(i)) } else { None };
+        let confirmed = Confirmed {
+            next_ca_published: published_since.is_some_and(|s| i - s >= grace_ticks),
+            previous_ca_unused: unused_since.is_some_and(|s| i - s >= grace_ticks),
+        };
         for _ in 0..5 {
-            match plan(&m, now, &cfg) {
+            match plan(&m, now, &cfg, confirmed) {
                 Action::Keep { next_check } => {
                     assert!(next_check > now);
                     break;
@@ -570,7 +661,6 @@ fn simulated_rotations_never_present_an_untrusted_certificate() {
                 }
             }
         }
-        assert!(matches!(plan(&m, now, &cfg), Action::Keep { .. }));
         assert!(bundle_len(&m) <= 2);
         history.push(m.clone());
         for serve_lag in [0, lag_ticks] {

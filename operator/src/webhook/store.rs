@@ -1,5 +1,5 @@
 //! The snapshot of compiled Policies the server reads on every request.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -14,7 +14,8 @@ pub const RETIRED_GRACE: Duration = Duration::from_secs(60);
 /// What the store knows of a name.
 pub enum Lookup {
     Active(Arc<CompiledPolicy>),
-    /// Unwired recently; admit unchanged.
+    /// No longer served as a Policy, but the API server may still call its entry (unwired
+    /// recently, or still in the configurations this replica reads): admit unchanged.
     Retired,
     Unknown,
 }
@@ -23,6 +24,9 @@ pub enum Lookup {
 struct State {
     active: HashMap<String, Arc<CompiledPolicy>>,
     retired: HashMap<String, Instant>,
+    /// Policies whose entries the live configurations hold. A follower cannot unwire anything,
+    /// so while a stuck leader leaves an entry in place its name must never become a 404.
+    wired: HashSet<String>,
 }
 
 /// Compiled Policies by name. Readers clone an `Arc` and drop the lock at once, so a reload
@@ -45,6 +49,7 @@ impl PolicyStore {
         }
         match state.retired.get(name) {
             Some(at) if at.elapsed() < RETIRED_GRACE => Lookup::Retired,
+            _ if state.wired.contains(name) => Lookup::Retired,
             _ => Lookup::Unknown,
         }
     }
@@ -85,6 +90,14 @@ impl PolicyStore {
         });
     }
 
+    /// Records which Policies the live configurations wire (as read back from the API server).
+    pub fn set_wired(&self, names: HashSet<String>) {
+        if self.state().wired == names {
+            return;
+        }
+        self.update(|s| s.wired = names);
+    }
+
     fn update(&self, f: impl FnOnce(&mut State)) {
         let mut guard = match self.inner.write() {
             Ok(guard) => guard,
@@ -93,5 +106,43 @@ impl PolicyStore {
         let mut state = (**guard).clone();
         f(&mut state);
         *guard = Arc::new(state);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::v1alpha1::Policy;
+
+    fn compiled(name: &str) -> Arc<CompiledPolicy> {
+        let policy: Policy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "gatehouse.dev/v1alpha1",
+            "kind": "Policy",
+            "metadata": {"name": name},
+            "spec": {
+                "match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]},
+                "validate": [{"expression": "true", "message": "m"}],
+            },
+        }))
+        .unwrap();
+        Arc::new(crate::engine::compile(&policy).unwrap())
+    }
+
+    #[test]
+    fn names_still_wired_are_answered_as_retired_without_a_timer() {
+        let store = PolicyStore::new();
+        assert!(matches!(store.lookup("p"), Lookup::Unknown));
+        // A follower that never compiled `p` (deleted before it started) while a stuck leader
+        // still has its entry in the configuration.
+        store.set_wired(HashSet::from(["p".to_string()]));
+        assert!(matches!(store.lookup("p"), Lookup::Retired));
+        store.upsert(compiled("p"));
+        assert!(matches!(store.lookup("p"), Lookup::Active(_)));
+        store.retire("p");
+        assert!(matches!(store.lookup("p"), Lookup::Retired));
+        store.set_wired(HashSet::new());
+        // Still within the grace after retirement.
+        assert!(matches!(store.lookup("p"), Lookup::Retired));
+        assert!(matches!(store.lookup("other"), Lookup::Unknown));
     }
 }
