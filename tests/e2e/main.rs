@@ -1,4 +1,5 @@
 //! End-to-end tests against a real kube-apiserver (see `tests/cluster/up`).
 
+mod lockout;
 mod operator;
 mod smoke;

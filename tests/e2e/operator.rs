@@ -10,11 +10,11 @@ use gatehouse_e2e::gatehouse::{self, Gatehouse, Options};
 use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
 use serde_json::Value;
 
-const WAIT: Duration = Duration::from_secs(60);
+pub(crate) const WAIT: Duration = Duration::from_secs(60);
 
 /// A Policy's YAML, selecting only namespace `ns`, with `body` (indented two spaces) as the rest
 /// of its spec.
-fn policy(name: &str, ns: &str, priority: i32, body: &str) -> String {
+pub(crate) fn policy(name: &str, ns: &str, priority: i32, body: &str) -> String {
     format!(
         r#"apiVersion: gatehouse.dev/v1alpha1
 kind: Policy
@@ -35,7 +35,7 @@ spec:
     )
 }
 
-fn sidecar_body(limits: bool, reinvoke: bool) -> String {
+pub(crate) fn sidecar_body(limits: bool, reinvoke: bool) -> String {
     let limits = if limits {
         "\n          resources: {limits: {cpu: 100m, memory: 64Mi}}"
     } else {
@@ -51,12 +51,12 @@ fn sidecar_body(limits: bool, reinvoke: bool) -> String {
     )
 }
 
-const REQUIRE_LIMITS: &str = r#"  validate:
+pub(crate) const REQUIRE_LIMITS: &str = r#"  validate:
   - expression: "object.spec.containers.all(c, has(c.resources) && has(c.resources.limits))"
     message: "every container must declare resource limits"
 "#;
 
-fn pod(name: &str, ns: &str) -> String {
+pub(crate) fn pod(name: &str, ns: &str) -> String {
     format!(
         r#"apiVersion: v1
 kind: Pod
@@ -73,15 +73,15 @@ spec:
 }
 
 /// A unique suffix for cluster-scoped names of one scenario.
-fn unique(ns: &TestNamespace) -> String {
+pub(crate) fn unique(ns: &TestNamespace) -> String {
     ns.name().rsplit('-').next().unwrap_or("x").to_string()
 }
 
-async fn apply(cluster: &Cluster, yaml: &str) -> anyhow::Result<String> {
+pub(crate) async fn apply(cluster: &Cluster, yaml: &str) -> anyhow::Result<String> {
     cluster.kubectl_ok(["apply", "-f", "-"], Some(yaml)).await
 }
 
-async fn get_json(cluster: &Cluster, args: &[&str]) -> anyhow::Result<Option<Value>> {
+pub(crate) async fn get_json(cluster: &Cluster, args: &[&str]) -> anyhow::Result<Option<Value>> {
     let mut full = vec!["get"];
     full.extend_from_slice(args);
     full.extend(["-o", "json", "--ignore-not-found"]);
@@ -94,7 +94,7 @@ async fn get_json(cluster: &Cluster, args: &[&str]) -> anyhow::Result<Option<Val
 
 /// Waits until the Policy reports `Ready=<status>` for its current generation; returns the
 /// condition.
-async fn await_ready(cluster: &Cluster, name: &str, status: &str) -> anyhow::Result<Value> {
+pub(crate) async fn await_ready(cluster: &Cluster, name: &str, status: &str) -> anyhow::Result<Value> {
     await_condition(&format!("Policy {name} Ready={status}"), WAIT, || async {
         let Some(p) = get_json(cluster, &["policy", name]).await? else {
             return Ok(None);
@@ -114,14 +114,14 @@ async fn await_ready(cluster: &Cluster, name: &str, status: &str) -> anyhow::Res
 }
 
 /// Applies a Policy and waits until it is Ready for its current generation.
-async fn apply_ready(cluster: &Cluster, name: &str, yaml: &str) -> anyhow::Result<()> {
+pub(crate) async fn apply_ready(cluster: &Cluster, name: &str, yaml: &str) -> anyhow::Result<()> {
     apply(cluster, yaml).await?;
     await_ready(cluster, name, "True").await?;
     Ok(())
 }
 
 /// The sidecar injector (with limits) most scenarios use, applied and Ready.
-async fn apply_sidecar(cluster: &Cluster, name: &str, ns: &str) -> anyhow::Result<()> {
+pub(crate) async fn apply_sidecar(cluster: &Cluster, name: &str, ns: &str) -> anyhow::Result<()> {
     apply_ready(
         cluster,
         name,
@@ -131,7 +131,7 @@ async fn apply_sidecar(cluster: &Cluster, name: &str, ns: &str) -> anyhow::Resul
 }
 
 /// Entry names of `kind`/gatehouse (empty when absent).
-async fn entries(cluster: &Cluster, kind: &str) -> anyhow::Result<Vec<String>> {
+pub(crate) async fn entries(cluster: &Cluster, kind: &str) -> anyhow::Result<Vec<String>> {
     let Some(cfg) = get_json(cluster, &[kind, "gatehouse"]).await? else {
         return Ok(vec![]);
     };
@@ -148,7 +148,7 @@ async fn entries(cluster: &Cluster, kind: &str) -> anyhow::Result<Vec<String>> {
 /// Creates a Pod, retrying while the API server has not yet picked up a configuration change
 /// (its webhook informer lags the write by a moment). `done` decides from the outcome whether
 /// the change is in effect; a Pod created before that is deleted and the create retried.
-async fn create_pod_until<F>(
+pub(crate) async fn create_pod_until<F>(
     cluster: &Cluster,
     ns: &str,
     name: &str,
@@ -194,11 +194,11 @@ where
     }
 }
 
-fn stderr(out: &std::process::Output) -> String {
+pub(crate) fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-fn container_names(pod: &Value) -> Vec<String> {
+pub(crate) fn container_names(pod: &Value) -> Vec<String> {
     pod["spec"]["containers"]
         .as_array()
         .map(|cs| {
@@ -209,7 +209,7 @@ fn container_names(pod: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-async fn delete_policies(cluster: &Cluster, names: &[&str]) -> anyhow::Result<()> {
+pub(crate) async fn delete_policies(cluster: &Cluster, names: &[&str]) -> anyhow::Result<()> {
     let mut args = vec!["delete", "policies", "--ignore-not-found", "--wait=false"];
     args.extend_from_slice(names);
     cluster.kubectl_ok(args, None).await?;
@@ -218,15 +218,15 @@ async fn delete_policies(cluster: &Cluster, names: &[&str]) -> anyhow::Result<()
 
 /// One scenario's world: the lock on the configurations, Gatehouse's home namespace, the
 /// namespace its Policies select, and the running Gatehouse.
-struct Scene {
+pub(crate) struct Scene {
     _serial: tokio::sync::MutexGuard<'static, ()>,
-    home: TestNamespace,
-    ns: TestNamespace,
-    gh: Gatehouse,
+    pub(crate) home: TestNamespace,
+    pub(crate) ns: TestNamespace,
+    pub(crate) gh: Gatehouse,
 }
 
 impl Scene {
-    async fn start(
+    pub(crate) async fn start(
         cluster: &'static Cluster,
         prefix: &str,
         options: Options,
@@ -243,22 +243,22 @@ impl Scene {
         })
     }
 
-    fn home(&self) -> &str {
+    pub(crate) fn home(&self) -> &str {
         self.home.name()
     }
 
-    fn ns(&self) -> &str {
+    pub(crate) fn ns(&self) -> &str {
         self.ns.name()
     }
 
     /// A suffix unique to this scenario, for cluster-scoped names.
-    fn id(&self) -> String {
+    pub(crate) fn id(&self) -> String {
         unique(&self.ns)
     }
 
     /// Deletes the scenario's Policies, stops Gatehouse (removing its configurations) and the
     /// namespaces; the scenario's own outcome comes first.
-    async fn finish(self, policies: &[&str], result: anyhow::Result<()>) -> anyhow::Result<()> {
+    pub(crate) async fn finish(self, policies: &[&str], result: anyhow::Result<()>) -> anyhow::Result<()> {
         let cluster = self.gh.cluster();
         let cleanup = async {
             delete_policies(cluster, policies).await?;
@@ -903,7 +903,7 @@ async fn two_hundred_policies_coalesce_into_few_writes() {
 }
 
 /// Completes a TLS handshake with 127.0.0.1:`port` trusting only `ca_pem`.
-async fn handshake_trusting(port: u16, ca_pem: &str) -> anyhow::Result<()> {
+pub(crate) async fn handshake_trusting(port: u16, ca_pem: &str) -> anyhow::Result<()> {
     use std::sync::Arc;
     gatehouse_e2e::install_crypto_provider();
     let mut roots = rustls::RootCertStore::empty();
@@ -921,7 +921,7 @@ async fn handshake_trusting(port: u16, ca_pem: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn decode_secret_key(secret: &Value, key: &str) -> anyhow::Result<String> {
+pub(crate) fn decode_secret_key(secret: &Value, key: &str) -> anyhow::Result<String> {
     use base64::Engine as _;
     let b64 = secret["data"][key].as_str().context("key missing")?;
     Ok(String::from_utf8(

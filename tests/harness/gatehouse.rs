@@ -29,6 +29,8 @@ pub enum Mode {
 pub struct Options {
     pub mode: Mode,
     pub extra_args: Vec<String>,
+    /// Reach the API server through this kubeconfig instead of the cluster's (e.g. a proxy).
+    pub kubeconfig: Option<PathBuf>,
 }
 
 impl Options {
@@ -36,6 +38,7 @@ impl Options {
         Self {
             mode: Mode::Service,
             extra_args: vec![],
+            kubeconfig: None,
         }
     }
 
@@ -43,7 +46,13 @@ impl Options {
         Self {
             mode: Mode::Url,
             extra_args: vec![],
+            kubeconfig: None,
         }
+    }
+
+    pub fn kubeconfig(mut self, path: PathBuf) -> Self {
+        self.kubeconfig = Some(path);
+        self
     }
 
     pub fn arg(mut self, flag: &str, value: &str) -> Self {
@@ -68,6 +77,7 @@ pub struct Gatehouse {
     pub port: u16,
     pub admin_port: u16,
     args: Vec<String>,
+    kubeconfig: PathBuf,
     pub log_path: PathBuf,
 }
 
@@ -164,7 +174,7 @@ impl Gatehouse {
         args.extend(options.extra_args);
         let log_path = cluster
             .state_dir()
-            .join(format!("gatehouse-{namespace}.log"));
+            .join(format!("gatehouse-{namespace}-{port}.log"));
         let mut gatehouse = Self {
             cluster,
             child: None,
@@ -172,6 +182,9 @@ impl Gatehouse {
             port,
             admin_port,
             args,
+            kubeconfig: options
+                .kubeconfig
+                .unwrap_or_else(|| cluster.kubeconfig().to_path_buf()),
             log_path,
         };
         gatehouse.spawn().await?;
@@ -186,7 +199,7 @@ impl Gatehouse {
             .with_context(|| format!("opening {}", self.log_path.display()))?;
         let child = Command::new(binary(self.cluster)?)
             .args(&self.args)
-            .env("KUBECONFIG", self.cluster.kubeconfig())
+            .env("KUBECONFIG", &self.kubeconfig)
             .env("RUST_LOG", "info,gatehouse=debug")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

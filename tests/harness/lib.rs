@@ -11,6 +11,7 @@
 mod cluster;
 pub mod gatehouse;
 mod namespace;
+pub mod proxy;
 mod wait;
 mod webhook;
 

@@ -1,0 +1,528 @@
+//! Never lock the cluster out, never two leaders: the defects a review reproduced on the real
+//! API server, each driven the way it happened.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use gatehouse_e2e::gatehouse::{self, Gatehouse, Options};
+use gatehouse_e2e::proxy::FreezableProxy;
+use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+use serde_json::Value;
+
+use crate::operator::{
+    REQUIRE_LIMITS, Scene, WAIT, apply, apply_ready, apply_sidecar, await_ready,
+    container_names, decode_secret_key, delete_policies, entries, get_json, handshake_trusting,
+    pod, policy, sidecar_body, stderr, unique,
+};
+
+/// Creates Pods one after another in `ns`, each of which must be admitted and mutated by the
+/// sidecar Policy: a TLS failure of the Fail-policy webhook would refuse one.
+struct PodLoad<'a> {
+    cluster: &'a Cluster,
+    ns: String,
+    created: usize,
+}
+
+impl<'a> PodLoad<'a> {
+    fn new(cluster: &'a Cluster, ns: &str) -> Self {
+        Self {
+            cluster,
+            ns: ns.to_string(),
+            created: 0,
+        }
+    }
+
+    async fn one(&mut self, gh: &Gatehouse) -> anyhow::Result<()> {
+        let name = format!("load-{}", self.created);
+        let out = self
+            .cluster
+            .kubectl_output(
+                ["create", "-o", "json", "-f", "-"],
+                Some(&pod(&name, &self.ns)),
+            )
+            .await?;
+        ensure!(
+            out.status.success(),
+            "create #{} was refused: {}\n--- gatehouse log tail ---\n{}",
+            self.created,
+            stderr(&out),
+            tail(&gh.log(), 40)
+        );
+        let p: Value = serde_json::from_slice(&out.stdout)?;
+        ensure!(
+            container_names(&p) == ["app", "proxy"],
+            "create #{} was not mutated",
+            self.created
+        );
+        self.created += 1;
+        self.cluster
+            .kubectl_ok(
+                [
+                    "delete",
+                    "pod",
+                    &name,
+                    "-n",
+                    &self.ns,
+                    "--wait=false",
+                    "--grace-period=0",
+                ],
+                None,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Creates Pods until `done` says so (checked between Pods), or fails after `timeout`.
+    async fn until<F, Fut>(
+        &mut self,
+        gh: &Gatehouse,
+        what: &str,
+        timeout: Duration,
+        mut done: F,
+    ) -> anyhow::Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<bool>>,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.one(gh).await?;
+            if done().await? {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "timed out after {timeout:?} waiting for {what}\n--- gatehouse log tail ---\n{}",
+                    tail(&gh.log(), 60)
+                );
+            }
+        }
+    }
+}
+
+fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Holds the Lease `gatehouse-controller` in `namespace` for a foreign identity, renewing it,
+/// until dropped: a leader nobody can reach, as far as Gatehouse can tell.
+struct Impostor {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Impostor {
+    async fn start(cluster: &Cluster, namespace: &str) -> anyhow::Result<Self> {
+        let api: Api<Lease> = Api::namespaced(cluster.client().await?, namespace);
+        let task = tokio::spawn(async move {
+            loop {
+                let _ = hold(&api).await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        Ok(Self { task })
+    }
+}
+
+async fn hold(api: &Api<Lease>) -> Result<(), kube::Error> {
+    let spec = LeaseSpec {
+        holder_identity: Some("impostor".into()),
+        lease_duration_seconds: Some(4),
+        renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+        ..LeaseSpec::default()
+    };
+    match api.get_opt("gatehouse-controller").await? {
+        Some(mut lease) => {
+            lease.spec = Some(spec);
+            api.replace("gatehouse-controller", &PostParams::default(), &lease)
+                .await?;
+        }
+        None => {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some("gatehouse-controller".into()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(spec),
+            };
+            api.create(&PostParams::default(), &lease).await?;
+        }
+    }
+    Ok(())
+}
+
+impl Drop for Impostor {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn leader_gauge(gh: &Gatehouse) -> anyhow::Result<f64> {
+    gh.metric_sum("gatehouse_reconcile_leader", "").await
+}
+
+/// The CAs (PEM, one string each) in every entry's caBundle of both configurations.
+async fn bundles(cluster: &Cluster) -> anyhow::Result<Vec<String>> {
+    use base64::Engine as _;
+    let mut out = Vec::new();
+    for kind in [
+        "mutatingwebhookconfiguration",
+        "validatingwebhookconfiguration",
+    ] {
+        let Some(cfg) = get_json(cluster, &[kind, "gatehouse"]).await? else {
+            continue;
+        };
+        for w in cfg["webhooks"].as_array().into_iter().flatten() {
+            let b64 = w["clientConfig"]["caBundle"].as_str().unwrap_or_default();
+            out.push(String::from_utf8(
+                base64::engine::general_purpose::STANDARD.decode(b64)?,
+            )?);
+        }
+    }
+    Ok(out)
+}
+
+/// The resourceVersions of the named Policies (null for a missing one).
+async fn resource_versions(cluster: &Cluster, names: &[&str]) -> anyhow::Result<Vec<Value>> {
+    let mut out = Vec::new();
+    for name in names {
+        let p = get_json(cluster, &["policy", name]).await?;
+        out.push(p.map(|p| p["metadata"]["resourceVersion"].clone()).unwrap_or_default());
+    }
+    Ok(out)
+}
+
+fn pem_body(pem: &str) -> String {
+    pem.lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect::<String>()
+}
+
+/// Defect 1: with nobody able to write the configurations (an impostor holds the Lease), a CA
+/// rotation comes due. The serving certificate must not switch to a CA the API server does not
+/// trust yet: the old certificate keeps being served and no request fails. Once Gatehouse
+/// leads again, the rotation completes with the overlap, and a deleted Secret comes back with
+/// the CA the cluster trusts.
+#[tokio::test]
+async fn ca_rotation_waits_while_the_bundle_cannot_be_written() {
+    run_test(|cluster| async move {
+        let scene = Scene::start(
+            cluster,
+            "gh-stuck-rotation",
+            Options::url()
+                .arg("--ca-validity", "80s")
+                .arg("--cert-validity", "20s")
+                .arg("--bundle-propagation", "2s")
+                .arg("--lease-duration", "4s"),
+        )
+        .await?;
+        let inject = format!("inject-{}", scene.id());
+        let result = async {
+            let gh = &scene.gh;
+            apply_sidecar(cluster, &inject, scene.ns()).await?;
+            let secret = |c: &'static Cluster, home: String| async move {
+                get_json(c, &["secret", "gatehouse-tls", "-n", &home])
+                    .await?
+                    .context("TLS secret")
+            };
+            let ca1 = decode_secret_key(&secret(cluster, scene.home().into()).await?, "ca.crt")?;
+            let mut load = PodLoad::new(cluster, scene.ns());
+            load.one(gh).await?;
+
+            let impostor = Impostor::start(cluster, scene.home()).await?;
+            await_condition("gatehouse follows the impostor", WAIT, || async {
+                Ok((leader_gauge(gh).await? == 0.0).then_some(()))
+            })
+            .await?;
+
+            // The rotation comes due at about 2/3 of the CA's lifetime.
+            load.until(gh, "a CA rotation to start", Duration::from_secs(90), || async {
+                Ok(secret(cluster, scene.home().into()).await?["data"]["ca-next.crt"].is_string())
+            })
+            .await?;
+            // Five times the grace: long enough for yesterday's timers to switch and drop.
+            let hold_until = Instant::now() + Duration::from_secs(10);
+            load.until(gh, "the hold", Duration::from_secs(20), || async {
+                Ok(Instant::now() > hold_until)
+            })
+            .await?;
+            let s = secret(cluster, scene.home().into()).await?;
+            ensure!(
+                decode_secret_key(&s, "ca.crt")? == ca1,
+                "the serving CA switched although no configuration trusts the new one"
+            );
+            handshake_trusting(gh.port, &ca1)
+                .await
+                .context("the certificate served is not the one the API server trusts")?;
+            let waiting = gh
+                .metric_sum("gatehouse_tls_rotation_waiting", "step=\"switch\"")
+                .await?;
+            ensure!(waiting == 1.0, "gatehouse_tls_rotation_waiting{{step=switch}} is {waiting}");
+            let events = cluster
+                .kubectl_ok(
+                    ["get", "events.events.k8s.io", "-n", scene.home(), "-o", "json"],
+                    None,
+                )
+                .await?;
+            ensure!(
+                events.contains("RotationWaiting"),
+                "no RotationWaiting event in {}",
+                scene.home()
+            );
+
+            // Leading again, Gatehouse publishes the new CA, then switches, then drops the old.
+            drop(impostor);
+            cluster
+                .kubectl_ok(
+                    ["delete", "lease", "gatehouse-controller", "-n", scene.home(), "--ignore-not-found"],
+                    None,
+                )
+                .await?;
+            load.until(gh, "the rotation to complete", Duration::from_secs(60), || async {
+                let s = secret(cluster, scene.home().into()).await?;
+                Ok(decode_secret_key(&s, "ca.crt")? != ca1 && !s["data"]["ca-previous.crt"].is_string())
+            })
+            .await?;
+            let ca2 = decode_secret_key(&secret(cluster, scene.home().into()).await?, "ca.crt")?;
+            handshake_trusting(gh.port, &ca2).await?;
+            load.until(gh, "the configurations to trust only the new CA", WAIT, || async {
+                let all = bundles(cluster).await?;
+                Ok(!all.is_empty()
+                    && all.iter().all(|b| {
+                        b.contains(&pem_body(&ca2)) && !b.contains(&pem_body(&ca1))
+                    }))
+            })
+            .await?;
+
+            // A Secret deleted by hand is recreated from memory, not with a CA nobody trusts.
+            cluster
+                .kubectl_ok(["delete", "secret", "gatehouse-tls", "-n", scene.home()], None)
+                .await?;
+            let back = await_condition("the TLS Secret to be recreated", WAIT, || async {
+                get_json(cluster, &["secret", "gatehouse-tls", "-n", scene.home()]).await
+            })
+            .await?;
+            ensure!(
+                decode_secret_key(&back, "ca.crt")? == ca2,
+                "the recreated Secret holds a new CA"
+            );
+            load.one(gh).await?;
+            eprintln!("{} pods admitted across the stalled and the completed rotation", load.created);
+            Ok(())
+        }
+        .await;
+        scene.finish(&[&inject], result).await
+    })
+    .await;
+}
+
+/// Defect 2: a Policy the API server would refuse can never block the configuration writes
+/// everything else depends on. What our validation can know is refused at apply with the
+/// reason; what only the API server knows is found, marked Ready=False with its message and
+/// left out, while other Policies keep being wired and unwired.
+#[tokio::test]
+async fn a_policy_the_api_server_refuses_blocks_nothing() {
+    run_test(|cluster| async move {
+        let scene = Scene::start(cluster, "gh-refused", Options::service()).await?;
+        let id = scene.id();
+        let (spaced, typed, deny, later) = (
+            format!("spaced-{id}"),
+            format!("typed-{id}"),
+            format!("deny-{id}"),
+            format!("later-{id}"),
+        );
+        let result = async {
+            let condition = |name: &str, expression: &str| {
+                format!(
+                    "    conditions:\n    - name: {name}\n      expression: {expression:?}\n"
+                )
+            };
+            // A condition name the API server would refuse: refused at apply, with the reason.
+            let spaced_yaml = policy(&spaced, scene.ns(), 100, &sidecar_body(true, false))
+                .replacen("  mutate:", &format!("{}  mutate:", condition("has space", "true")), 1);
+            let out = await_condition("the spaced condition name refused", WAIT, || async {
+                let out = cluster.kubectl_output(["apply", "-f", "-"], Some(&spaced_yaml)).await?;
+                if out.status.success() {
+                    // Our validation entry was not yet registered; try again.
+                    cluster.kubectl_ok(["delete", "policy", &spaced], None).await?;
+                    return Ok(None);
+                }
+                Ok(Some(out))
+            })
+            .await?;
+            let err = stderr(&out);
+            ensure!(
+                err.contains("spec.match.conditions[0].name") && err.contains("has space"),
+                "kubectl said: {err}"
+            );
+
+            // A Deny Policy wired first.
+            apply_ready(cluster, &deny, &policy(&deny, scene.ns(), 100, REQUIRE_LIMITS)).await?;
+            // Our CEL compiler accepts `'x' + 1`; the API server's type checker does not.
+            let typed_yaml = policy(&typed, scene.ns(), 100, &sidecar_body(true, false)).replacen(
+                "  mutate:",
+                &format!("{}  mutate:", condition("typed", "'x' + 1 == 'x1'")),
+                1,
+            );
+            apply(cluster, &typed_yaml).await?;
+            let cond = await_ready(cluster, &typed, "False").await?;
+            ensure!(cond["reason"] == "RejectedByAPIServer", "condition {cond}");
+            let message = cond["message"].as_str().unwrap_or_default();
+            ensure!(
+                message.contains("matchConditions") && message.contains("expression"),
+                "the API server's message is missing: {cond}"
+            );
+
+            // Others are still wired...
+            apply_sidecar(cluster, &later, scene.ns()).await?;
+            let mutating = entries(cluster, "mutatingwebhookconfiguration").await?;
+            ensure!(mutating.contains(&format!("{later}.gatehouse.dev")), "{mutating:?}");
+            ensure!(!mutating.contains(&format!("{typed}.gatehouse.dev")), "{mutating:?}");
+            // ...and unwired: with the Deny Policy deleted, a Pod without limits is admitted.
+            delete_policies(cluster, &[&deny]).await?;
+            let no_limits = pod("unlimited", scene.ns()).replace(
+                "    resources: {limits: {cpu: 100m, memory: 64Mi}}\n",
+                "",
+            );
+            await_condition("the Deny Policy to be unwired", WAIT, || async {
+                let out = cluster
+                    .kubectl_output(["create", "--dry-run=server", "-f", "-"], Some(&no_limits))
+                    .await?;
+                Ok(out.status.success().then_some(()))
+            })
+            .await?;
+            Ok(())
+        }
+        .await;
+        scene.finish(&[&spaced, &typed, &deny, &later], result).await
+    })
+    .await;
+}
+
+/// Defect 3: the leader loses the API server behind a frozen proxy (its requests hang, none
+/// fail). It must stop leading within its renew deadline, before the other replica may take
+/// over, and nothing it queued may land after the other's first write.
+#[tokio::test]
+async fn a_partitioned_leader_stops_writing_before_another_takes_over() {
+    run_test(|cluster| async move {
+        let _serial = gatehouse::exclusive().await;
+        let home = TestNamespace::new(cluster, "gh-home").await?;
+        let ns = TestNamespace::new(cluster, "gh-partition").await?;
+        let kubeconfig_text = std::fs::read_to_string(cluster.kubeconfig())?;
+        let proxy =
+            FreezableProxy::start(gatehouse_e2e::proxy::api_server(&kubeconfig_text)?).await?;
+        let proxied = proxy.kubeconfig(cluster.kubeconfig(), cluster.state_dir())?;
+        // Lease 6s: renew deadline 4s, a round every second.
+        let options = || Options::url().arg("--lease-duration", "6s");
+        let mut a = Gatehouse::start(cluster, home.name(), options().kubeconfig(proxied)).await?;
+        await_condition("A leads", WAIT, || async {
+            Ok((leader_gauge(&a).await? == 1.0).then_some(()))
+        })
+        .await?;
+        let b = Gatehouse::start(cluster, home.name(), options()).await?;
+        let id = unique(&ns);
+        let (first, second) = (format!("first-{id}"), format!("second-{id}"));
+        let result = async {
+            apply_sidecar(cluster, &first, ns.name()).await?;
+            let urls = || async {
+                let cfg = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
+                    .await?
+                    .context("mutating configuration")?;
+                Ok::<Vec<String>, anyhow::Error>(
+                    cfg["webhooks"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|w| w["clientConfig"]["url"].as_str().map(str::to_string))
+                        .collect(),
+                )
+            };
+            let points_at = |urls: &[String], port: u16| {
+                !urls.is_empty() && urls.iter().all(|u| u.contains(&format!(":{port}/")))
+            };
+            ensure!(points_at(&urls().await?, a.port), "A should have wired: {:?}", urls().await?);
+
+            // A sees a change and is about to write when its network freezes.
+            apply(cluster, &policy(&second, ns.name(), 100, &sidecar_body(true, false))).await?;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let frozen_at = Instant::now();
+            proxy.freeze();
+            // A write in flight now can only complete through the proxy, which holds it.
+            let a_writes_before = a
+                .metric_sum("gatehouse_reconcile_webhook_configuration_writes_total", "")
+                .await?;
+
+            let (mut a_stopped, mut b_started) = (None, None);
+            while a_stopped.is_none() || b_started.is_none() {
+                ensure!(
+                    frozen_at.elapsed() < Duration::from_secs(40),
+                    "no handover within 40s (A stopped {a_stopped:?}, B started {b_started:?})"
+                );
+                if a_stopped.is_none() && leader_gauge(&a).await? == 0.0 {
+                    a_stopped = Some(frozen_at.elapsed());
+                }
+                if b_started.is_none() && leader_gauge(&b).await? == 1.0 {
+                    b_started = Some(frozen_at.elapsed());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let (a_stopped, b_started) = (a_stopped.unwrap_or_default(), b_started.unwrap_or_default());
+            eprintln!("partition: A stopped leading after {a_stopped:?}, B led after {b_started:?}");
+            ensure!(
+                a_stopped < b_started,
+                "two leaders: A stopped at {a_stopped:?}, B started at {b_started:?}"
+            );
+            ensure!(
+                a_stopped <= Duration::from_secs(6),
+                "A kept leading {a_stopped:?} into the partition (renew deadline 4s)"
+            );
+            // B rewires everything to itself, the second Policy included.
+            await_condition("B rewires the configuration", WAIT, || async {
+                Ok(points_at(&urls().await?, b.port).then_some(()))
+            })
+            .await?;
+            await_ready(cluster, &second, "True").await?;
+            let config_before = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
+                .await?
+                .context("mutating configuration")?;
+            let status_before = resource_versions(cluster, &[&first, &second]).await?;
+
+            // The partition heals: whatever A had queued is delivered now, and must not land.
+            proxy.thaw();
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            let config_after = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
+                .await?
+                .context("mutating configuration")?;
+            ensure!(
+                config_after["metadata"]["resourceVersion"] == config_before["metadata"]["resourceVersion"],
+                "the configuration was written after B took over: {:?}",
+                urls().await?
+            );
+            ensure!(points_at(&urls().await?, b.port), "entries moved away from B");
+            let status_after = resource_versions(cluster, &[&first, &second]).await?;
+            ensure!(status_before == status_after, "a Policy was written after B took over");
+            ensure!(leader_gauge(&a).await? == 0.0, "A leads again after the partition healed");
+            let a_writes_after = a
+                .metric_sum("gatehouse_reconcile_webhook_configuration_writes_total", "")
+                .await?;
+            ensure!(
+                a_writes_after == a_writes_before,
+                "A counted configuration writes during or after the partition ({a_writes_before} → {a_writes_after})"
+            );
+            Ok(())
+        }
+        .await;
+        delete_policies(cluster, &[&first, &second]).await?;
+        let _ = a.stop().await;
+        b.shutdown().await?;
+        drop(proxy);
+        ns.cleanup().await?;
+        home.cleanup().await?;
+        result
+    })
+    .await;
+}
