@@ -13,6 +13,7 @@
 //! * [`matcher`]: rules, objectSelector and match conditions, for offline evaluation.
 pub mod cel;
 pub mod diff;
+pub mod k8s_names;
 pub mod matcher;
 pub mod merge;
 pub mod mutate;

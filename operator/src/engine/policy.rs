@@ -12,8 +12,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 
 use super::cel::{self, Needs, Site};
+use super::k8s_names::{
+    DNS1123_SUBDOMAIN_MAX_LENGTH, dns1123_subdomain_form_error, has_dns1123_subdomain_form,
+    is_label_value, is_qualified_name,
+};
 use super::merge::{Reach, is_valid_path};
 use crate::api::v1alpha1::{Mutation, Operation, Policy, PolicySpec, ReinvocationPolicy};
+use crate::controller::wiring::ENTRY_SUFFIX;
+
+/// The API server refuses a webhook entry with more match conditions than this.
+pub const MAX_MATCH_CONDITIONS: usize = 64;
 
 /// One thing wrong with a Policy, at a field path such as `spec.validate[0].expression`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,12 +133,12 @@ impl CompiledPolicy {
 
 /// Every problem of `policy`; empty means valid.
 pub fn validate(policy: &Policy) -> Vec<Problem> {
-    analyse(&policy.spec).0
+    analyse(policy).0
 }
 
 /// Validates `policy` and compiles its CEL once.
 pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
-    match analyse(&policy.spec) {
+    match analyse(policy) {
         (problems, Some(programs)) if problems.is_empty() => {
             let when_needs: Vec<Needs> = programs
                 .whens
@@ -227,8 +235,17 @@ struct Programs {
 
 /// The checks, compiling each expression on the way: the programs are only returned when every
 /// expression compiled.
-fn analyse(spec: &PolicySpec) -> (Vec<Problem>, Option<Programs>) {
+///
+/// Whatever the wiring copies into a webhook entry (the name, rules, selectors, match conditions,
+/// timeout) is held to the API server's own rules for that entry: the API server judges the
+/// configuration as a whole, so one Policy it would refuse would take every Policy's entry down.
+fn analyse(policy: &Policy) -> (Vec<Problem>, Option<Programs>) {
+    let spec = &policy.spec;
     let mut problems = Vec::new();
+    check_name(
+        policy.metadata.name.as_deref().unwrap_or_default(),
+        &mut problems,
+    );
     if spec.mutate.is_empty() && spec.validate.is_empty() {
         problems.push(Problem::new(
             "spec",
@@ -260,15 +277,27 @@ fn analyse(spec: &PolicySpec) -> (Vec<Problem>, Option<Programs>) {
     let mut all_compiled = true;
     let mut names = BTreeSet::new();
     let mut conditions = Vec::new();
+    if spec.match_.conditions.len() > MAX_MATCH_CONDITIONS {
+        problems.push(Problem::new(
+            "spec.match.conditions",
+            format!(
+                "must have at most {MAX_MATCH_CONDITIONS} items, got {}",
+                spec.match_.conditions.len()
+            ),
+        ));
+    }
     for (i, condition) in spec.match_.conditions.iter().enumerate() {
         let path = format!("spec.match.conditions[{i}]");
         if condition.name.trim().is_empty() {
             problems.push(Problem::new(format!("{path}.name"), "must not be empty"));
-        } else if !names.insert(condition.name.as_str()) {
-            problems.push(Problem::new(
-                format!("{path}.name"),
-                format!("duplicate condition name {:?}", condition.name),
-            ));
+        } else {
+            check_qualified_name(&format!("{path}.name"), &condition.name, &mut problems);
+            if !names.insert(condition.name.as_str()) {
+                problems.push(Problem::new(
+                    format!("{path}.name"),
+                    format!("duplicate condition name {:?}", condition.name),
+                ));
+            }
         }
         let path = format!("{path}.expression");
         match check_expression(
@@ -377,6 +406,64 @@ fn check_expression(
     }
 }
 
+/// The Policy name becomes the webhook entry name `<name>.gatehouse.dev` (and a path segment of
+/// the webhook URL), which the API server requires to be a DNS-1123 subdomain of at most 253
+/// characters. The suffix is such a subdomain itself, so the entry name is valid exactly when the
+/// Policy name is one and leaves room for the suffix; judging the name keeps the message about
+/// what the user wrote. The API server already holds a Policy name to the form, but not to the
+/// shorter length.
+fn check_name(name: &str, problems: &mut Vec<Problem>) {
+    const PATH: &str = "metadata.name";
+    if name.is_empty() {
+        problems.push(Problem::new(PATH, "must not be empty"));
+        return;
+    }
+    let max = DNS1123_SUBDOMAIN_MAX_LENGTH - ENTRY_SUFFIX.len();
+    if name.len() > max {
+        problems.push(Problem::new(
+            PATH,
+            format!(
+                "must be no more than {max} characters, got {}: the webhook entry name \
+                 <name>{ENTRY_SUFFIX} must be no more than {DNS1123_SUBDOMAIN_MAX_LENGTH} \
+                 characters",
+                name.len()
+            ),
+        ));
+    }
+    if !has_dns1123_subdomain_form(name) {
+        problems.push(Problem::new(
+            PATH,
+            format!(
+                "{name:?} would make the webhook entry name {name}{ENTRY_SUFFIX} invalid: {}",
+                dns1123_subdomain_form_error()
+            ),
+        ));
+    }
+}
+
+/// A label key or match-condition name; the caller has already refused an empty one.
+fn check_qualified_name(path: &str, name: &str, problems: &mut Vec<Problem>) {
+    if let Err(messages) = is_qualified_name(name) {
+        for message in messages {
+            problems.push(Problem::new(
+                path,
+                format!("{name:?} is not a valid qualified name: {message}"),
+            ));
+        }
+    }
+}
+
+fn check_label_value(path: &str, value: &str, problems: &mut Vec<Problem>) {
+    if let Err(messages) = is_label_value(value) {
+        for message in messages {
+            problems.push(Problem::new(
+                path,
+                format!("{value:?} is not a valid label value: {message}"),
+            ));
+        }
+    }
+}
+
 fn check_rules(spec: &PolicySpec, problems: &mut Vec<Problem>) {
     if spec.match_.rules.is_empty() {
         problems.push(Problem::new("spec.match.rules", "must not be empty"));
@@ -422,7 +509,12 @@ fn check_rules(spec: &PolicySpec, problems: &mut Vec<Problem>) {
             ));
         }
         for (j, resource) in rule.resources.iter().enumerate() {
-            if !is_valid_resource(resource) {
+            if resource.is_empty() {
+                problems.push(Problem::new(
+                    format!("{path}.resources[{j}]"),
+                    "must not be empty",
+                ));
+            } else if !is_valid_resource(resource) {
                 problems.push(Problem::new(
                     format!("{path}.resources[{j}]"),
                     format!(
@@ -432,6 +524,49 @@ fn check_rules(spec: &PolicySpec, problems: &mut Vec<Problem>) {
                 ));
             }
         }
+        check_resource_wildcards(&format!("{path}.resources"), &rule.resources, problems);
+    }
+}
+
+/// The API server's `validateResources`: a list must not name what one of its wildcards already
+/// covers. The API server judges the list in order, so there some overlaps pass when the wildcard
+/// comes last (`pods`, `*` passes, `*`, `pods` does not); judging every pair here refuses both
+/// orders, which is stricter but never lets through a list the API server would refuse.
+fn check_resource_wildcards(path: &str, resources: &[String], problems: &mut Vec<Problem>) {
+    let split: Vec<Option<(&str, &str)>> = resources.iter().map(|r| r.split_once('/')).collect();
+    for (j, (resource, this)) in resources.iter().zip(&split).enumerate() {
+        let Some((res, sub)) = this else { continue };
+        let mut covered_by = BTreeSet::new();
+        for (i, other) in split.iter().enumerate() {
+            match other {
+                Some((other_res, "*")) if i != j && other_res == res => {
+                    covered_by.insert(format!("{other_res}/*"));
+                }
+                Some(("*", other_sub)) if i != j && other_sub == sub => {
+                    covered_by.insert(format!("*/{other_sub}"));
+                }
+                _ => {}
+            }
+        }
+        for wildcard in covered_by {
+            problems.push(Problem::new(
+                format!("{path}[{j}]"),
+                format!("if '{wildcard}' is present, must not specify {resource}"),
+            ));
+        }
+    }
+    if resources.len() > 1 && resources.iter().any(|r| r == "*/*") {
+        problems.push(Problem::new(
+            path,
+            "if '*/*' is present, must not specify other resources",
+        ));
+    }
+    let without_subresource = |r: &String| !r.is_empty() && r != "*" && !r.contains('/');
+    if resources.iter().any(|r| r == "*") && resources.iter().any(without_subresource) {
+        problems.push(Problem::new(
+            path,
+            "if '*' is present, must not specify other resources without subresources",
+        ));
     }
 }
 
@@ -449,13 +584,30 @@ fn is_valid_resource(resource: &str) -> bool {
     }
 }
 
+/// The API server's `ValidateLabelSelector`, strict about values: the API server only tolerates
+/// invalid values when updating a configuration that already had them, which Gatehouse cannot
+/// count on.
 fn check_selector(path: &str, selector: &LabelSelector, problems: &mut Vec<Problem>) {
+    for (key, value) in selector.match_labels.iter().flatten() {
+        let path = format!("{path}.matchLabels[{key:?}]");
+        if key.is_empty() {
+            problems.push(Problem::new(&path, "key must not be empty"));
+        } else {
+            check_qualified_name(&path, key, problems);
+        }
+        check_label_value(&path, value, problems);
+    }
     for (i, req) in selector.match_expressions.iter().flatten().enumerate() {
         let path = format!("{path}.matchExpressions[{i}]");
         if req.key.is_empty() {
             problems.push(Problem::new(format!("{path}.key"), "must not be empty"));
+        } else {
+            check_qualified_name(&format!("{path}.key"), &req.key, problems);
         }
         let values = req.values.as_deref().unwrap_or_default();
+        for (j, value) in values.iter().enumerate() {
+            check_label_value(&format!("{path}.values[{j}]"), value, problems);
+        }
         match req.operator.as_str() {
             "In" | "NotIn" if values.is_empty() => problems.push(Problem::new(
                 format!("{path}.values"),
@@ -503,6 +655,33 @@ mod tests {
 
     fn rules() -> serde_json::Value {
         serde_json::from_str(RULES).unwrap()
+    }
+
+    fn named(name: &str, spec: serde_json::Value) -> Policy {
+        let mut p = policy(spec);
+        p.metadata.name = Some(name.to_string());
+        p
+    }
+
+    /// A valid Policy with `match_` (which should hold `rules`) as its match.
+    fn problems_of_match(match_: serde_json::Value) -> Vec<String> {
+        let p = policy(serde_json::json!({
+            "match": match_,
+            "validate": [{"expression": "true", "message": "m"}],
+        }));
+        validate(&p).iter().map(ToString::to_string).collect()
+    }
+
+    fn problems_of_conditions(conditions: serde_json::Value) -> Vec<String> {
+        let mut match_ = rules();
+        match_["conditions"] = conditions;
+        problems_of_match(match_)
+    }
+
+    fn problems_of_resources(resources: &[&str]) -> Vec<String> {
+        let mut match_ = rules();
+        match_["rules"][0]["resources"] = serde_json::json!(resources);
+        problems_of_match(match_)
     }
 
     #[test]
@@ -650,6 +829,287 @@ mod tests {
                 "spec.match.rules: must not be empty"
             ]
         );
+    }
+
+    #[test]
+    fn condition_names_are_qualified_names() {
+        let got = problems_of_conditions(serde_json::json!([
+            {"name": "has space", "expression": "true"}
+        ]));
+        assert_eq!(
+            got,
+            [
+                "spec.match.conditions[0].name: \"has space\" is not a valid qualified name: name \
+              part must consist of alphanumeric characters, '-', '_' or '.', and must start and \
+              end with an alphanumeric character (e.g. 'MyName', 'my.name' or '123-abc', regex \
+              used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
+            ]
+        );
+
+        let ok = serde_json::json!([
+            {"name": "in-shop", "expression": "true"},
+            {"name": "example.com/My_Name.1", "expression": "true"},
+            {"name": "a".repeat(63), "expression": "true"},
+        ]);
+        assert_eq!(problems_of_conditions(ok), Vec::<String>::new());
+
+        let got = problems_of_conditions(serde_json::json!([
+            {"name": "a/b/c", "expression": "true"},
+            {"name": "Example.com/x", "expression": "true"},
+            {"name": "-x", "expression": "true"},
+            {"name": "a".repeat(64), "expression": "true"},
+            {"name": "", "expression": "true"},
+            {"name": "ok", "expression": " "},
+            {"name": "x_", "expression": "true"},
+            {"name": "x_", "expression": "true"},
+        ]));
+        let want = [
+            "spec.match.conditions[0].name: \"a/b/c\" is not a valid qualified name: a qualified \
+             name must consist of",
+            "spec.match.conditions[1].name: \"Example.com/x\" is not a valid qualified name: \
+             prefix part a lowercase RFC 1123 subdomain must consist of",
+            "spec.match.conditions[2].name: \"-x\" is not a valid qualified name: name part must \
+             consist of",
+            "spec.match.conditions[3].name: \"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\
+             aaaaaaaa\" is not a valid qualified name: name part must be no more than 63 characters",
+            "spec.match.conditions[4].name: must not be empty",
+            "spec.match.conditions[5].expression: must not be empty",
+            "spec.match.conditions[6].name: \"x_\" is not a valid qualified name: name part must \
+             consist of",
+            "spec.match.conditions[7].name: \"x_\" is not a valid qualified name: name part must \
+             consist of",
+            "spec.match.conditions[7].name: duplicate condition name \"x_\"",
+        ];
+        assert_eq!(got.len(), want.len(), "{got:#?}");
+        for (got, want) in got.iter().zip(want) {
+            assert!(
+                got.starts_with(want),
+                "{got:?} does not start with {want:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn at_most_64_match_conditions() {
+        let conditions = |n: usize| {
+            let list: Vec<serde_json::Value> = (0..n)
+                .map(|i| serde_json::json!({"name": format!("c{i}"), "expression": "true"}))
+                .collect();
+            problems_of_conditions(serde_json::Value::Array(list))
+        };
+        assert_eq!(conditions(64), Vec::<String>::new());
+        assert_eq!(
+            conditions(65),
+            ["spec.match.conditions: must have at most 64 items, got 65"]
+        );
+    }
+
+    #[test]
+    fn selectors_follow_the_api_server_label_rules() {
+        let mut match_ = rules();
+        match_["namespaceSelector"] = serde_json::json!({
+            "matchLabels": {
+                "kubernetes.io/metadata.name": "shop",
+                "app.kubernetes.io/name": "",
+                "tier": "v".repeat(63),
+            },
+            "matchExpressions": [
+                {"key": "example.com/team", "operator": "In", "values": ["a", "B_2"]},
+                {"key": "env", "operator": "Exists"},
+            ],
+        });
+        match_["objectSelector"] = serde_json::json!({"matchLabels": {"app": "web"}});
+        assert_eq!(problems_of_match(match_.clone()), Vec::<String>::new());
+
+        match_["objectSelector"] = serde_json::json!({
+            "matchLabels": {
+                "app": "x y",
+                "has space": "ok",
+                "long": "v".repeat(64),
+                "": "v",
+            },
+            "matchExpressions": [
+                {"key": "a/b/c", "operator": "Exists"},
+                {"key": "tier", "operator": "NotIn", "values": ["ok", "-bad", ""]},
+                {"key": "tier", "operator": "In", "values": []},
+            ],
+        });
+        let got = problems_of_match(match_);
+        let path = "spec.match.objectSelector";
+        let want = [
+            format!("{path}.matchLabels[\"\"]: key must not be empty"),
+            format!(
+                "{path}.matchLabels[\"app\"]: \"x y\" is not a valid label value: a valid label \
+                     must be an empty string or consist of"
+            ),
+            format!(
+                "{path}.matchLabels[\"has space\"]: \"has space\" is not a valid qualified \
+                     name: name part must consist of"
+            ),
+            format!(
+                "{path}.matchLabels[\"long\"]: \"{}\" is not a valid label value: must be no \
+                     more than 63 characters",
+                "v".repeat(64)
+            ),
+            format!(
+                "{path}.matchExpressions[0].key: \"a/b/c\" is not a valid qualified name: a \
+                     qualified name must consist of"
+            ),
+            format!(
+                "{path}.matchExpressions[1].values[1]: \"-bad\" is not a valid label value: a \
+                     valid label must be an empty string or consist of"
+            ),
+            format!("{path}.matchExpressions[2].values: must not be empty for operator In"),
+        ];
+        assert_eq!(got.len(), want.len(), "{got:#?}");
+        for (got, want) in got.iter().zip(&want) {
+            assert!(
+                got.starts_with(want),
+                "{got:?} does not start with {want:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_policy_name_must_leave_room_for_the_entry_suffix() {
+        let spec = || serde_json::json!({"match": rules(), "validate": [{"expression": "true", "message": "m"}]});
+        let longest = format!("{}.x", "a".repeat(237));
+        assert_eq!(longest.len(), 239);
+        for ok in [
+            "p",
+            "my-policy",
+            "team.example.com",
+            "0abc",
+            longest.as_str(),
+        ] {
+            assert_eq!(validate(&named(ok, spec())), vec![], "{ok:?}");
+            let entry = crate::controller::wiring::entry_name(ok);
+            assert_eq!(
+                super::super::k8s_names::is_dns1123_subdomain(&entry),
+                Ok(()),
+                "{entry}"
+            );
+        }
+
+        let too_long = "a".repeat(240);
+        let got: Vec<String> = validate(&named(&too_long, spec()))
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "metadata.name: must be no more than 239 characters, got 240: the webhook entry \
+              name <name>.gatehouse.dev must be no more than 253 characters"
+            ]
+        );
+        assert!(
+            super::super::k8s_names::is_dns1123_subdomain(&crate::controller::wiring::entry_name(
+                &too_long
+            ))
+            .is_err()
+        );
+
+        for bad in ["My-Policy", "a_b", "-a", "a.", "a..b"] {
+            let got = validate(&named(bad, spec()));
+            assert_eq!(got.len(), 1, "{bad:?}: {got:#?}");
+            assert_eq!(got[0].path, "metadata.name");
+            assert!(
+                got[0].message.starts_with(&format!(
+                    "{bad:?} would make the webhook entry name {bad}.gatehouse.dev invalid: a \
+                     lowercase RFC 1123 subdomain must consist of"
+                )),
+                "{}",
+                got[0]
+            );
+        }
+        let got: Vec<String> = validate(&named("", spec()))
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(got, ["metadata.name: must not be empty"]);
+    }
+
+    #[test]
+    fn resource_wildcard_conflicts() {
+        let r = "spec.match.rules[0].resources";
+        let cases: &[(&[&str], &[&str])] = &[
+            (&["*"], &[]),
+            (&["*/*"], &[]),
+            (&["*", "*/scale"], &[]),
+            (&["*", "pods/status"], &[]),
+            (&["pods", "pods/status", "deployments/scale"], &[]),
+            (&["pods/*", "deployments/*", "*/scale"], &[]),
+            (
+                &["*", "pods"],
+                &["if '*' is present, must not specify other resources without subresources"],
+            ),
+            // The API server lets this order through; refusing it too costs nothing.
+            (
+                &["pods", "*"],
+                &["if '*' is present, must not specify other resources without subresources"],
+            ),
+            (
+                &["*/*", "pods"],
+                &["if '*/*' is present, must not specify other resources"],
+            ),
+            (
+                &["*/*", "*"],
+                &["if '*/*' is present, must not specify other resources"],
+            ),
+            (
+                &["pods/status", "*/*"],
+                &["if '*/*' is present, must not specify other resources"],
+            ),
+            (
+                &["*/*", "pods/*"],
+                &[
+                    "[1]: if '*/*' is present, must not specify pods/*",
+                    "if '*/*' is present, must not specify other resources",
+                ],
+            ),
+            (
+                &["*/scale", "deployments/scale"],
+                &["[1]: if '*/scale' is present, must not specify deployments/scale"],
+            ),
+            (
+                &["deployments/scale", "*/scale"],
+                &["[0]: if '*/scale' is present, must not specify deployments/scale"],
+            ),
+            (
+                &["pods/*", "pods/status", "pods/log"],
+                &[
+                    "[1]: if 'pods/*' is present, must not specify pods/status",
+                    "[2]: if 'pods/*' is present, must not specify pods/log",
+                ],
+            ),
+            (
+                &["pods/status", "pods/*"],
+                &["[0]: if 'pods/*' is present, must not specify pods/status"],
+            ),
+            (
+                &["pods/*", "*/status", "pods/status"],
+                &[
+                    "[2]: if '*/status' is present, must not specify pods/status",
+                    "[2]: if 'pods/*' is present, must not specify pods/status",
+                ],
+            ),
+            (&["", "pods"], &["[0]: must not be empty"]),
+        ];
+        for (resources, want) in cases {
+            let got = problems_of_resources(resources);
+            let want: Vec<String> = want
+                .iter()
+                .map(|w| {
+                    if w.starts_with('[') {
+                        format!("{r}{w}")
+                    } else {
+                        format!("{r}: {w}")
+                    }
+                })
+                .collect();
+            assert_eq!(got, want, "{resources:?}");
+        }
     }
 
     #[test]
