@@ -81,7 +81,10 @@ mod tests {
             get(&state, "/readyz").status(),
             StatusCode::SERVICE_UNAVAILABLE
         );
-        state.readiness.policies_loaded.store(true, Ordering::Release);
+        state
+            .readiness
+            .policies_loaded
+            .store(true, Ordering::Release);
         assert_eq!(
             get(&state, "/readyz").status(),
             StatusCode::SERVICE_UNAVAILABLE

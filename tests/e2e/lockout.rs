@@ -14,9 +14,9 @@ use kube::api::{ObjectMeta, PostParams};
 use serde_json::Value;
 
 use crate::operator::{
-    REQUIRE_LIMITS, Scene, WAIT, apply, apply_ready, apply_sidecar, await_ready,
-    container_names, decode_secret_key, delete_policies, entries, get_json, handshake_trusting,
-    pod, policy, sidecar_body, stderr, unique,
+    REQUIRE_LIMITS, Scene, WAIT, apply, apply_ready, apply_sidecar, await_ready, container_names,
+    decode_secret_key, delete_policies, entries, get_json, handshake_trusting, pod, policy,
+    sidecar_body, stderr, unique,
 };
 
 /// Creates Pods one after another in `ns`, each of which must be admitted and mutated by the
@@ -191,7 +191,10 @@ async fn resource_versions(cluster: &Cluster, names: &[&str]) -> anyhow::Result<
     let mut out = Vec::new();
     for name in names {
         let p = get_json(cluster, &["policy", name]).await?;
-        out.push(p.map(|p| p["metadata"]["resourceVersion"].clone()).unwrap_or_default());
+        out.push(
+            p.map(|p| p["metadata"]["resourceVersion"].clone())
+                .unwrap_or_default(),
+        );
     }
     Ok(out)
 }
@@ -240,9 +243,17 @@ async fn ca_rotation_waits_while_the_bundle_cannot_be_written() {
             .await?;
 
             // The rotation comes due at about 2/3 of the CA's lifetime.
-            load.until(gh, "a CA rotation to start", Duration::from_secs(90), || async {
-                Ok(secret(cluster, scene.home().into()).await?["data"]["ca-next.crt"].is_string())
-            })
+            load.until(
+                gh,
+                "a CA rotation to start",
+                Duration::from_secs(90),
+                || async {
+                    Ok(
+                        secret(cluster, scene.home().into()).await?["data"]["ca-next.crt"]
+                            .is_string(),
+                    )
+                },
+            )
             .await?;
             // Five times the grace: long enough for yesterday's timers to switch and drop.
             let hold_until = Instant::now() + Duration::from_secs(10);
@@ -261,10 +272,20 @@ async fn ca_rotation_waits_while_the_bundle_cannot_be_written() {
             let waiting = gh
                 .metric_sum("gatehouse_tls_rotation_waiting", "step=\"switch\"")
                 .await?;
-            ensure!(waiting == 1.0, "gatehouse_tls_rotation_waiting{{step=switch}} is {waiting}");
+            ensure!(
+                waiting == 1.0,
+                "gatehouse_tls_rotation_waiting{{step=switch}} is {waiting}"
+            );
             let events = cluster
                 .kubectl_ok(
-                    ["get", "events.events.k8s.io", "-n", scene.home(), "-o", "json"],
+                    [
+                        "get",
+                        "events.events.k8s.io",
+                        "-n",
+                        scene.home(),
+                        "-o",
+                        "json",
+                    ],
                     None,
                 )
                 .await?;
@@ -278,29 +299,50 @@ async fn ca_rotation_waits_while_the_bundle_cannot_be_written() {
             drop(impostor);
             cluster
                 .kubectl_ok(
-                    ["delete", "lease", "gatehouse-controller", "-n", scene.home(), "--ignore-not-found"],
+                    [
+                        "delete",
+                        "lease",
+                        "gatehouse-controller",
+                        "-n",
+                        scene.home(),
+                        "--ignore-not-found",
+                    ],
                     None,
                 )
                 .await?;
-            load.until(gh, "the rotation to complete", Duration::from_secs(60), || async {
-                let s = secret(cluster, scene.home().into()).await?;
-                Ok(decode_secret_key(&s, "ca.crt")? != ca1 && !s["data"]["ca-previous.crt"].is_string())
-            })
+            load.until(
+                gh,
+                "the rotation to complete",
+                Duration::from_secs(60),
+                || async {
+                    let s = secret(cluster, scene.home().into()).await?;
+                    Ok(decode_secret_key(&s, "ca.crt")? != ca1
+                        && !s["data"]["ca-previous.crt"].is_string())
+                },
+            )
             .await?;
             let ca2 = decode_secret_key(&secret(cluster, scene.home().into()).await?, "ca.crt")?;
             handshake_trusting(gh.port, &ca2).await?;
-            load.until(gh, "the configurations to trust only the new CA", WAIT, || async {
-                let all = bundles(cluster).await?;
-                Ok(!all.is_empty()
-                    && all.iter().all(|b| {
-                        b.contains(&pem_body(&ca2)) && !b.contains(&pem_body(&ca1))
-                    }))
-            })
+            load.until(
+                gh,
+                "the configurations to trust only the new CA",
+                WAIT,
+                || async {
+                    let all = bundles(cluster).await?;
+                    Ok(!all.is_empty()
+                        && all
+                            .iter()
+                            .all(|b| b.contains(&pem_body(&ca2)) && !b.contains(&pem_body(&ca1))))
+                },
+            )
             .await?;
 
             // A Secret deleted by hand is recreated from memory, not with a CA nobody trusts.
             cluster
-                .kubectl_ok(["delete", "secret", "gatehouse-tls", "-n", scene.home()], None)
+                .kubectl_ok(
+                    ["delete", "secret", "gatehouse-tls", "-n", scene.home()],
+                    None,
+                )
                 .await?;
             let back = await_condition("the TLS Secret to be recreated", WAIT, || async {
                 get_json(cluster, &["secret", "gatehouse-tls", "-n", scene.home()]).await
@@ -311,7 +353,10 @@ async fn ca_rotation_waits_while_the_bundle_cannot_be_written() {
                 "the recreated Secret holds a new CA"
             );
             load.one(gh).await?;
-            eprintln!("{} pods admitted across the stalled and the completed rotation", load.created);
+            eprintln!(
+                "{} pods admitted across the stalled and the completed rotation",
+                load.created
+            );
             Ok(())
         }
         .await;
@@ -337,18 +382,24 @@ async fn a_policy_the_api_server_refuses_blocks_nothing() {
         );
         let result = async {
             let condition = |name: &str, expression: &str| {
-                format!(
-                    "    conditions:\n    - name: {name}\n      expression: {expression:?}\n"
-                )
+                format!("    conditions:\n    - name: {name}\n      expression: {expression:?}\n")
             };
             // A condition name the API server would refuse: refused at apply, with the reason.
             let spaced_yaml = policy(&spaced, scene.ns(), 100, &sidecar_body(true, false))
-                .replacen("  mutate:", &format!("{}  mutate:", condition("has space", "true")), 1);
+                .replacen(
+                    "  mutate:",
+                    &format!("{}  mutate:", condition("has space", "true")),
+                    1,
+                );
             let out = await_condition("the spaced condition name refused", WAIT, || async {
-                let out = cluster.kubectl_output(["apply", "-f", "-"], Some(&spaced_yaml)).await?;
+                let out = cluster
+                    .kubectl_output(["apply", "-f", "-"], Some(&spaced_yaml))
+                    .await?;
                 if out.status.success() {
                     // Our validation entry was not yet registered; try again.
-                    cluster.kubectl_ok(["delete", "policy", &spaced], None).await?;
+                    cluster
+                        .kubectl_ok(["delete", "policy", &spaced], None)
+                        .await?;
                     return Ok(None);
                 }
                 Ok(Some(out))
@@ -361,7 +412,12 @@ async fn a_policy_the_api_server_refuses_blocks_nothing() {
             );
 
             // A Deny Policy wired first.
-            apply_ready(cluster, &deny, &policy(&deny, scene.ns(), 100, REQUIRE_LIMITS)).await?;
+            apply_ready(
+                cluster,
+                &deny,
+                &policy(&deny, scene.ns(), 100, REQUIRE_LIMITS),
+            )
+            .await?;
             // Our CEL compiler accepts `'x' + 1`; the API server's type checker does not.
             let typed_yaml = policy(&typed, scene.ns(), 100, &sidecar_body(true, false)).replacen(
                 "  mutate:",
@@ -380,14 +436,18 @@ async fn a_policy_the_api_server_refuses_blocks_nothing() {
             // Others are still wired...
             apply_sidecar(cluster, &later, scene.ns()).await?;
             let mutating = entries(cluster, "mutatingwebhookconfiguration").await?;
-            ensure!(mutating.contains(&format!("{later}.gatehouse.dev")), "{mutating:?}");
-            ensure!(!mutating.contains(&format!("{typed}.gatehouse.dev")), "{mutating:?}");
+            ensure!(
+                mutating.contains(&format!("{later}.gatehouse.dev")),
+                "{mutating:?}"
+            );
+            ensure!(
+                !mutating.contains(&format!("{typed}.gatehouse.dev")),
+                "{mutating:?}"
+            );
             // ...and unwired: with the Deny Policy deleted, a Pod without limits is admitted.
             delete_policies(cluster, &[&deny]).await?;
-            let no_limits = pod("unlimited", scene.ns()).replace(
-                "    resources: {limits: {cpu: 100m, memory: 64Mi}}\n",
-                "",
-            );
+            let no_limits = pod("unlimited", scene.ns())
+                .replace("    resources: {limits: {cpu: 100m, memory: 64Mi}}\n", "");
             await_condition("the Deny Policy to be unwired", WAIT, || async {
                 let out = cluster
                     .kubectl_output(["create", "--dry-run=server", "-f", "-"], Some(&no_limits))
@@ -398,7 +458,9 @@ async fn a_policy_the_api_server_refuses_blocks_nothing() {
             Ok(())
         }
         .await;
-        scene.finish(&[&spaced, &typed, &deny, &later], result).await
+        scene
+            .finish(&[&spaced, &typed, &deny, &later], result)
+            .await
     })
     .await;
 }

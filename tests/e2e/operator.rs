@@ -94,7 +94,11 @@ pub(crate) async fn get_json(cluster: &Cluster, args: &[&str]) -> anyhow::Result
 
 /// Waits until the Policy reports `Ready=<status>` for its current generation; returns the
 /// condition.
-pub(crate) async fn await_ready(cluster: &Cluster, name: &str, status: &str) -> anyhow::Result<Value> {
+pub(crate) async fn await_ready(
+    cluster: &Cluster,
+    name: &str,
+    status: &str,
+) -> anyhow::Result<Value> {
     await_condition(&format!("Policy {name} Ready={status}"), WAIT, || async {
         let Some(p) = get_json(cluster, &["policy", name]).await? else {
             return Ok(None);
@@ -258,7 +262,11 @@ impl Scene {
 
     /// Deletes the scenario's Policies, stops Gatehouse (removing its configurations) and the
     /// namespaces; the scenario's own outcome comes first.
-    pub(crate) async fn finish(self, policies: &[&str], result: anyhow::Result<()>) -> anyhow::Result<()> {
+    pub(crate) async fn finish(
+        self,
+        policies: &[&str],
+        result: anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
         let cluster = self.gh.cluster();
         let cleanup = async {
             delete_policies(cluster, policies).await?;

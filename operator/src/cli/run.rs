@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tracing::{error, info};
 
 use crate::admin::{self, AdminState};
-use crate::controller::lease::{self, LeaseConfig, Leadership};
+use crate::controller::lease::{self, Leadership, LeaseConfig};
 use crate::controller::wiring::{CONFIGURATION_NAME, Endpoint, Wiring};
 use crate::controller::{self, Context, Readiness};
 use crate::telemetry::{self, CertLabels, Metrics};

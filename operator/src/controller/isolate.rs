@@ -70,7 +70,10 @@ mod tests {
                 })
             }
         }));
-        (result.unwrap_or_else(|_| panic!("search failed")), calls.get())
+        (
+            result.unwrap_or_else(|_| panic!("search failed")),
+            calls.get(),
+        )
     }
 
     #[test]

@@ -433,7 +433,8 @@ mod tests {
                 if i < silent_from && i % 25 == 0 {
                     let seen = observe(a_seen.take(), stored.as_ref(), now);
                     if matches!(decide(&seen, "a", now), Decision::Acquire | Decision::Renew) {
-                        in_flight = Some((i + 10, spec_for("a", &cfg, stored.as_ref(), wall(i, 0))));
+                        in_flight =
+                            Some((i + 10, spec_for("a", &cfg, stored.as_ref(), wall(i, 0))));
                         a_until = Some(now + cfg.renew_deadline);
                     }
                     a_seen = Some(seen);

@@ -439,7 +439,14 @@ async fn apply_both(
         ..
     } = applied;
     apply_if_changed(ctx, &caches.mutating, desired.mutating, mutating, leader).await?;
-    apply_if_changed(ctx, &caches.validating, desired.validating, validating, leader).await
+    apply_if_changed(
+        ctx,
+        &caches.validating,
+        desired.validating,
+        validating,
+        leader,
+    )
+    .await
 }
 
 /// `Ok(Ok(()))` when the API server would accept both configurations, `Ok(Err(message))` when
@@ -479,7 +486,10 @@ where
 
 /// The server-side apply body of `desired`; with `resource_version`, the API server refuses it
 /// (409) unless the stored object is still at that version.
-fn apply_body<K>(desired: &K, resource_version: Option<&str>) -> Result<serde_json::Value, ReconcileError>
+fn apply_body<K>(
+    desired: &K,
+    resource_version: Option<&str>,
+) -> Result<serde_json::Value, ReconcileError>
 where
     K: Resource<DynamicType = ()> + Serialize,
 {

@@ -38,7 +38,9 @@ pub fn desired_status(policy: &Policy, outcome: &Outcome, now: Time) -> Option<P
         Outcome::Rejected(message) => (
             "False",
             REASON_REJECTED,
-            format!("the API server refused this Policy's webhook entries, so they are left out: {message}"),
+            format!(
+                "the API server refused this Policy's webhook entries, so they are left out: {message}"
+            ),
         ),
     };
     let current = policy.status.as_ref();
@@ -129,7 +131,10 @@ mod tests {
             (c.status.as_str(), c.reason.as_str()),
             ("False", "RejectedByAPIServer")
         );
-        assert!(c.message.ends_with("webhooks[1].matchConditions[0].expression: Invalid"));
+        assert!(
+            c.message
+                .ends_with("webhooks[1].matchConditions[0].expression: Invalid")
+        );
     }
 
     #[test]

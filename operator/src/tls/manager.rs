@@ -282,7 +282,12 @@ impl TlsManager {
         // The Secret's invariant: `ca` signed `serving`.
         self.served_ca = material.ca.as_ref().and_then(|ca| ca_id(&ca.cert_pem));
         let usable = !matches!(
-            rotation::plan(material, SystemTime::now(), &self.config, Confirmed::default()),
+            rotation::plan(
+                material,
+                SystemTime::now(),
+                &self.config,
+                Confirmed::default()
+            ),
             Action::Create { .. }
         );
         if usable {
@@ -445,7 +450,9 @@ impl TlsManager {
         };
         let current = material.ca.as_ref().and_then(|c| der_of(&c.cert_pem));
         self.unused = match current {
-            Some(der) if material.previous_ca_pem.is_some() && self.replicas_serve(&der).await? => {
+            Some(der)
+                if material.previous_ca_pem.is_some() && self.replicas_serve(&der).await? =>
+            {
                 keep_since(self.unused.take(), der)
             }
             _ => None,
@@ -509,7 +516,8 @@ impl TlsManager {
         if material.previous_ca_pem.is_some() {
             now_waiting.push(Step::Drop);
         }
-        self.waiting.retain(|(step, _, _)| now_waiting.contains(step));
+        self.waiting
+            .retain(|(step, _, _)| now_waiting.contains(step));
         for step in &now_waiting {
             if !self.waiting.iter().any(|(s, _, _)| s == step) {
                 self.waiting.push((*step, Instant::now(), false));

@@ -53,10 +53,7 @@ impl Sightings {
                 Some((rv, at)) if *rv == record.resource_version => *at,
                 _ => now,
             };
-            fresh.insert(
-                record.name.clone(),
-                (record.resource_version.clone(), at),
-            );
+            fresh.insert(record.name.clone(), (record.resource_version.clone(), at));
             if now.saturating_duration_since(at) < ttl {
                 live.push(record);
             } else {
@@ -194,7 +191,10 @@ mod tests {
         let names = |v: &[Record]| v.iter().map(|r| r.name.clone()).collect::<Vec<_>>();
         // First sight counts as a change, whatever the record's own timestamps say.
         let (live, dead) = s.judge(vec![rec("a", "1"), rec("b", "1")], t0, ttl);
-        assert_eq!((names(&live), names(&dead)), (vec!["a".into(), "b".into()], vec![]));
+        assert_eq!(
+            (names(&live), names(&dead)),
+            (vec!["a".into(), "b".into()], vec![])
+        );
         // a renews, b does not.
         let later = t0 + Duration::from_secs(10);
         s.judge(vec![rec("a", "2"), rec("b", "1")], later, ttl);
@@ -217,8 +217,14 @@ mod tests {
 
     #[test]
     fn record_names_are_dns_subdomains() {
-        assert_eq!(record_name("gatehouse-7d9f-x2"), "gatehouse-serving-gatehouse-7d9f-x2");
-        assert_eq!(record_name("Host_Name:1234"), "gatehouse-serving-host-name-1234");
+        assert_eq!(
+            record_name("gatehouse-7d9f-x2"),
+            "gatehouse-serving-gatehouse-7d9f-x2"
+        );
+        assert_eq!(
+            record_name("Host_Name:1234"),
+            "gatehouse-serving-host-name-1234"
+        );
         assert!(record_name(&"x".repeat(400)).len() <= 253);
     }
 }

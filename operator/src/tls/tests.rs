@@ -235,7 +235,10 @@ fn serving_at_70_percent_is_renewed_under_the_same_ca() {
         serving_pem(&renewed),
         now
     ));
-    assert!(matches!(plan(&renewed, now, &cfg, NONE), Action::Keep { .. }));
+    assert!(matches!(
+        plan(&renewed, now, &cfg, NONE),
+        Action::Keep { .. }
+    ));
 }
 
 #[test]
@@ -324,7 +327,13 @@ fn ca_rotation_waits_for_each_confirmation() {
 
     // Phase 2, once the bundle is confirmed: the new CA signs, the old one stays in the bundle.
     let switched = at(t0, 17.0);
-    let m = step_given(&renewed, switched, &cfg, PUBLISHED, Action::FinishCaRotation);
+    let m = step_given(
+        &renewed,
+        switched,
+        &cfg,
+        PUBLISHED,
+        Action::FinishCaRotation,
+    );
     assert_eq!(m.ca.as_ref(), Some(&next_ca));
     assert!(m.next_ca.is_none());
     assert_eq!(m.previous_ca_pem.as_deref(), Some(old_ca.cert_pem.as_str()));
@@ -365,7 +374,10 @@ fn ca_rotation_waits_for_each_confirmation() {
         DNS_NAME,
         dropped_at
     ));
-    assert!(matches!(plan(&m, dropped_at, &cfg, NONE), Action::Keep { .. }));
+    assert!(matches!(
+        plan(&m, dropped_at, &cfg, NONE),
+        Action::Keep { .. }
+    ));
 }
 
 /// A stuck rotation keeps the current CA and certificate in use as long as they are valid;
@@ -632,17 +644,29 @@ fn simulated_rotations_never_present_an_untrusted_certificate() {
         let now = at(t0, i as f64 * tick);
         let lagging = history.get(i.saturating_sub(lag_ticks)).cloned();
         let ca_pem = |c: &Option<CertKeyPem>| c.as_ref().map(|c| c.cert_pem.trim().to_string());
-        let published = lagging.as_ref().zip(ca_pem(&m.next_ca)).is_some_and(|(old, next)| {
-            old.ca_bundle_pem().contains(&next)
-        });
-        published_since = if published { published_since.or(Some(i)) } else { None };
+        let published = lagging
+            .as_ref()
+            .zip(ca_pem(&m.next_ca))
+            .is_some_and(|(old, next)| old.ca_bundle_pem().contains(&next));
+        published_since = if published {
+            published_since.or(Some(i))
+        } else {
+            None
+        };
         let unused = m.previous_ca_pem.is_some()
-            && lagging.as_ref().zip(ca_pem(&m.ca)).is_some_and(|(old, ca)| {
-                old.serving
-                    .as_ref()
-                    .is_some_and(|s| issued_by_pem(&s.cert_pem, &ca))
-            });
-        unused_since = if unused { unused_since.or(Some(i)) } else { None };
+            && lagging
+                .as_ref()
+                .zip(ca_pem(&m.ca))
+                .is_some_and(|(old, ca)| {
+                    old.serving
+                        .as_ref()
+                        .is_some_and(|s| issued_by_pem(&s.cert_pem, &ca))
+                });
+        unused_since = if unused {
+            unused_since.or(Some(i))
+        } else {
+            None
+        };
         let confirmed = Confirmed {
             next_ca_published: published_since.is_some_and(|s| i - s >= grace_ticks),
             previous_ca_unused: unused_since.is_some_and(|s| i - s >= grace_ticks),
