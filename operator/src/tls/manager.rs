@@ -129,6 +129,8 @@ pub struct TlsManager {
     /// Steps waiting for the cluster, with when they started waiting and whether the Event was
     /// recorded.
     waiting: Vec<(Step, Instant, bool)>,
+    /// resourceVersions of the Secret this replica has served from, oldest first.
+    versions: std::collections::VecDeque<String>,
 }
 
 impl TlsManager {
@@ -160,6 +162,7 @@ impl TlsManager {
             published: None,
             unused: None,
             waiting: Vec::new(),
+            versions: std::collections::VecDeque::new(),
         }
     }
 
@@ -196,6 +199,12 @@ impl TlsManager {
                 event = secrets.next() => match event {
                     Some(Ok(Some(secret))) => {
                         let material = material_of(&secret);
+                        // Our own writes are observed as they return; their watch events, and
+                        // those of versions in between, arrive later and must not roll the
+                        // served certificate back.
+                        if self.is_stale(&secret) {
+                            continue;
+                        }
                         self.observe(&material);
                         // Another replica may have acted already (then our timer moves later)
                         // or the new content may need action (then it moves earlier).
@@ -222,7 +231,8 @@ impl TlsManager {
                         result = self.reconcile() => result,
                     };
                     match result {
-                        Ok((material, next_check)) => {
+                        Ok((material, next_check, version)) => {
+                            self.remember_version(version);
                             self.observe(&material);
                             backoff = ERROR_BACKOFF_MIN;
                             retry_not_before = Instant::now();
@@ -310,9 +320,40 @@ impl TlsManager {
         }
     }
 
+    /// Whether the watch brings a version of the Secret this replica has already moved past.
+    /// Versions are only compared for equality (they are opaque): the watch delivers them in
+    /// order, so one we remember, other than the newest, is behind us.
+    fn is_stale(&mut self, secret: &Secret) -> bool {
+        let Some(version) = secret.metadata.resource_version.as_ref() else {
+            return false;
+        };
+        match self.versions.iter().position(|v| v == version) {
+            Some(i) if i + 1 < self.versions.len() => {
+                // Everything up to it has been delivered now: forget it.
+                self.versions.drain(..=i);
+                true
+            }
+            Some(_) => true,
+            None => {
+                self.remember_version(Some(version.clone()));
+                false
+            }
+        }
+    }
+
+    fn remember_version(&mut self, version: Option<String>) {
+        let Some(version) = version else { return };
+        if self.versions.back() != Some(&version) {
+            self.versions.push_back(version);
+        }
+        while self.versions.len() > 32 {
+            self.versions.pop_front();
+        }
+    }
+
     /// Reads the Secret and applies due actions until the plan says keep. Returns the
-    /// material now stored and when to look again.
-    async fn reconcile(&mut self) -> Result<(TlsMaterial, SystemTime), TlsError> {
+    /// material now stored, when to look again and the Secret's resourceVersion.
+    async fn reconcile(&mut self) -> Result<(TlsMaterial, SystemTime, Option<String>), TlsError> {
         let name = self.config.secret_name.clone();
         let name = name.as_str();
         // `Some(..)`: the Secret as last written by us, no need to read it back.
@@ -354,7 +395,8 @@ impl TlsManager {
                     .await
                 {
                     Ok(created) => {
-                        info!(secret = name, "created TLS Secret with a new CA");
+                        info!(secret = name, "created TLS Secret");
+                        self.remember_version(created.metadata.resource_version.clone());
                         known = Some(Some(created));
                     }
                     Err(kube::Error::Api(status)) if status.is_already_exists() => {
@@ -378,7 +420,11 @@ impl TlsManager {
             let confirmed = self.confirm(&material).await?;
             let action = rotation::plan(&material, now, &self.config, confirmed);
             if let Action::Keep { next_check } = action {
-                return Ok((material, next_check));
+                return Ok((
+                    material,
+                    next_check,
+                    secret.metadata.resource_version.clone(),
+                ));
             }
             let restored = match (action, &self.last_good) {
                 // Corrupted by hand: what this replica serves is what the cluster trusts.
@@ -406,6 +452,7 @@ impl TlsManager {
             {
                 Ok(replaced) => {
                     info!(secret = name, %action, "TLS Secret updated");
+                    self.remember_version(replaced.metadata.resource_version.clone());
                     known = Some(Some(replaced));
                 }
                 Err(kube::Error::Api(status)) if status.is_conflict() => {
