@@ -5,6 +5,7 @@ pub mod admin;
 pub mod api;
 pub mod cli;
 pub mod controller;
+pub mod effects;
 pub mod engine;
 pub mod telemetry;
 pub mod tls;

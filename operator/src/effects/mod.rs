@@ -1,0 +1,3 @@
+//! The effects loop: side effects performed after the object is stored, keyed by its UID.
+//! `allocator` is the pure part.
+pub mod allocator;
