@@ -370,7 +370,7 @@ fn the_policy_webhook_lists_every_problem() {
     assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
     assert_eq!(
         status.message,
-        "Policy \"bad\" is invalid: spec: at least one of mutate or validate must be set; \
+        "Policy \"bad\" is invalid: spec: at least one of mutate, validate or effects must be set; \
          spec.timeoutSeconds: must be between 1 and 30, got 0; spec.match.rules: must not be empty"
     );
     let good = serde_json::to_value(policy(
@@ -551,5 +551,95 @@ fn patch_paths_escape_slashes_and_tildes() {
     assert_eq!(
         object["metadata"]["labels"],
         json!({"app": "web", "gatehouse.dev/managed": "true", "a~b": "x"})
+    );
+}
+
+/// An ipam effect marks a Pod on CREATE (gate + pool label, on top of the Policy's own
+/// mutations, in one patch) and nothing else: no other operation, nothing twice.
+#[test]
+fn an_ipam_effect_marks_created_pods_only() {
+    let p = compiled(
+        "ipam",
+        json!({
+            "match": pod_rules(),
+            "mutate": [{"merge": {"metadata": {"labels": {"team": "a"}}}}],
+            "effects": [{"ipam": {"pool": "pods-v4"}}],
+        }),
+    );
+    let original = pod(json!([{"name": "app", "image": "app:1"}]));
+    let resp = review(
+        &request("CREATE", Some(original.clone()), None),
+        &p,
+        Phase::Mutating,
+    );
+    assert!(resp.allowed);
+    let mut marked = original.clone();
+    json_patch::patch(&mut marked, &resp.patch).unwrap();
+    assert_eq!(
+        marked["metadata"]["labels"]["gatehouse.dev/ipam-pool"],
+        "pods-v4"
+    );
+    assert_eq!(marked["metadata"]["labels"]["team"], "a");
+    assert_eq!(
+        marked["spec"]["schedulingGates"],
+        json!([{"name": "gatehouse.dev/ipam"}])
+    );
+    // Reinvocation on the marked Pod changes nothing.
+    let again = review(
+        &request("CREATE", Some(marked.clone()), None),
+        &p,
+        Phase::Mutating,
+    );
+    assert!(again.patch.0.is_empty(), "{:?}", again.patch);
+    // UPDATE is mutated but never marked (the API server refuses new gates after CREATE).
+    let update = review(
+        &request("UPDATE", Some(original.clone()), Some(original.clone())),
+        &p,
+        Phase::Mutating,
+    );
+    let mut updated = original.clone();
+    json_patch::patch(&mut updated, &update.patch).unwrap();
+    assert!(updated["spec"].get("schedulingGates").is_none());
+    // A Policy with only effects still answers, with only the mark.
+    let only = compiled(
+        "only",
+        json!({"match": pod_rules(), "effects": [{"ipam": {"pool": "p", "annotation": "example.com/ip"}}]}),
+    );
+    assert!(only.is_mutating() && !only.has_mutations());
+    let resp = review(
+        &request("CREATE", Some(original), None),
+        &only,
+        Phase::Mutating,
+    );
+    assert_eq!(resp.patch.0.len(), 2, "{:?}", resp.patch);
+}
+
+#[test]
+fn ipam_effects_are_validated() {
+    let problems = |spec: Value| -> Vec<String> {
+        engine::validate(&policy("p", spec))
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    };
+    let got = problems(json!({
+        "match": {"rules": [{"operations": ["UPDATE"], "apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["deployments"]}]},
+        "effects": [{"ipam": {"pool": "Bad_Pool", "annotation": "has space"}}, {}, {"ipam": {"pool": "p"}}],
+    }));
+    for want in [
+        "spec.effects[0].ipam.pool: \"Bad_Pool\" is not an IPPool name",
+        "spec.effects[0].ipam.annotation: \"has space\" is not a valid qualified name",
+        "spec.effects[0].ipam: allocates to Pods on CREATE, but no rule",
+        "spec.effects[1]: must set one effect (ipam)",
+        "spec.effects[2].ipam: a Policy allocates at most one address",
+    ] {
+        assert!(
+            got.iter().any(|g| g.starts_with(want)),
+            "missing {want:?} in {got:#?}"
+        );
+    }
+    assert!(
+        problems(json!({"match": pod_rules(), "effects": [{"ipam": {"pool": "pods-v4"}}]}))
+            .is_empty()
     );
 }

@@ -664,7 +664,7 @@ async fn invalid_policies_are_refused_or_marked_not_ready() {
             let empty = format!("apiVersion: gatehouse.dev/v1alpha1\nkind: Policy\nmetadata: {{name: empty-{}}}\nspec:\n  match:\n    rules: [{{operations: [CREATE], apiGroups: [\"\"], apiVersions: [v1], resources: [pods]}}]\n", scene.id());
             let out = cluster.kubectl_output(["apply", "-f", "-"], Some(&empty)).await?;
             ensure!(
-                !out.status.success() && stderr(&out).contains("a Policy needs at least one of mutate or validate"),
+                !out.status.success() && stderr(&out).contains("a Policy needs at least one of mutate, validate or effects"),
                 "a Policy with neither mutate nor validate was not refused: {}",
                 stderr(&out)
             );

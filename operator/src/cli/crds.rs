@@ -3,7 +3,7 @@ use std::path::{Path, PathBuf};
 
 use kube::CustomResourceExt;
 
-use crate::api::v1alpha1::Policy;
+use crate::api::v1alpha1::{IPAllocation, IPPool, Policy};
 
 /// Arguments of `gatehouse crds`.
 #[derive(clap::Args, Debug, Clone)]
@@ -31,7 +31,7 @@ pub enum CrdsError {
 
 /// Every generated file as (file name, contents); `kustomization.yaml` last.
 pub fn generate() -> Result<Vec<(String, String)>, CrdsError> {
-    let crds = [Policy::crd()];
+    let crds = [Policy::crd(), IPPool::crd(), IPAllocation::crd()];
     let mut files = Vec::with_capacity(crds.len() + 1);
     for crd in crds {
         let name = crd.metadata.name.clone().unwrap_or_default();
@@ -143,7 +143,7 @@ mod tests {
             r["message"]
                 .as_str()
                 .unwrap()
-                .contains("at least one of mutate or validate")
+                .contains("at least one of mutate, validate or effects")
         }));
         let rule_item = &spec["properties"]["validate"]["items"]["properties"];
         assert_eq!(rule_item["message"]["minLength"], 1);

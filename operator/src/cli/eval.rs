@@ -444,8 +444,7 @@ enum Step {
 
 /// Plays the admission chain for `request`. Pure: everything `eval` prints is derived from this.
 pub fn admit(request: &Request, policies: &[CompiledPolicy]) -> Admission {
-    let mut mutating: Vec<&CompiledPolicy> =
-        policies.iter().filter(|p| p.has_mutations()).collect();
+    let mut mutating: Vec<&CompiledPolicy> = policies.iter().filter(|p| p.is_mutating()).collect();
     mutating.sort_by(|a, b| (a.spec().priority, a.name()).cmp(&(b.spec().priority, b.name())));
     let mut validating: Vec<&CompiledPolicy> =
         policies.iter().filter(|p| p.has_validations()).collect();

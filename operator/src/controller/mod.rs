@@ -7,12 +7,10 @@ pub mod status;
 pub mod wiring;
 
 use std::collections::{HashMap, HashSet};
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use futures::TryStreamExt;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -20,8 +18,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -30,6 +28,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::api::v1alpha1::Policy;
 use crate::engine;
+use crate::reconcile::{NotLeading, coalesce, fenced, reflect};
 use crate::telemetry::{Metrics, ReconcileLabels};
 use crate::webhook::PolicyStore;
 use lease::Leadership;
@@ -39,10 +38,6 @@ use wiring::{CONFIGURATION_NAME, Wiring};
 /// The one field manager of every write Gatehouse makes.
 pub const FIELD_MANAGER: &str = "gatehouse";
 
-/// A burst of changes is collected until it has been quiet this long...
-const QUIET: Duration = Duration::from_millis(500);
-/// ...but never longer than this, so a steady trickle still gets wired.
-const MAX_COALESCE: Duration = Duration::from_secs(3);
 /// Level-triggered safety net in case a watch event was missed.
 const RESYNC: Duration = Duration::from_secs(60);
 
@@ -72,6 +67,12 @@ pub enum ReconcileError {
     },
     #[error("not leading any more: {what} not written")]
     NotLeading { what: String },
+}
+
+impl From<NotLeading> for ReconcileError {
+    fn from(e: NotLeading) -> Self {
+        ReconcileError::NotLeading { what: e.what }
+    }
 }
 
 /// Readiness of the whole process, as `/readyz` reports it.
@@ -154,18 +155,19 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let trigger = Arc::new(Notify::new());
-    let (policies, policy_watch) = reflect::<Policy>(ctx.client.clone(), None, trigger.clone());
-    let by_name = format!("metadata.name={CONFIGURATION_NAME}");
+    let (policies, policy_watch) = reflect::<Policy>(
+        ctx.client.clone(),
+        watcher::Config::default(),
+        trigger.clone(),
+    );
+    let by_name = watcher::Config::default().fields(&format!("metadata.name={CONFIGURATION_NAME}"));
     let (mutating, mutating_watch) = reflect::<MutatingWebhookConfiguration>(
         ctx.client.clone(),
-        Some(by_name.clone()),
+        by_name.clone(),
         trigger.clone(),
     );
-    let (validating, validating_watch) = reflect::<ValidatingWebhookConfiguration>(
-        ctx.client.clone(),
-        Some(by_name.clone()),
-        trigger.clone(),
-    );
+    let (validating, validating_watch) =
+        reflect::<ValidatingWebhookConfiguration>(ctx.client.clone(), by_name, trigger.clone());
     let caches = Caches {
         policies,
         mutating,
@@ -233,63 +235,6 @@ pub async fn run(
         () = shutdown => {}
     }
     watches.abort();
-}
-
-/// Waits until no trigger arrived for `QUIET`, or `MAX_COALESCE` passed.
-async fn coalesce(trigger: &Notify) {
-    let deadline = tokio::time::Instant::now() + MAX_COALESCE;
-    loop {
-        let quiet = tokio::time::sleep(QUIET);
-        tokio::select! {
-            () = trigger.notified() => {
-                if tokio::time::Instant::now() >= deadline {
-                    return;
-                }
-            }
-            () = quiet => return,
-            () = tokio::time::sleep_until(deadline) => return,
-        }
-    }
-}
-
-/// A reflector of `K` (optionally one object by field selector) that pokes `trigger` on every
-/// change. Returns the store and the future driving the watch.
-fn reflect<K>(
-    client: Client,
-    fields: Option<String>,
-    trigger: Arc<Notify>,
-) -> (
-    Store<K>,
-    impl std::future::Future<Output = ()> + Send + use<K>,
-)
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-{
-    let api: Api<K> = Api::all(client);
-    let mut config = watcher::Config::default();
-    if let Some(fields) = fields {
-        config = config.fields(&fields);
-    }
-    let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
-    let kind = K::kind(&()).to_string();
-    let fut = async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            match stream.try_next().await {
-                Ok(Some(_event)) => trigger.notify_one(),
-                Ok(None) => return,
-                Err(e) => warn!(%kind, error = %e, "watch failed; backing off"),
-            }
-        }
-    };
-    (store, fut)
 }
 
 async fn reconcile_all(
@@ -503,23 +448,6 @@ where
         body["metadata"]["resourceVersion"] = rv.into();
     }
     Ok(body)
-}
-
-/// Runs `write` only while this replica leads, and no longer than its term lasts. Together
-/// with the resourceVersion precondition on every write, a replica that stopped leading can
-/// neither start a write nor have one land after its successor wrote.
-async fn fenced<T>(
-    leader: &watch::Receiver<Leadership>,
-    what: impl Fn() -> String,
-    write: impl Future<Output = Result<T, kube::Error>>,
-) -> Result<Result<T, kube::Error>, ReconcileError> {
-    let term = *leader.borrow();
-    if !term.is_leading() {
-        return Err(ReconcileError::NotLeading { what: what() });
-    }
-    tokio::time::timeout(term.remaining(), write)
-        .await
-        .map_err(|_| ReconcileError::NotLeading { what: what() })
 }
 
 async fn apply_if_changed<K>(

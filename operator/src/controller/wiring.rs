@@ -90,7 +90,7 @@ pub fn desired(policies: &[&Policy], wiring: &Wiring, ca_bundle: &str) -> Desire
 
     let mutating = sorted
         .iter()
-        .filter(|p| !p.spec.mutate.is_empty())
+        .filter(|p| crate::engine::is_mutating(&p.spec))
         .map(|p| mutating_entry(p, wiring, ca_bundle))
         .collect();
     let mut validating: Vec<ValidatingWebhook> = vec![self_entry(wiring, ca_bundle)];
@@ -328,6 +328,7 @@ mod tests {
             reinvocation_policy: ReinvocationPolicy::IfNeeded,
             mutate: vec![],
             validate: vec![],
+            effects: vec![],
         };
         if mutate {
             spec.mutate.push(Mutation {

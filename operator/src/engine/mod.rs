@@ -10,10 +10,12 @@
 //! * [`cel`]: the CEL environment, variable checks and evaluation;
 //! * [`review`](mod@review): AdmissionReview wire types, [`parse_review`], [`review`](fn@review)
 //!   and [`response_review`];
-//! * [`matcher`]: rules, objectSelector and match conditions, for offline evaluation.
+//! * [`matcher`]: rules, objectSelector and match conditions, for offline evaluation;
+//! * [`mark`]: the scheduling gate and label that hand a Pod to the effects loop.
 pub mod cel;
 pub mod diff;
 pub mod k8s_names;
+pub mod mark;
 pub mod matcher;
 pub mod merge;
 pub mod mutate;
@@ -22,7 +24,7 @@ pub mod review;
 
 pub use matcher::{MatchError, matches};
 pub use merge::merge;
-pub use policy::{CompiledPolicy, InvalidPolicy, Problem, compile, validate};
+pub use policy::{CompiledPolicy, InvalidPolicy, Problem, compile, is_mutating, validate};
 pub use review::{
     Phase, Request, Response, ReviewError, Status, parse_review, response_review, review,
     review_policy_object,

@@ -14,10 +14,12 @@ use kube::ResourceExt;
 use super::cel::{self, Needs, Site};
 use super::k8s_names::{
     DNS1123_SUBDOMAIN_MAX_LENGTH, dns1123_subdomain_form_error, has_dns1123_subdomain_form,
-    is_label_value, is_qualified_name,
+    is_dns1123_subdomain, is_label_value, is_qualified_name,
 };
 use super::merge::{Reach, is_valid_path};
-use crate::api::v1alpha1::{Mutation, Operation, Policy, PolicySpec, ReinvocationPolicy};
+use crate::api::v1alpha1::{
+    IpamEffect, Mutation, Operation, Policy, PolicySpec, ReinvocationPolicy,
+};
 use crate::controller::wiring::ENTRY_SUFFIX;
 
 /// The API server refuses a webhook entry with more match conditions than this.
@@ -120,15 +122,31 @@ impl CompiledPolicy {
         self.one_pass
     }
 
-    /// Whether the Policy belongs in the MutatingWebhookConfiguration.
+    /// Whether the Policy has a `mutate` list.
     pub fn has_mutations(&self) -> bool {
         !self.spec.mutate.is_empty()
+    }
+
+    /// The IPAM effect, if any (validation allows at most one).
+    pub fn ipam(&self) -> Option<&IpamEffect> {
+        self.spec.effects.iter().find_map(|e| e.ipam.as_ref())
+    }
+
+    /// Whether the Policy belongs in the MutatingWebhookConfiguration: it mutates, or it marks
+    /// objects for the effects loop.
+    pub fn is_mutating(&self) -> bool {
+        is_mutating(&self.spec)
     }
 
     /// Whether the Policy belongs in the ValidatingWebhookConfiguration.
     pub fn has_validations(&self) -> bool {
         !self.spec.validate.is_empty()
     }
+}
+
+/// Whether a Policy with this spec needs a mutating entry.
+pub fn is_mutating(spec: &PolicySpec) -> bool {
+    !spec.mutate.is_empty() || !spec.effects.is_empty()
 }
 
 /// Every problem of `policy`; empty means valid.
@@ -246,12 +264,13 @@ fn analyse(policy: &Policy) -> (Vec<Problem>, Option<Programs>) {
         policy.metadata.name.as_deref().unwrap_or_default(),
         &mut problems,
     );
-    if spec.mutate.is_empty() && spec.validate.is_empty() {
+    if spec.mutate.is_empty() && spec.validate.is_empty() && spec.effects.is_empty() {
         problems.push(Problem::new(
             "spec",
-            "at least one of mutate or validate must be set",
+            "at least one of mutate, validate or effects must be set",
         ));
     }
+    check_effects(spec, &mut problems);
     if !(1..=30).contains(&spec.timeout_seconds) {
         problems.push(Problem::new(
             "spec.timeoutSeconds",
@@ -438,6 +457,51 @@ fn check_name(name: &str, problems: &mut Vec<Problem>) {
                 dns1123_subdomain_form_error()
             ),
         ));
+    }
+}
+
+/// Effects: each names exactly one kind; IPAM at most once, from a pool with a valid object
+/// name, to a valid annotation key, and only where a rule can match Pod creation (the only
+/// request admission marks).
+fn check_effects(spec: &PolicySpec, problems: &mut Vec<Problem>) {
+    let mut ipams = 0;
+    for (i, effect) in spec.effects.iter().enumerate() {
+        let path = format!("spec.effects[{i}]");
+        let Some(ipam) = &effect.ipam else {
+            problems.push(Problem::new(path, "must set one effect (ipam)"));
+            continue;
+        };
+        ipams += 1;
+        if ipams == 2 {
+            problems.push(Problem::new(
+                format!("{path}.ipam"),
+                "a Policy allocates at most one address: only one ipam effect is allowed",
+            ));
+        }
+        if let Err(messages) = is_dns1123_subdomain(&ipam.pool) {
+            for message in messages {
+                problems.push(Problem::new(
+                    format!("{path}.ipam.pool"),
+                    format!("{:?} is not an IPPool name: {message}", ipam.pool),
+                ));
+            }
+        }
+        if let Some(annotation) = &ipam.annotation {
+            check_qualified_name(&format!("{path}.ipam.annotation"), annotation, problems);
+        }
+        let creates_pods = spec.match_.rules.iter().any(|r| {
+            r.operations
+                .iter()
+                .any(|o| matches!(o, Operation::Create | Operation::All))
+                && r.api_groups.iter().any(|g| g.is_empty() || g == "*")
+                && r.resources.iter().any(|res| res == "pods" || res == "*")
+        });
+        if !creates_pods {
+            problems.push(Problem::new(
+                format!("{path}.ipam"),
+                "allocates to Pods on CREATE, but no rule of spec.match.rules matches Pod creation",
+            ));
+        }
     }
 }
 
@@ -825,7 +889,7 @@ mod tests {
         assert_eq!(
             got,
             [
-                "spec: at least one of mutate or validate must be set",
+                "spec: at least one of mutate, validate or effects must be set",
                 "spec.match.rules: must not be empty"
             ]
         );

@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::cel::{self, Activation, Needs};
-use super::mutate;
 use super::policy::{self, CompiledPolicy};
+use super::{diff, mark, mutate};
 use crate::api::v1alpha1::{FailurePolicy, Operation, Policy, ValidationAction};
 
 /// The only AdmissionReview version Gatehouse registers for.
@@ -494,37 +494,61 @@ fn prefix(policy: &CompiledPolicy) -> String {
 
 fn mutating(req: &Request, policy: &CompiledPolicy) -> Response {
     // DELETE and CONNECT carry no object to mutate.
-    let Some(object) = req.object.as_ref().filter(|_| policy.has_mutations()) else {
+    let Some(object) = req.object.as_ref().filter(|_| policy.is_mutating()) else {
         return Response::allow();
     };
+    let mut resp = if policy.has_mutations() {
+        match mutations(req, policy, object) {
+            Ok(resp) => resp,
+            Err(e) => {
+                return Response::deny(500, "InternalError", format!("{}: {e}", prefix(policy)));
+            }
+        }
+    } else {
+        Response::allow()
+    };
+    if let Some(ipam) = policy.ipam().filter(|_| mark::marks(req)) {
+        // The mark may touch what the mutations touched (labels): one copy, one diff.
+        let mut marked = object.clone();
+        if let Err(e) = json_patch::patch(&mut marked, &resp.patch) {
+            return Response::deny(500, "InternalError", format!("{}: {e}", prefix(policy)));
+        }
+        if mark::mark_for_ipam(&mut marked, &ipam.pool) {
+            resp.patch = diff::diff(object, &marked);
+        }
+    }
+    resp
+}
+
+fn mutations(
+    req: &Request,
+    policy: &CompiledPolicy,
+    object: &Value,
+) -> Result<Response, mutate::MutateError> {
     // Guards that do not mention `request` never resolve it.
     let request = if policy.when_needs.iter().any(Needs::reads_request) {
         req.cel_variable()
     } else {
         Value::Null
     };
-    match mutate::patch(policy, object, req.old_object.as_ref(), &request) {
-        Ok(outcome) => {
-            let mut resp = Response::allow();
-            // Equal to json_patch::diff(object, mutated object).
-            resp.patch = outcome.patch;
-            resp.warnings = outcome
-                .ignored
-                .iter()
-                .map(|e| format!("{}: {e} (skipped: failurePolicy is Ignore)", prefix(policy)))
-                .collect();
-            if !outcome.settled {
-                resp.warnings.push(format!(
-                    "{}: mutations did not settle after {} passes; a when guard probably reads a \
-                     field another mutation writes",
-                    prefix(policy),
-                    mutate::max_passes(policy)
-                ));
-            }
-            resp
-        }
-        Err(e) => Response::deny(500, "InternalError", format!("{}: {e}", prefix(policy))),
+    let outcome = mutate::patch(policy, object, req.old_object.as_ref(), &request)?;
+    let mut resp = Response::allow();
+    // Equal to json_patch::diff(object, mutated object).
+    resp.patch = outcome.patch;
+    resp.warnings = outcome
+        .ignored
+        .iter()
+        .map(|e| format!("{}: {e} (skipped: failurePolicy is Ignore)", prefix(policy)))
+        .collect();
+    if !outcome.settled {
+        resp.warnings.push(format!(
+            "{}: mutations did not settle after {} passes; a when guard probably reads a \
+             field another mutation writes",
+            prefix(policy),
+            mutate::max_passes(policy)
+        ));
     }
+    Ok(resp)
 }
 
 fn validating(req: &Request, policy: &CompiledPolicy) -> Response {

@@ -1,4 +1,4 @@
-//! `gatehouse.dev/v1alpha1`.
+//! `Policy`: what Gatehouse serves as admission webhooks.
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -27,9 +27,9 @@ pub const GROUP: &str = "gatehouse.dev";
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = kube::core::Rule::new(
-        "(has(self.mutate) && size(self.mutate) > 0) || (has(self.validate) && size(self.validate) > 0)"
+        "(has(self.mutate) && size(self.mutate) > 0) || (has(self.validate) && size(self.validate) > 0) || (has(self.effects) && size(self.effects) > 0)"
     )
-        .message("a Policy needs at least one of mutate or validate"),
+        .message("a Policy needs at least one of mutate, validate or effects"),
     validation = kube::core::Rule::new(
         "self.reinvocationPolicy == 'Never' || (has(self.mutate) && size(self.mutate) > 0)"
     )
@@ -66,6 +66,12 @@ pub struct PolicySpec {
     /// CEL rules the (final, mutated) object must satisfy.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub validate: Vec<ValidationRule>,
+
+    /// Side effects, performed by Gatehouse's effects loop after the object is stored (never at
+    /// admission, so `sideEffects: None` stays true and a dry run allocates nothing). A Policy
+    /// with effects gets a mutating entry: admission marks the object for the loop.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub effects: Vec<super::Effect>,
 }
 
 /// The spec the API server's defaulting produces for an empty object.
@@ -79,6 +85,7 @@ impl Default for PolicySpec {
             reinvocation_policy: ReinvocationPolicy::default(),
             mutate: Vec::new(),
             validate: Vec::new(),
+            effects: Vec::new(),
         }
     }
 }

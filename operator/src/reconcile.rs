@@ -1,0 +1,97 @@
+//! What the reconcile loops (the Policy controller and the effects loop) share: reflectors
+//! that poke a trigger, coalescing of bursts, and writes fenced by the leader's term.
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::{Notify, watch};
+use tracing::warn;
+
+use crate::controller::lease::Leadership;
+
+/// A burst of changes is collected until it has been quiet this long...
+const QUIET: Duration = Duration::from_millis(500);
+/// ...but never longer than this, so a steady trickle still gets handled.
+const MAX_COALESCE: Duration = Duration::from_secs(3);
+
+/// A write skipped or cut off because this replica's term as leader ended.
+#[derive(Debug, thiserror::Error)]
+#[error("not leading any more: {what} not written")]
+pub struct NotLeading {
+    pub what: String,
+}
+
+/// Waits until no trigger arrived for `QUIET`, or `MAX_COALESCE` passed.
+pub async fn coalesce(trigger: &Notify) {
+    let deadline = tokio::time::Instant::now() + MAX_COALESCE;
+    loop {
+        let quiet = tokio::time::sleep(QUIET);
+        tokio::select! {
+            () = trigger.notified() => {
+                if tokio::time::Instant::now() >= deadline {
+                    return;
+                }
+            }
+            () = quiet => return,
+            () = tokio::time::sleep_until(deadline) => return,
+        }
+    }
+}
+
+/// A reflector of `K` (optionally narrowed by `config`'s selectors) that pokes `trigger` on every
+/// change. Returns the store and the future driving the watch.
+pub fn reflect<K>(
+    client: Client,
+    config: watcher::Config,
+    trigger: Arc<Notify>,
+) -> (
+    Store<K>,
+    impl std::future::Future<Output = ()> + Send + use<K>,
+)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let api: Api<K> = Api::all(client);
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
+    let kind = K::kind(&()).to_string();
+    let fut = async move {
+        let mut stream = std::pin::pin!(stream);
+        loop {
+            match stream.try_next().await {
+                Ok(Some(_event)) => trigger.notify_one(),
+                Ok(None) => return,
+                Err(e) => warn!(%kind, error = %e, "watch failed; backing off"),
+            }
+        }
+    };
+    (store, fut)
+}
+
+/// Runs `write` only while this replica leads, and no longer than its term lasts. Together
+/// with the resourceVersion precondition on every write, a replica that stopped leading can
+/// neither start a write nor have one land after its successor wrote.
+pub async fn fenced<T>(
+    leader: &watch::Receiver<Leadership>,
+    what: impl Fn() -> String,
+    write: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<Result<T, kube::Error>, NotLeading> {
+    let term = *leader.borrow();
+    if !term.is_leading() {
+        return Err(NotLeading { what: what() });
+    }
+    tokio::time::timeout(term.remaining(), write)
+        .await
+        .map_err(|_| NotLeading { what: what() })
+}
