@@ -52,6 +52,8 @@ pub struct Metrics {
     pub cert_not_after: Family<CertLabels, Gauge>,
     pub tls_rotation_waiting: Family<RotationLabels, Gauge>,
     pub leader: Gauge,
+    pub ipam_allocations: Counter,
+    pub ipam_orphans_collected: Counter,
 }
 
 impl Default for Metrics {
@@ -74,6 +76,21 @@ impl Metrics {
         let cert_not_after = Family::<CertLabels, Gauge>::default();
         let tls_rotation_waiting = Family::<RotationLabels, Gauge>::default();
         let leader = Gauge::default();
+        let ipam_allocations = Counter::default();
+        let ipam_orphans_collected = Counter::default();
+        {
+            let ipam = registry.sub_registry_with_prefix("ipam");
+            ipam.register(
+                "allocations",
+                "IPAllocations created by the effects loop",
+                ipam_allocations.clone(),
+            );
+            ipam.register(
+                "orphans_collected",
+                "IPAllocations deleted by garbage collection because their owner Pod was gone",
+                ipam_orphans_collected.clone(),
+            );
+        }
         {
             let admission = registry.sub_registry_with_prefix("admission");
             admission.register(
@@ -135,6 +152,8 @@ impl Metrics {
             cert_not_after,
             tls_rotation_waiting,
             leader,
+            ipam_allocations,
+            ipam_orphans_collected,
         }
     }
 

@@ -14,6 +14,7 @@ use crate::admin::{self, AdminState};
 use crate::controller::lease::{self, Leadership, LeaseConfig};
 use crate::controller::wiring::{CONFIGURATION_NAME, Endpoint, Wiring};
 use crate::controller::{self, Context, Readiness};
+use crate::effects::ipam::{self, IpamConfig};
 use crate::telemetry::{self, CertLabels, Metrics};
 use crate::tls::{self, CertResolver, Coordination, San, TlsConfig, TlsManager};
 use crate::webhook::{self, Handler, PolicyStore, WebhookState};
@@ -83,6 +84,14 @@ pub struct RunArgs {
     /// A leader that has not renewed the Lease for this long is replaced.
     #[arg(long, env = "GATEHOUSE_LEASE_DURATION", default_value = "15s", value_parser = super::duration::parse)]
     pub lease_duration: Duration,
+
+    /// How often the effects loop looks for IP allocations whose owner Pod is gone.
+    #[arg(long, env = "GATEHOUSE_GC_INTERVAL", default_value = "60s", value_parser = super::duration::parse)]
+    pub gc_interval: Duration,
+
+    /// How old an orphaned IP allocation must be before it is collected.
+    #[arg(long, env = "GATEHOUSE_GC_GRACE", default_value = "30s", value_parser = super::duration::parse)]
+    pub gc_grace: Duration,
 
     /// Log as JSON lines instead of text.
     #[arg(long, env = "GATEHOUSE_LOG_JSON")]
@@ -195,6 +204,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     tls_config.cert_validity = args.cert_validity;
     tls_config.bundle_propagation = args.bundle_propagation;
     let identity = args.identity();
+    let identity_for_events = identity.clone();
     let reporter = kube::runtime::events::Reporter {
         controller: "gatehouse".into(),
         instance: Some(identity.clone()),
@@ -311,6 +321,22 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics.leader.clone(),
         stopped(),
     );
+    let ipam = Arc::new(ipam::Context {
+        client: client.clone(),
+        metrics: metrics.clone(),
+        recorder: kube::runtime::events::Recorder::new(
+            client.clone(),
+            kube::runtime::events::Reporter {
+                controller: "gatehouse-ipam".into(),
+                instance: Some(identity_for_events.clone()),
+            },
+        ),
+        config: IpamConfig {
+            gc_interval: args.gc_interval,
+            gc_grace: args.gc_grace,
+        },
+    });
+    let ipam_task = ipam::run(ipam, leader_rx.clone(), stopped());
     let controller_task = controller::run(ctx, bundle_rx, leader_rx, stopped());
 
     let signals = async move {
@@ -326,7 +352,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         webhook_task,
         admin_task,
         lease_task,
-        controller_task
+        controller_task,
+        ipam_task
     );
     info!("stopped");
     Ok(())

@@ -1,0 +1,852 @@
+//! The IPAM loop: addresses for Pods, allocated after the Pod is stored, keyed by its UID.
+//!
+//! Admission only marked the Pod (gate `gatehouse.dev/ipam`, label `gatehouse.dev/ipam-pool`).
+//! This loop, on the leader only, watches exactly the marked Pods, the IPPools and the
+//! IPAllocations, and for each marked, gated, live Pod:
+//! 1. reuses the IPAllocation that already names the Pod's UID (a retry or a restart after a
+//!    crash between creating the allocation and patching the Pod), or picks the lowest free
+//!    address from the pool's in-memory index and creates its IPAllocation. The object's name
+//!    is derived from the address, so the API server refuses a second allocation of an address
+//!    (AlreadyExists: the next candidate is tried), whoever tries — another replica, a
+//!    restarted process, a stale cache;
+//! 2. writes the address to the Pod's annotation and removes the gate in one JSON patch that
+//!    first tests the Pod's UID and the gate, so it can never land on another Pod.
+//!
+//! A Pod that is deleted, or finishes (Succeeded/Failed), releases its address at once. What
+//! the loop did not see go — Pods deleted while Gatehouse was down, a crash between the two
+//! writes — the garbage collection finds: every `--gc-interval`, it lists allocations *before*
+//! Pods (so an allocation made after the owner list was read is never judged against it),
+//! takes allocations whose owner UID is not a live Pod and older than `--gc-grace`, re-checks
+//! each against the API server, and deletes it (Event, `gatehouse_ipam_orphans_collected`).
+//! Owners are compared by UID, never by name: a Pod re-created under the same name is another
+//! owner, and the old allocation is an orphan.
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{
+    DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions,
+};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::allocator::{Allocator, Pool, allocation_name, overlaps};
+use crate::api::v1alpha1::{
+    DEFAULT_IPAM_ANNOTATION, IPAM_GATE, IPAM_POOL_LABEL, IPAllocation, IPAllocationSpec, IPPool,
+    IPPoolStatus, OWNER_UID_LABEL, Owner, POOL_LABEL, Policy,
+};
+use crate::controller::FIELD_MANAGER;
+use crate::controller::lease::Leadership;
+use crate::reconcile::{NotLeading, coalesce, fenced, reflect};
+use crate::telemetry::Metrics;
+
+/// Finalizer that holds a deleted IPPool until its allocations are gone.
+pub const POOL_FINALIZER: &str = "gatehouse.dev/allocations";
+/// Level-triggered safety net in case a watch event was missed.
+const RESYNC: Duration = Duration::from_secs(30);
+
+/// Timings of the loop.
+#[derive(Clone, Debug)]
+pub struct IpamConfig {
+    /// How often orphaned allocations are looked for.
+    pub gc_interval: Duration,
+    /// How old an orphaned allocation must be before it is collected.
+    pub gc_grace: Duration,
+}
+
+/// Errors of one pass, named after the failing step.
+#[derive(Debug, thiserror::Error)]
+pub enum IpamError {
+    #[error("creating IPAllocation {name}: {source}")]
+    CreateAllocation { name: String, source: kube::Error },
+    #[error("deleting IPAllocation {name}: {source}")]
+    DeleteAllocation { name: String, source: kube::Error },
+    #[error("patching Pod {namespace}/{name}: {source}")]
+    PatchPod {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("writing IPPool {name}: {source}")]
+    WritePool { name: String, source: kube::Error },
+    #[error("listing {what} for garbage collection: {source}")]
+    List {
+        what: &'static str,
+        source: kube::Error,
+    },
+    #[error("re-reading Pod {namespace}/{name} before collecting its allocation: {source}")]
+    ReadPod {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    NotLeading(#[from] NotLeading),
+}
+
+/// What the loop needs, passed explicitly.
+pub struct Context {
+    pub client: Client,
+    pub metrics: Arc<Metrics>,
+    pub recorder: Recorder,
+    pub config: IpamConfig,
+}
+
+struct Caches {
+    pods: Store<Pod>,
+    pools: Store<IPPool>,
+    allocations: Store<IPAllocation>,
+    policies: Store<Policy>,
+}
+
+/// What one leader term remembers between passes.
+#[derive(Default)]
+struct Memory {
+    /// UIDs of the marked Pods seen last pass: one gone since was deleted, release at once.
+    pods: HashMap<String, Vec<String>>,
+    /// Pods already told their pool is exhausted (one Event per wait).
+    told_exhausted: HashSet<String>,
+}
+
+/// Runs the loop until `shutdown`. Every replica keeps its caches warm; only the leader acts.
+pub async fn run(
+    ctx: Arc<Context>,
+    mut leader: watch::Receiver<Leadership>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let trigger = Arc::new(Notify::new());
+    let marked = watcher::Config::default().labels(IPAM_POOL_LABEL);
+    let (pods, pods_watch) = reflect::<Pod>(ctx.client.clone(), marked, trigger.clone());
+    let all = watcher::Config::default;
+    let (pools, pools_watch) = reflect::<IPPool>(ctx.client.clone(), all(), trigger.clone());
+    let (allocations, allocations_watch) =
+        reflect::<IPAllocation>(ctx.client.clone(), all(), trigger.clone());
+    let (policies, policies_watch) = reflect::<Policy>(ctx.client.clone(), all(), trigger.clone());
+    let caches = Caches {
+        pods,
+        pools,
+        allocations,
+        policies,
+    };
+    let watches = tokio::spawn(async move {
+        tokio::join!(pods_watch, pools_watch, allocations_watch, policies_watch);
+    });
+    let work = async {
+        let _ = tokio::join!(
+            caches.pods.wait_until_ready(),
+            caches.pools.wait_until_ready(),
+            caches.allocations.wait_until_ready(),
+            caches.policies.wait_until_ready(),
+        );
+        info!("IPAM caches synced");
+        let mut memory = Memory::default();
+        let mut next_gc = Instant::now() + ctx.config.gc_interval;
+        loop {
+            let term = *leader.borrow_and_update();
+            if term.is_leading() {
+                let result = pass(&ctx, &caches, &mut memory, &leader)
+                    .instrument(info_span!("reconcile", controller = "ipam"))
+                    .await;
+                if let Err(e) = result {
+                    warn!(error = %e, "IPAM pass failed; retrying");
+                    trigger.notify_one();
+                }
+                if Instant::now() >= next_gc {
+                    next_gc = Instant::now() + ctx.config.gc_interval;
+                    match collect_orphans(&ctx, &leader)
+                        .instrument(info_span!("gc", controller = "ipam"))
+                        .await
+                    {
+                        Ok(0) => {}
+                        Ok(n) => info!(collected = n, "collected orphaned IP allocations"),
+                        Err(e) => warn!(error = %e, "IPAM garbage collection failed"),
+                    }
+                }
+            } else {
+                // A new term must not trust what an earlier one remembered.
+                memory = Memory::default();
+            }
+            let wake = next_gc.min(Instant::now() + RESYNC);
+            tokio::select! {
+                () = trigger.notified() => coalesce(&trigger).await,
+                changed = leader.changed() => if changed.is_err() { return; },
+                () = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    };
+    tokio::select! {
+        () = work => {}
+        () = shutdown => {}
+    }
+    watches.abort();
+}
+
+/// The pools that can hand out addresses, by name; the others with the reason. Among
+/// overlapping pools the older keeps its addresses and the younger is refused.
+fn judge_pools(pools: &[Arc<IPPool>]) -> (BTreeMap<String, Pool>, BTreeMap<String, String>) {
+    let mut sorted: Vec<&Arc<IPPool>> = pools.iter().collect();
+    sorted.sort_by_key(|p| {
+        (
+            p.metadata.creation_timestamp.clone().map(|t| t.0),
+            p.name_any(),
+        )
+    });
+    let (mut valid, mut invalid) = (BTreeMap::new(), BTreeMap::new());
+    for p in sorted {
+        match Pool::parse(&p.spec.cidr, &p.spec.exclude) {
+            Ok(pool) => match valid.iter().find(|(_, other)| overlaps(&pool, other)) {
+                Some((other, other_pool)) => {
+                    invalid.insert(
+                        p.name_any(),
+                        format!("{} overlaps IPPool {other} ({other_pool})", p.spec.cidr),
+                    );
+                }
+                None => {
+                    valid.insert(p.name_any(), pool);
+                }
+            },
+            Err(e) => {
+                invalid.insert(p.name_any(), e.to_string());
+            }
+        }
+    }
+    (valid, invalid)
+}
+
+fn is_finished(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+        || pod
+            .status
+            .as_ref()
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|p| p == "Succeeded" || p == "Failed")
+}
+
+fn gate_index(pod: &Pod) -> Option<usize> {
+    pod.spec
+        .as_ref()?
+        .scheduling_gates
+        .as_ref()?
+        .iter()
+        .position(|g| g.name == IPAM_GATE)
+}
+
+/// The annotation a pool's addresses are written to: the one the (first, by name) Policy naming
+/// that pool asks for.
+fn annotation_for(pool: &str, policies: &[Arc<Policy>]) -> String {
+    let mut named: Vec<&Arc<Policy>> = policies
+        .iter()
+        .filter(|p| {
+            p.spec
+                .effects
+                .iter()
+                .any(|e| e.ipam.as_ref().is_some_and(|i| i.pool == pool))
+        })
+        .collect();
+    named.sort_by_key(|p| p.name_any());
+    named
+        .first()
+        .and_then(|p| p.spec.effects.iter().find_map(|e| e.ipam.as_ref()))
+        .map(|i| i.annotation().to_string())
+        .unwrap_or_else(|| DEFAULT_IPAM_ANNOTATION.to_string())
+}
+
+/// JSON pointer escaping of one path segment (RFC 6901).
+fn pointer_segment(s: &str) -> String {
+    s.replace('~', "~0").replace('/', "~1")
+}
+
+async fn pass(
+    ctx: &Context,
+    caches: &Caches,
+    memory: &mut Memory,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<(), IpamError> {
+    let pools = caches.pools.state();
+    let (valid, invalid) = judge_pools(&pools);
+    let allocations = caches.allocations.state();
+    let mut by_owner: HashMap<&str, Vec<&Arc<IPAllocation>>> = HashMap::new();
+    let mut in_pool: HashMap<&str, Vec<IpAddr>> = HashMap::new();
+    for a in &allocations {
+        by_owner
+            .entry(a.spec.owner.uid.as_str())
+            .or_default()
+            .push(a);
+        if let Ok(addr) = a.spec.address.parse() {
+            in_pool.entry(a.spec.pool.as_str()).or_default().push(addr);
+        }
+    }
+    let deleting: HashSet<String> = pools
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_some())
+        .map(|p| p.name_any())
+        .collect();
+    let mut index: HashMap<String, Allocator> = valid
+        .iter()
+        .map(|(name, pool)| {
+            let taken = in_pool.get(name.as_str()).cloned().unwrap_or_default();
+            (name.clone(), Allocator::new(pool.clone(), taken))
+        })
+        .collect();
+
+    let policies = caches.policies.state();
+    let pods = caches.pods.state();
+    let mut seen: HashMap<String, Vec<String>> = HashMap::new();
+    let mut waiting: HashMap<String, usize> = HashMap::new();
+    for pod in &pods {
+        let Some(uid) = pod.metadata.uid.clone() else {
+            continue;
+        };
+        let held: Vec<&Arc<IPAllocation>> = by_owner.get(uid.as_str()).cloned().unwrap_or_default();
+        if is_finished(pod) {
+            for a in held {
+                release(ctx, a, &mut index, leader).await?;
+            }
+            continue;
+        }
+        seen.insert(uid.clone(), held.iter().map(|a| a.name_any()).collect());
+        let Some(gate) = gate_index(pod) else {
+            continue;
+        };
+        let Some(pool_name) = pod.labels().get(IPAM_POOL_LABEL).cloned() else {
+            continue;
+        };
+        let address = match held.iter().find(|a| a.spec.pool == pool_name) {
+            Some(a) => a.spec.address.clone(),
+            None => {
+                if deleting.contains(&pool_name) || !index.contains_key(&pool_name) {
+                    let reason = invalid
+                        .get(&pool_name)
+                        .cloned()
+                        .unwrap_or_else(|| "no such IPPool".to_string());
+                    tell(
+                        ctx,
+                        pod,
+                        memory,
+                        "PoolNotReady",
+                        format!("IPPool {pool_name} cannot allocate: {reason}"),
+                    )
+                    .await;
+                    continue;
+                }
+                match allocate(ctx, pod, &uid, &pool_name, &mut index, leader).await? {
+                    Some(addr) => {
+                        seen.insert(uid.clone(), vec![allocation_name(&pool_name, addr)]);
+                        addr.to_string()
+                    }
+                    None => {
+                        *waiting.entry(pool_name.clone()).or_default() += 1;
+                        tell(
+                            ctx,
+                            pod,
+                            memory,
+                            "PoolExhausted",
+                            format!(
+                                "IPPool {pool_name} has no free address; the Pod waits for one"
+                            ),
+                        )
+                        .await;
+                        continue;
+                    }
+                }
+            }
+        };
+        memory.told_exhausted.remove(&uid);
+        let annotation = annotation_for(&pool_name, &policies);
+        release_gate(ctx, pod, &uid, gate, &annotation, &address, leader).await?;
+    }
+    // Marked Pods gone since the last pass were deleted: their addresses go back at once.
+    for (uid, names) in &memory.pods {
+        if seen.contains_key(uid) {
+            continue;
+        }
+        for a in by_owner.get(uid.as_str()).into_iter().flatten() {
+            if names.contains(&a.name_any()) {
+                release(ctx, a, &mut index, leader).await?;
+            }
+        }
+    }
+    memory.pods = seen;
+    write_pools(
+        ctx, &pools, &valid, &invalid, &index, &in_pool, &waiting, leader,
+    )
+    .await
+}
+
+/// Picks and records an address for the Pod; `None` when the pool is exhausted.
+async fn allocate(
+    ctx: &Context,
+    pod: &Pod,
+    uid: &str,
+    pool_name: &str,
+    index: &mut HashMap<String, Allocator>,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<Option<IpAddr>, IpamError> {
+    let api: Api<IPAllocation> = Api::all(ctx.client.clone());
+    loop {
+        let Some(addr) = index.get_mut(pool_name).and_then(Allocator::pick) else {
+            return Ok(None);
+        };
+        let name = allocation_name(pool_name, addr);
+        let allocation = IPAllocation {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some(BTreeMap::from([
+                    (POOL_LABEL.to_string(), pool_name.to_string()),
+                    (OWNER_UID_LABEL.to_string(), uid.to_string()),
+                ])),
+                ..ObjectMeta::default()
+            },
+            spec: IPAllocationSpec {
+                pool: pool_name.to_string(),
+                address: addr.to_string(),
+                owner: Owner {
+                    api_version: "v1".into(),
+                    kind: "Pod".into(),
+                    namespace: pod.namespace().unwrap_or_default(),
+                    name: pod.name_any(),
+                    uid: uid.to_string(),
+                },
+            },
+        };
+        let created = fenced(
+            leader,
+            || format!("IPAllocation {name}"),
+            api.create(&PostParams::default(), &allocation),
+        )
+        .await?;
+        match created {
+            Ok(_) => {
+                ctx.metrics.ipam_allocations.inc();
+                debug!(pod = %pod.name_any(), %addr, "allocated");
+                return Ok(Some(addr));
+            }
+            // Taken by someone our cache has not seen yet: the index already counts it taken.
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(source) => {
+                if let Some(allocator) = index.get_mut(pool_name) {
+                    allocator.release(addr);
+                }
+                return Err(IpamError::CreateAllocation { name, source });
+            }
+        }
+    }
+}
+
+/// Writes the address and removes the gate, only on this very Pod with the gate still there.
+async fn release_gate(
+    ctx: &Context,
+    pod: &Pod,
+    uid: &str,
+    gate: usize,
+    annotation: &str,
+    address: &str,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<(), IpamError> {
+    let (namespace, name) = (pod.namespace().unwrap_or_default(), pod.name_any());
+    let mut ops = vec![
+        json!({"op": "test", "path": "/metadata/uid", "value": uid}),
+        json!({"op": "test", "path": format!("/spec/schedulingGates/{gate}/name"), "value": IPAM_GATE}),
+        json!({"op": "remove", "path": format!("/spec/schedulingGates/{gate}")}),
+    ];
+    if pod.metadata.annotations.is_some() {
+        ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{}", pointer_segment(annotation)), "value": address}));
+    } else {
+        ops.push(
+            json!({"op": "add", "path": "/metadata/annotations", "value": {annotation: address}}),
+        );
+    }
+    let patch: json_patch::Patch =
+        serde_json::from_value(json!(ops)).map_err(|e| IpamError::PatchPod {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            source: kube::Error::SerdeError(e),
+        })?;
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
+    let result = fenced(
+        leader,
+        || format!("Pod {namespace}/{name}"),
+        api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch)),
+    )
+    .await?;
+    match result {
+        Ok(_) => Ok(()),
+        // Gone, or changed under us (the tests failed): the next event brings it back.
+        Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409 | 422) => {
+            debug!(%namespace, %name, reason = %e.message, "Pod changed before its gate was removed");
+            Ok(())
+        }
+        Err(source) => Err(IpamError::PatchPod {
+            namespace,
+            name,
+            source,
+        }),
+    }
+}
+
+async fn release(
+    ctx: &Context,
+    allocation: &IPAllocation,
+    index: &mut HashMap<String, Allocator>,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<(), IpamError> {
+    let name = allocation.name_any();
+    delete_allocation(ctx, allocation, leader).await?;
+    if let (Some(allocator), Ok(addr)) = (
+        index.get_mut(&allocation.spec.pool),
+        allocation.spec.address.parse(),
+    ) {
+        allocator.release(addr);
+    }
+    debug!(allocation = %name, "released");
+    Ok(())
+}
+
+/// Deletes an allocation, only if it is still the object we judged (same UID).
+async fn delete_allocation(
+    ctx: &Context,
+    allocation: &IPAllocation,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<(), IpamError> {
+    let name = allocation.name_any();
+    let api: Api<IPAllocation> = Api::all(ctx.client.clone());
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: allocation.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match fenced(
+        leader,
+        || format!("IPAllocation {name}"),
+        api.delete(&name, &params),
+    )
+    .await?
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409) => Ok(()),
+        Err(source) => Err(IpamError::DeleteAllocation { name, source }),
+    }
+}
+
+/// One Event per Pod per wait: why it is still gated.
+async fn tell(ctx: &Context, pod: &Pod, memory: &mut Memory, reason: &str, note: String) {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    if !memory.told_exhausted.insert(uid) {
+        return;
+    }
+    let event = Event {
+        type_: EventType::Warning,
+        reason: reason.into(),
+        note: Some(note),
+        action: "Allocate".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &pod.object_ref(&())).await {
+        warn!(error = %e, "recording event failed");
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn write_pools(
+    ctx: &Context,
+    pools: &[Arc<IPPool>],
+    valid: &BTreeMap<String, Pool>,
+    invalid: &BTreeMap<String, String>,
+    index: &HashMap<String, Allocator>,
+    in_pool: &HashMap<&str, Vec<IpAddr>>,
+    waiting: &HashMap<String, usize>,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<(), IpamError> {
+    let api: Api<IPPool> = Api::all(ctx.client.clone());
+    let now = Time(Timestamp::now());
+    for p in pools {
+        let name = p.name_any();
+        let finalizers = p.metadata.finalizers.clone().unwrap_or_default();
+        let held = in_pool.get(name.as_str()).map_or(0, Vec::len);
+        if p.metadata.deletion_timestamp.is_some() {
+            if held == 0 && finalizers.iter().any(|f| f == POOL_FINALIZER) {
+                let kept: Vec<&String> =
+                    finalizers.iter().filter(|f| *f != POOL_FINALIZER).collect();
+                let patch = json!({"metadata": {"finalizers": kept, "resourceVersion": p.metadata.resource_version}});
+                write_pool(leader, &api, &name, &patch, false).await?;
+            }
+            continue;
+        }
+        if !finalizers.iter().any(|f| f == POOL_FINALIZER) {
+            let mut all = finalizers.clone();
+            all.push(POOL_FINALIZER.to_string());
+            let patch = json!({"metadata": {"finalizers": all, "resourceVersion": p.metadata.resource_version}});
+            write_pool(leader, &api, &name, &patch, false).await?;
+        }
+        let status = pool_status(
+            p,
+            valid.get(&name),
+            invalid.get(&name),
+            index.get(&name),
+            waiting.get(&name).copied().unwrap_or(0),
+            now.clone(),
+        );
+        if p.status.as_ref() != Some(&status) {
+            write_pool(leader, &api, &name, &json!({"status": status}), true).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn write_pool(
+    leader: &watch::Receiver<Leadership>,
+    api: &Api<IPPool>,
+    name: &str,
+    patch: &serde_json::Value,
+    status: bool,
+) -> Result<(), IpamError> {
+    let params = PatchParams::apply(FIELD_MANAGER);
+    let merge = Patch::Merge(patch);
+    let write = async {
+        if status {
+            api.patch_status(name, &PatchParams::default(), &merge)
+                .await
+        } else {
+            api.patch(
+                name,
+                &PatchParams {
+                    field_manager: params.field_manager.clone(),
+                    ..PatchParams::default()
+                },
+                &merge,
+            )
+            .await
+        }
+    };
+    match fenced(leader, || format!("IPPool {name}"), write).await? {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409) => Ok(()),
+        Err(source) => Err(IpamError::WritePool {
+            name: name.to_string(),
+            source,
+        }),
+    }
+}
+
+/// Pure: the status an IPPool should have. Condition times move only when a status flips.
+fn pool_status(
+    pool: &IPPool,
+    parsed: Option<&Pool>,
+    invalid: Option<&String>,
+    allocator: Option<&Allocator>,
+    waiting: usize,
+    now: Time,
+) -> IPPoolStatus {
+    let previous = pool.status.clone().unwrap_or_default();
+    let condition = |type_: &str, status: bool, reason: &str, message: String| {
+        let status = if status { "True" } else { "False" };
+        let last_transition_time = previous
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == status)
+            .map_or(now.clone(), |c| c.last_transition_time.clone());
+        Condition {
+            type_: type_.to_string(),
+            status: status.to_string(),
+            reason: reason.to_string(),
+            message,
+            observed_generation: pool.metadata.generation,
+            last_transition_time,
+        }
+    };
+    let (capacity, allocated) = match (parsed, allocator) {
+        (Some(p), Some(a)) => (Some(p.capacity()), Some(a.allocated_count())),
+        _ => (None, None),
+    };
+    let ready = match invalid {
+        Some(reason) => condition("Ready", false, "Invalid", reason.clone()),
+        None => condition(
+            "Ready",
+            true,
+            "Valid",
+            "the pool hands out addresses".into(),
+        ),
+    };
+    let free = allocator.map_or(0, Allocator::free_count);
+    let exhausted = if parsed.is_some() && free == 0 {
+        condition(
+            "Exhausted",
+            true,
+            "NoFreeAddress",
+            format!("every address is allocated; {waiting} Pods wait"),
+        )
+    } else {
+        condition(
+            "Exhausted",
+            false,
+            "FreeAddresses",
+            format!("{free} addresses free"),
+        )
+    };
+    IPPoolStatus {
+        capacity,
+        allocated,
+        observed_generation: pool.metadata.generation,
+        conditions: vec![ready, exhausted],
+    }
+}
+
+/// Deletes allocations whose owner is gone; returns how many.
+async fn collect_orphans(
+    ctx: &Context,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<usize, IpamError> {
+    // Allocations first, then owners: an allocation created after the Pod list was read is
+    // younger than that list and can never be judged against it.
+    let allocations: Api<IPAllocation> = Api::all(ctx.client.clone());
+    let allocations = allocations
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| IpamError::List {
+            what: "IPAllocations",
+            source,
+        })?;
+    let pods: Api<Pod> = Api::all(ctx.client.clone());
+    let pods = pods
+        .list(&ListParams::default().labels(IPAM_POOL_LABEL))
+        .await
+        .map_err(|source| IpamError::List {
+            what: "Pods",
+            source,
+        })?;
+    let live: HashSet<String> = pods
+        .items
+        .iter()
+        .filter(|p| !is_finished(p))
+        .filter_map(|p| p.metadata.uid.clone())
+        .collect();
+    let now = Timestamp::now();
+    let grace =
+        k8s_openapi::jiff::SignedDuration::try_from(ctx.config.gc_grace).unwrap_or_default();
+    let mut collected = 0;
+    for a in &allocations.items {
+        if live.contains(&a.spec.owner.uid) {
+            continue;
+        }
+        let old_enough = a
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .is_some_and(|t| t.0 + grace <= now);
+        if !old_enough {
+            continue;
+        }
+        // The one candidate, against the API server itself: compare by UID, never by name.
+        let owner = &a.spec.owner;
+        let current = Api::<Pod>::namespaced(ctx.client.clone(), &owner.namespace)
+            .get_opt(&owner.name)
+            .await
+            .map_err(|source| IpamError::ReadPod {
+                namespace: owner.namespace.clone(),
+                name: owner.name.clone(),
+                source,
+            })?;
+        if current.as_ref().is_some_and(|p| {
+            p.metadata.uid.as_deref() == Some(owner.uid.as_str()) && !is_finished(p)
+        }) {
+            continue;
+        }
+        delete_allocation(ctx, a, leader).await?;
+        collected += 1;
+        ctx.metrics.ipam_orphans_collected.inc();
+        let event = Event {
+            type_: EventType::Normal,
+            reason: "OrphanCollected".into(),
+            note: Some(format!(
+                "{} released: its owner Pod {}/{} (uid {}) no longer exists",
+                a.spec.address, owner.namespace, owner.name, owner.uid
+            )),
+            action: "Collect".into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&event, &a.object_ref(&())).await {
+            warn!(error = %e, "recording event failed");
+        }
+    }
+    Ok(collected)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::v1alpha1::IPPoolSpec;
+
+    fn pool(name: &str, cidr: &str, created: i64) -> Arc<IPPool> {
+        let mut p = IPPool::new(
+            name,
+            IPPoolSpec {
+                cidr: cidr.into(),
+                exclude: vec![],
+            },
+        );
+        p.metadata.creation_timestamp = Some(Time(Timestamp::from_second(created).unwrap()));
+        Arc::new(p)
+    }
+
+    #[test]
+    fn the_younger_of_two_overlapping_pools_is_refused() {
+        let pools = [
+            pool("b", "10.0.0.0/24", 100),
+            pool("a", "10.0.0.128/25", 200),
+            pool("c", "10.0.1.0/24", 50),
+            pool("bad", "10.0.0.5/24", 1),
+        ];
+        let (valid, invalid) = judge_pools(&pools);
+        assert_eq!(valid.keys().collect::<Vec<_>>(), ["b", "c"]);
+        assert!(invalid["a"].contains("overlaps IPPool b"), "{invalid:?}");
+        assert!(invalid["bad"].contains("10.0.0.0/24"), "{invalid:?}");
+    }
+
+    #[test]
+    fn pool_status_counts_and_flags_exhaustion() {
+        let p = pool("tiny", "10.0.0.0/30", 1);
+        let parsed = Pool::parse("10.0.0.0/30", &[]).unwrap();
+        let now = Time(Timestamp::from_second(10).unwrap());
+        let mut a = Allocator::new(parsed.clone(), []);
+        let s = pool_status(&p, Some(&parsed), None, Some(&a), 0, now.clone());
+        assert_eq!((s.capacity, s.allocated), (Some(2), Some(0)));
+        assert_eq!(s.conditions[1].status, "False");
+        a.pick();
+        a.pick();
+        let s = pool_status(&p, Some(&parsed), None, Some(&a), 3, now.clone());
+        assert_eq!(s.allocated, Some(2));
+        assert_eq!(
+            (
+                s.conditions[1].type_.as_str(),
+                s.conditions[1].status.as_str()
+            ),
+            ("Exhausted", "True")
+        );
+        let bad = pool_status(&p, None, Some(&"no".to_string()), None, 0, now);
+        assert_eq!(
+            (
+                bad.conditions[0].status.as_str(),
+                bad.conditions[0].reason.as_str()
+            ),
+            ("False", "Invalid")
+        );
+    }
+
+    #[test]
+    fn annotation_keys_are_escaped_for_json_pointers() {
+        assert_eq!(pointer_segment("gatehouse.dev/ip"), "gatehouse.dev~1ip");
+        assert_eq!(pointer_segment("a~b"), "a~0b");
+    }
+}
