@@ -119,6 +119,8 @@ pub async fn ensure_crds(cluster: &Cluster) -> anyhow::Result<()> {
                         "wait",
                         "--for=condition=Established",
                         "crd/policies.gatehouse.dev",
+                        "crd/ippools.gatehouse.dev",
+                        "crd/ipallocations.gatehouse.dev",
                         "--timeout=60s",
                     ],
                     None,
