@@ -12,7 +12,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::operator::{Scene, WAIT, apply, apply_ready, get_json, stderr};
+use crate::operator::{Scene, WAIT, apply, apply_ready, await_ready, get_json, stderr};
 
 const GATE: &str = "gatehouse.dev/ipam";
 const ANNOTATION: &str = "gatehouse.dev/ip";
@@ -441,7 +441,23 @@ async fn an_exhausted_pool_makes_pods_wait_for_a_freed_address() {
             "Fail",
         )
         .await?;
+        let nowhere = format!("nowhere-{id}");
         let result = async {
+            // A Policy naming a pool that does not exist is not wired.
+            let nowhere_yaml = json!({
+                "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy",
+                "metadata": {"name": nowhere},
+                "spec": {
+                    "match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}]},
+                    "effects": [{"ipam": {"pool": format!("missing-{id}")}}],
+                },
+            });
+            apply(cluster, &nowhere_yaml.to_string()).await?;
+            let cond = await_ready(cluster, &nowhere, "False").await?;
+            ensure!(
+                cond["message"].as_str().unwrap_or_default().contains("does not exist"),
+                "{cond}"
+            );
             await_marking(cluster, scene.ns()).await?;
             create_pods(cluster, scene.ns(), &names("web", 8)).await?;
             await_placed(cluster, scene.ns(), 6, WAIT).await?;

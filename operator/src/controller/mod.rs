@@ -26,7 +26,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::api::v1alpha1::Policy;
+use crate::api::v1alpha1::{IPPool, Policy};
 use crate::engine;
 use crate::reconcile::{NotLeading, coalesce, fenced, reflect};
 use crate::telemetry::{Metrics, ReconcileLabels};
@@ -136,11 +136,13 @@ struct Applied {
     rejected: HashMap<String, (Option<String>, Option<i64>, String)>,
 }
 
-/// The three caches a pass reads.
+/// The caches a pass reads.
 struct Caches {
     policies: Store<Policy>,
     mutating: Store<MutatingWebhookConfiguration>,
     validating: Store<ValidatingWebhookConfiguration>,
+    /// Only to tell whether the pool an ipam effect names exists.
+    pools: Store<IPPool>,
 }
 
 /// Runs the controller until `shutdown` fires. `ca_bundle` carries the PEM bundle the TLS manager
@@ -168,13 +170,19 @@ pub async fn run(
     );
     let (validating, validating_watch) =
         reflect::<ValidatingWebhookConfiguration>(ctx.client.clone(), by_name, trigger.clone());
+    let (pools, pools_watch) = reflect::<IPPool>(
+        ctx.client.clone(),
+        watcher::Config::default(),
+        trigger.clone(),
+    );
     let caches = Caches {
         policies,
         mutating,
         validating,
+        pools,
     };
     let watches = tokio::spawn(async move {
-        tokio::join!(policy_watch, mutating_watch, validating_watch);
+        tokio::join!(policy_watch, mutating_watch, validating_watch, pools_watch);
     });
 
     let work = async {
@@ -182,7 +190,8 @@ pub async fn run(
             let _ = tokio::join!(
                 caches.policies.wait_until_ready(),
                 caches.mutating.wait_until_ready(),
-                caches.validating.wait_until_ready()
+                caches.validating.wait_until_ready(),
+                caches.pools.wait_until_ready()
             );
         };
         synced.await;
@@ -259,13 +268,28 @@ async fn reconcile_all(
             // Serve it before the API server is told about it.
             engine::compile(policy).map(|c| ctx.policies.upsert(Arc::new(c)))
         };
+        let result = result.map_err(|invalid| {
+            invalid
+                .problems
+                .iter()
+                .map(|p| p.to_string())
+                .collect::<Vec<_>>()
+        });
+        // Wired, it would hold every Pod it marks at its gate with no pool to serve them.
+        let result = result.and_then(|()| {
+            let missing = missing_pools(policy, &caches.pools);
+            if missing.is_empty() {
+                Ok(())
+            } else {
+                Err(missing)
+            }
+        });
         match result {
             Ok(()) => {
                 valid.push(policy.clone());
                 outcomes.push((policy.clone(), Outcome::Wired));
             }
-            Err(invalid) => {
-                let problems = invalid.problems.iter().map(|p| p.to_string()).collect();
+            Err(problems) => {
                 outcomes.push((policy.clone(), Outcome::Invalid(problems)));
             }
         }
@@ -311,6 +335,26 @@ async fn reconcile_all(
         write_status(ctx, &policy, &outcome, now.clone(), leader).await?;
     }
     wired
+}
+
+/// The ipam effects of `policy` whose IPPool does not exist, as problems.
+fn missing_pools(policy: &Policy, pools: &Store<IPPool>) -> Vec<String> {
+    policy
+        .spec
+        .effects
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| Some((i, e.ipam.as_ref()?)))
+        .filter(|(_, ipam)| {
+            pools.get(&kube::runtime::reflector::ObjectRef::new(&ipam.pool)).is_none()
+        })
+        .map(|(i, ipam)| {
+            format!(
+                "spec.effects[{i}].ipam.pool: IPPool {:?} does not exist; the Policy is not wired until it does",
+                ipam.pool
+            )
+        })
+        .collect()
 }
 
 /// Writes both configurations from the valid Policies, leaving out the ones the API server
