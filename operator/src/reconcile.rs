@@ -1,5 +1,6 @@
 //! What the reconcile loops (the Policy controller and the effects loop) share: reflectors
-//! that poke a trigger, coalescing of bursts, and writes fenced by the leader's term.
+//! that poke a trigger, coalescing of bursts, one field manager, and writes fenced by the
+//! leader's term ([`crate::lease`]).
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +13,10 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 use tracing::warn;
 
-use crate::controller::lease::Leadership;
+use crate::lease::Leadership;
+
+/// The one field manager of every write Gatehouse makes.
+pub const FIELD_MANAGER: &str = "gatehouse";
 
 /// A burst of changes is collected until it has been quiet this long...
 const QUIET: Duration = Duration::from_millis(500);

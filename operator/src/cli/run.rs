@@ -11,10 +11,10 @@ use tokio::sync::watch;
 use tracing::{error, info};
 
 use crate::admin::{self, AdminState};
-use crate::controller::lease::{self, Leadership, LeaseConfig};
 use crate::controller::wiring::{CONFIGURATION_NAME, Endpoint, Wiring};
 use crate::controller::{self, Context, Readiness};
 use crate::effects::ipam::{self, IpamConfig};
+use crate::lease::{self, Leadership, LeaseConfig};
 use crate::telemetry::{self, CertLabels, Metrics};
 use crate::tls::{self, CertResolver, Coordination, San, TlsConfig, TlsManager};
 use crate::webhook::{self, Handler, PolicyStore, WebhookState};

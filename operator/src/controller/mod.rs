@@ -2,7 +2,6 @@
 //! server-side apply → status. One coalescing loop owns both webhook configurations, so a burst
 //! of Policy changes costs a handful of writes, not one per Policy.
 pub mod isolate;
-pub mod lease;
 pub mod status;
 pub mod wiring;
 
@@ -28,15 +27,14 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::api::v1alpha1::{IPPool, Policy};
 use crate::engine;
+use crate::lease::Leadership;
 use crate::reconcile::{NotLeading, coalesce, fenced, reflect};
 use crate::telemetry::{Metrics, ReconcileLabels};
 use crate::webhook::PolicyStore;
-use lease::Leadership;
 use status::Outcome;
 use wiring::{CONFIGURATION_NAME, Wiring};
 
-/// The one field manager of every write Gatehouse makes.
-pub const FIELD_MANAGER: &str = "gatehouse";
+pub use crate::reconcile::FIELD_MANAGER;
 
 /// Level-triggered safety net in case a watch event was missed.
 const RESYNC: Duration = Duration::from_secs(60);

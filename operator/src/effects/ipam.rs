@@ -45,9 +45,8 @@ use crate::api::v1alpha1::{
     DEFAULT_IPAM_ANNOTATION, IPAM_GATE, IPAM_POOL_LABEL, IPAllocation, IPAllocationSpec, IPPool,
     IPPoolStatus, OWNER_UID_LABEL, Owner, POOL_LABEL, Policy,
 };
-use crate::controller::FIELD_MANAGER;
-use crate::controller::lease::Leadership;
-use crate::reconcile::{NotLeading, coalesce, fenced, reflect};
+use crate::lease::Leadership;
+use crate::reconcile::{FIELD_MANAGER, NotLeading, coalesce, fenced, reflect};
 use crate::telemetry::Metrics;
 
 /// Finalizer that holds a deleted IPPool until its allocations are gone.
