@@ -40,7 +40,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::allocator::{Allocator, Pool, allocation_name, overlaps};
+use super::allocator::{Allocator, MAX_POOL_NAME_LEN, Pool, allocation_name, overlaps};
 use crate::api::v1alpha1::{
     DEFAULT_IPAM_ANNOTATION, IPAM_GATE, IPAM_POOL_LABEL, IPAllocation, IPAllocationSpec, IPPool,
     IPPoolStatus, OWNER_UID_LABEL, Owner, POOL_LABEL, Policy,
@@ -115,6 +115,10 @@ struct Memory {
     pods: HashMap<String, Vec<String>>,
     /// Pods already told their pool is exhausted (one Event per wait).
     told_exhausted: HashSet<String>,
+    /// Allocations this term created that the cache may not show yet, by owner UID: (pool,
+    /// address). Without it, a Pod whose patch failed could be given a second address before
+    /// the watch delivers its first.
+    created: HashMap<String, (String, String)>,
 }
 
 /// Runs the loop until `shutdown`. Every replica keeps its caches warm; only the leader acts.
@@ -202,6 +206,16 @@ fn judge_pools(pools: &[Arc<IPPool>]) -> (BTreeMap<String, Pool>, BTreeMap<Strin
     });
     let (mut valid, mut invalid) = (BTreeMap::new(), BTreeMap::new());
     for p in sorted {
+        if p.name_any().len() > MAX_POOL_NAME_LEN {
+            invalid.insert(
+                p.name_any(),
+                format!(
+                    "the name must be at most {MAX_POOL_NAME_LEN} characters, so that every \
+                     allocation's name (<pool>-<address>) is a valid object name"
+                ),
+            );
+            continue;
+        }
         match Pool::parse(&p.spec.cidr, &p.spec.exclude) {
             Ok(pool) => match valid.iter().find(|(_, other)| overlaps(&pool, other)) {
                 Some((other, other_pool)) => {
@@ -320,8 +334,19 @@ async fn pass(
         let Some(pool_name) = pod.labels().get(IPAM_POOL_LABEL).cloned() else {
             continue;
         };
-        let address = match held.iter().find(|a| a.spec.pool == pool_name) {
-            Some(a) => a.spec.address.clone(),
+        let recorded = held
+            .iter()
+            .find(|a| a.spec.pool == pool_name)
+            .map(|a| a.spec.address.clone())
+            .or_else(|| {
+                memory
+                    .created
+                    .get(&uid)
+                    .filter(|(pool, _)| *pool == pool_name)
+                    .map(|(_, address)| address.clone())
+            });
+        let address = match recorded {
+            Some(address) => address,
             None => {
                 if deleting.contains(&pool_name) || !index.contains_key(&pool_name) {
                     let reason = invalid
@@ -341,6 +366,9 @@ async fn pass(
                 match allocate(ctx, pod, &uid, &pool_name, &mut index, leader).await? {
                     Some(addr) => {
                         seen.insert(uid.clone(), vec![allocation_name(&pool_name, addr)]);
+                        memory
+                            .created
+                            .insert(uid.clone(), (pool_name.clone(), addr.to_string()));
                         addr.to_string()
                     }
                     None => {
@@ -375,6 +403,10 @@ async fn pass(
             }
         }
     }
+    // What the cache shows now needs no remembering; what left with its Pod neither.
+    memory
+        .created
+        .retain(|uid, _| seen.contains_key(uid) && !by_owner.contains_key(uid.as_str()));
     memory.pods = seen;
     write_pools(
         ctx, &pools, &valid, &invalid, &index, &in_pool, &waiting, leader,
@@ -801,7 +833,9 @@ mod tests {
 
     #[test]
     fn the_younger_of_two_overlapping_pools_is_refused() {
+        let long = "p".repeat(MAX_POOL_NAME_LEN + 1);
         let pools = [
+            pool(&long, "10.9.0.0/24", 1),
             pool("b", "10.0.0.0/24", 100),
             pool("a", "10.0.0.128/25", 200),
             pool("c", "10.0.1.0/24", 50),
@@ -811,6 +845,10 @@ mod tests {
         assert_eq!(valid.keys().collect::<Vec<_>>(), ["b", "c"]);
         assert!(invalid["a"].contains("overlaps IPPool b"), "{invalid:?}");
         assert!(invalid["bad"].contains("10.0.0.0/24"), "{invalid:?}");
+        assert!(
+            invalid[&long].contains("at most 213 characters"),
+            "{invalid:?}"
+        );
     }
 
     #[test]
