@@ -288,7 +288,7 @@ async fn pods_get_distinct_addresses_and_denied_or_dry_run_pods_none() {
         let scene = Scene::start(cluster, "gh-ipam", Options::service()).await?;
         let id = scene.id();
         let deny = format!("deny-{id}");
-        let (pool, policy) = pool_and_policy(cluster, &id, scene.ns(), "10.20.0.0/24", &["10.20.0.0/30"], "Fail").await?;
+        let (pool, policy) = pool_and_policy(cluster, &id, scene.ns(), "10.30.0.0/24", &["10.30.0.0/30"], "Fail").await?;
         let result = async {
             await_marking(cluster, scene.ns()).await?;
             create_pods(cluster, scene.ns(), &names("web", 50)).await?;
@@ -545,7 +545,7 @@ async fn an_exhausted_pool_makes_pods_wait_for_a_freed_address() {
         }
         .await;
         scene
-            .finish(&[&policy, &policy6], result.and(cleanup))
+            .finish(&[&policy, &policy6, &nowhere], result.and(cleanup))
             .await
     })
     .await;
