@@ -18,10 +18,13 @@ use crate::lease::Leadership;
 /// The one field manager of every write Gatehouse makes.
 pub const FIELD_MANAGER: &str = "gatehouse";
 
-/// A burst of changes is collected until it has been quiet this long...
-const QUIET: Duration = Duration::from_millis(500);
-/// ...but never longer than this, so a steady trickle still gets handled.
-const MAX_COALESCE: Duration = Duration::from_secs(3);
+/// How a loop collects a burst of changes into one pass: until it has been quiet for `quiet`,
+/// but never longer than `max`, so a steady trickle still gets handled.
+#[derive(Clone, Copy, Debug)]
+pub struct Window {
+    pub quiet: Duration,
+    pub max: Duration,
+}
 
 /// A write skipped or cut off because this replica's term as leader ended.
 #[derive(Debug, thiserror::Error)]
@@ -30,11 +33,11 @@ pub struct NotLeading {
     pub what: String,
 }
 
-/// Waits until no trigger arrived for `QUIET`, or `MAX_COALESCE` passed.
-pub async fn coalesce(trigger: &Notify) {
-    let deadline = tokio::time::Instant::now() + MAX_COALESCE;
+/// Waits until no trigger arrived for `window.quiet`, or `window.max` passed.
+pub async fn coalesce(trigger: &Notify, window: Window) {
+    let deadline = tokio::time::Instant::now() + window.max;
     loop {
-        let quiet = tokio::time::sleep(QUIET);
+        let quiet = tokio::time::sleep(window.quiet);
         tokio::select! {
             () = trigger.notified() => {
                 if tokio::time::Instant::now() >= deadline {

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use futures::StreamExt;
+use gatehouse_e2e::cpu::{cpu_snapshot, processes};
 use gatehouse_e2e::gatehouse::{Gatehouse, Options};
 use gatehouse_e2e::{TestNamespace, TestWebhook, allow, await_condition, cluster};
 use k8s_openapi::api::core::v1::Pod;
@@ -147,39 +148,6 @@ fn bucket_p99(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> 
     rows.iter()
         .find(|(_, c)| *c >= total * 0.99)
         .map(|(b, _)| format!("<= {b}s (of {total} calls)"))
-}
-
-/// CPU seconds (user + system) a process has used so far, from /proc/<pid>/stat.
-fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / 100.0)
-}
-
-/// PIDs whose CPU time the benchmark reports: the control plane (from its pid files) and
-/// Gatehouse.
-fn processes(state_dir: &std::path::Path, gatehouse: Option<u32>) -> Vec<(String, u32)> {
-    let mut out: Vec<(String, u32)> = ["kube-apiserver", "etcd"]
-        .iter()
-        .filter_map(|name| {
-            let pid = std::fs::read_to_string(state_dir.join(format!("{name}.pid"))).ok()?;
-            Some((name.to_string(), pid.trim().parse().ok()?))
-        })
-        .collect();
-    if let Some(pid) = gatehouse {
-        out.push(("gatehouse".into(), pid));
-    }
-    out
-}
-
-fn cpu_snapshot(procs: &[(String, u32)]) -> Vec<f64> {
-    procs
-        .iter()
-        .map(|(_, pid)| cpu_seconds(*pid).unwrap_or(0.0))
-        .collect()
 }
 
 fn policy(name: &str, ns: &str, body: Value) -> Value {

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use futures::StreamExt;
+use gatehouse_e2e::cpu::{cpu_snapshot, processes};
 use gatehouse_e2e::gatehouse::{Gatehouse, Options, ensure_crds};
 use gatehouse_e2e::{TestNamespace, await_condition, cluster};
 use k8s_openapi::api::core::v1::Pod;
@@ -165,9 +166,12 @@ async fn main() -> anyhow::Result<()> {
     })
     .await?;
 
+    let procs = processes(cluster.state_dir(), gh.pid());
     // 1. Raw creates.
     let raw_api: Api<Pod> = Api::namespaced(client.clone(), raw_ns.name());
+    let cpu0 = cpu_snapshot(&procs);
     let raw = create_pods(&raw_api, "raw", pods, concurrency).await?;
+    let cpu1 = cpu_snapshot(&procs);
     // 2. Allocation end to end.
     let started = Instant::now();
     let created = create_pods(&ipam_api, "web", pods, concurrency).await?;
@@ -176,6 +180,7 @@ async fn main() -> anyhow::Result<()> {
     })
     .await?;
     let placed = started.elapsed();
+    let cpu2 = cpu_snapshot(&procs);
     let raw_rate = pods as f64 / raw.as_secs_f64();
     let alloc_rate = pods as f64 / placed.as_secs_f64();
     println!("| phase | {pods} Pods | rate |");
@@ -192,6 +197,13 @@ async fn main() -> anyhow::Result<()> {
         "| placed (create → gate removed) | {:.2}s | {alloc_rate:.0}/s |",
         placed.as_secs_f64()
     );
+    for (i, (name, _)) in procs.iter().enumerate() {
+        println!(
+            "CPU seconds of {name}: raw phase {:.2}, allocation phase {:.2}",
+            cpu1[i] - cpu0[i],
+            cpu2[i] - cpu1[i]
+        );
+    }
     println!(
         "allocation rate / raw write rate = {:.3} (goal >= 0.4); placed in {:.1}s (goal <= 30s)",
         alloc_rate / raw_rate,

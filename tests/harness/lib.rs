@@ -9,6 +9,7 @@
 //! created it, so [`Cluster::client`] builds a fresh client on each call.
 
 mod cluster;
+pub mod cpu;
 pub mod gatehouse;
 mod namespace;
 pub mod proxy;

@@ -28,7 +28,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::api::v1alpha1::{IPPool, Policy};
 use crate::engine;
 use crate::lease::Leadership;
-use crate::reconcile::{NotLeading, coalesce, fenced, reflect};
+use crate::reconcile::{NotLeading, Window, coalesce, fenced, reflect};
 use crate::telemetry::{Metrics, ReconcileLabels};
 use crate::webhook::PolicyStore;
 use status::Outcome;
@@ -36,6 +36,12 @@ use wiring::{CONFIGURATION_NAME, Wiring};
 
 pub use crate::reconcile::FIELD_MANAGER;
 
+/// Every configuration write costs the API server a webhook-informer update: a burst of Policy
+/// changes is worth collecting into one (200 Policies: one write, see the e2e test).
+const COALESCE: Window = Window {
+    quiet: Duration::from_millis(500),
+    max: Duration::from_secs(3),
+};
 /// Level-triggered safety net in case a watch event was missed.
 const RESYNC: Duration = Duration::from_secs(60);
 
@@ -234,7 +240,7 @@ pub async fn run(
                 changed = leader.changed() => if changed.is_err() { return; },
                 () = tokio::time::sleep(retry) => {}
             }
-            coalesce(&trigger).await;
+            coalesce(&trigger, COALESCE).await;
         }
     };
     tokio::select! {

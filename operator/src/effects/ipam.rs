@@ -47,11 +47,18 @@ use crate::api::v1alpha1::{
     IPPoolStatus, OWNER_UID_LABEL, Owner, POOL_LABEL, Policy,
 };
 use crate::lease::Leadership;
-use crate::reconcile::{FIELD_MANAGER, NotLeading, coalesce, fenced, reflect};
+use crate::reconcile::{FIELD_MANAGER, NotLeading, Window, coalesce, fenced, reflect};
 use crate::telemetry::Metrics;
 
 /// Finalizer that holds a deleted IPPool until its allocations are gone.
 pub const POOL_FINALIZER: &str = "gatehouse.dev/allocations";
+/// Writes here are one per object whatever the batch, and every Pod waits gated until its
+/// pass: collect only what arrives together. (500 ms / 3 s, the Policy loop's window, placed
+/// 1000 Pods in 11.4 s in `tests/bench/ipam-load`; see the closing notes for this one.)
+const COALESCE: Window = Window {
+    quiet: Duration::from_millis(50),
+    max: Duration::from_millis(250),
+};
 /// Level-triggered safety net in case a watch event was missed.
 const RESYNC: Duration = Duration::from_secs(30);
 
@@ -186,7 +193,7 @@ pub async fn run(
             }
             let wake = next_gc.min(Instant::now() + RESYNC);
             tokio::select! {
-                () = trigger.notified() => coalesce(&trigger).await,
+                () = trigger.notified() => coalesce(&trigger, COALESCE).await,
                 changed = leader.changed() => if changed.is_err() { return; },
                 () = tokio::time::sleep_until(wake) => {}
             }
