@@ -608,3 +608,129 @@ async fn crashes_and_two_replicas_never_hand_out_an_address_twice() {
     })
     .await;
 }
+
+/// The IPPool's conditions and finalizer, and release by a finished Pod: an overlapping or
+/// malformed pool is Ready=False with the reason; a Pod that Succeeded gives its address back;
+/// a deleted pool stays until its last allocation is gone.
+#[tokio::test]
+async fn pools_report_problems_and_are_held_until_their_addresses_are_free() {
+    run_test(|cluster| async move {
+        let scene = Scene::start(cluster, "gh-ipam-pool", Options::service()).await?;
+        let id = scene.id();
+        let (pool, policy) =
+            pool_and_policy(cluster, &id, scene.ns(), "10.24.0.0/28", &[], "Fail").await?;
+        let (overlapping, malformed) = (format!("overlap-{id}"), format!("malformed-{id}"));
+        let result = async {
+            for (name, cidr) in [(&overlapping, "10.24.0.0/29"), (&malformed, "10.24.1.5/24")] {
+                let yaml = json!({
+                    "apiVersion": "gatehouse.dev/v1alpha1", "kind": "IPPool",
+                    "metadata": {"name": name}, "spec": {"cidr": cidr},
+                });
+                apply(cluster, &yaml.to_string()).await?;
+            }
+            let ready = |name: String| async move {
+                await_condition(&format!("IPPool {name} Ready=False"), WAIT, || async {
+                    let p = get_json(cluster, &["ippool", &name])
+                        .await?
+                        .context("pool")?;
+                    Ok(p["status"]["conditions"].as_array().and_then(|cs| {
+                        cs.iter()
+                            .find(|c| c["type"] == "Ready" && c["status"] == "False")
+                            .cloned()
+                    }))
+                })
+                .await
+            };
+            let c = ready(overlapping.clone()).await?;
+            ensure!(
+                c["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains(&format!("overlaps IPPool {pool}")),
+                "{c}"
+            );
+            let c = ready(malformed.clone()).await?;
+            ensure!(
+                c["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("10.24.1.0/24"),
+                "{c}"
+            );
+
+            await_marking(cluster, scene.ns()).await?;
+            create_pods(cluster, scene.ns(), &names("web", 3)).await?;
+            await_placed(cluster, scene.ns(), 3, WAIT).await?;
+            // A finished Pod (the kubelet would set this) releases its address at once.
+            cluster
+                .kubectl_ok(
+                    [
+                        "patch",
+                        "pod",
+                        "web-0",
+                        "-n",
+                        scene.ns(),
+                        "--subresource=status",
+                        "--type=merge",
+                        "-p",
+                        r#"{"status":{"phase":"Succeeded"}}"#,
+                    ],
+                    None,
+                )
+                .await?;
+            await_condition("the finished Pod's address released", WAIT, || async {
+                let owners: Vec<String> = allocations(cluster, &pool)
+                    .await?
+                    .into_iter()
+                    .map(|a| a.1)
+                    .collect();
+                Ok((owners.len() == 2 && !owners.contains(&"web-0".to_string())).then_some(()))
+            })
+            .await?;
+
+            // Deleted while addresses are held: the finalizer keeps the pool until they are free.
+            cluster
+                .kubectl_ok(["delete", "ippool", &pool, "--wait=false"], None)
+                .await?;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let held = get_json(cluster, &["ippool", &pool])
+                .await?
+                .context("the pool went while addresses were held")?;
+            ensure!(held["metadata"]["deletionTimestamp"].is_string(), "{held}");
+            let api: Api<Pod> = Api::namespaced(cluster.client().await?, scene.ns());
+            api.delete_collection(&DeleteParams::default(), &ListParams::default())
+                .await?;
+            await_condition("the pool gone with its last address", WAIT, || async {
+                Ok(get_json(cluster, &["ippool", &pool])
+                    .await?
+                    .is_none()
+                    .then_some(()))
+            })
+            .await?;
+            ensure!(allocations(cluster, &pool).await?.is_empty());
+            Ok(())
+        }
+        .await;
+        let cleanup = async {
+            remove_pool(cluster, &pool, &policy).await?;
+            for name in [&overlapping, &malformed] {
+                cluster
+                    .kubectl_ok(
+                        [
+                            "delete",
+                            "ippool",
+                            name,
+                            "--ignore-not-found",
+                            "--wait=false",
+                        ],
+                        None,
+                    )
+                    .await?;
+            }
+            Ok::<(), anyhow::Error>(())
+        }
+        .await;
+        scene.finish(&[&policy], result.and(cleanup)).await
+    })
+    .await;
+}
