@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use futures::StreamExt;
 use gatehouse_e2e::cpu::{cpu_snapshot, processes};
-use gatehouse_e2e::gatehouse::{Gatehouse, Options, ensure_crds};
+use gatehouse_e2e::gatehouse::{Gatehouse, Options, ensure_crds, remove_pool};
 use gatehouse_e2e::{TestNamespace, await_condition, cluster};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -269,39 +269,8 @@ async fn main() -> anyhow::Result<()> {
         "Gatehouse RSS: {rss_before} KiB idle, {rss_after} KiB with {many} IPAllocations cached (goal <= 65536 KiB)"
     );
 
-    cluster
-        .kubectl_ok(
-            [
-                "delete",
-                "ipallocations",
-                "-l",
-                &format!("gatehouse.dev/pool={pool}"),
-                "--wait=false",
-            ],
-            None,
-        )
-        .await?;
-    cluster
-        .kubectl_ok(["delete", "policy", policy, "--wait=false"], None)
-        .await?;
     gh.shutdown().await?;
-    cluster
-        .kubectl_ok(
-            [
-                "patch",
-                "ippool",
-                pool,
-                "--type=merge",
-                "-p",
-                r#"{"metadata":{"finalizers":null}}"#,
-            ],
-            None,
-        )
-        .await
-        .ok();
-    cluster
-        .kubectl_ok(["delete", "ippool", pool, "--wait=false"], None)
-        .await?;
+    remove_pool(cluster, pool, policy).await?;
     raw_ns.cleanup().await?;
     ipam_ns.cleanup().await?;
     home.cleanup().await?;

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use gatehouse_e2e::gatehouse::{self, Gatehouse, Options};
+use gatehouse_e2e::gatehouse::{self, Gatehouse, Options, remove_pool};
 use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -207,61 +207,6 @@ async fn assert_consistent(cluster: &Cluster, ns: &str, pool: &str) -> anyhow::R
         );
     }
     Ok(pods.len())
-}
-
-/// Removes the pool with whatever still holds it (the test's Gatehouse may be gone already).
-async fn remove_pool(cluster: &Cluster, pool: &str, policy: &str) -> anyhow::Result<()> {
-    cluster
-        .kubectl_ok(
-            [
-                "delete",
-                "policy",
-                policy,
-                "--ignore-not-found",
-                "--wait=false",
-            ],
-            None,
-        )
-        .await?;
-    cluster
-        .kubectl_ok(
-            [
-                "delete",
-                "ipallocations",
-                "-l",
-                &format!("gatehouse.dev/pool={pool}"),
-                "--wait=false",
-            ],
-            None,
-        )
-        .await?;
-    cluster
-        .kubectl_ok(
-            [
-                "patch",
-                "ippool",
-                pool,
-                "--type=merge",
-                "-p",
-                r#"{"metadata":{"finalizers":null}}"#,
-            ],
-            None,
-        )
-        .await
-        .ok();
-    cluster
-        .kubectl_ok(
-            [
-                "delete",
-                "ippool",
-                pool,
-                "--ignore-not-found",
-                "--wait=false",
-            ],
-            None,
-        )
-        .await?;
-    Ok(())
 }
 
 fn names(prefix: &str, n: usize) -> Vec<String> {

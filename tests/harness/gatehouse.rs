@@ -336,6 +336,61 @@ pub async fn remove_configurations(cluster: &Cluster) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Removes the pool with whatever still holds it (the test's Gatehouse may be gone already).
+pub async fn remove_pool(cluster: &Cluster, pool: &str, policy: &str) -> anyhow::Result<()> {
+    cluster
+        .kubectl_ok(
+            [
+                "delete",
+                "policy",
+                policy,
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            None,
+        )
+        .await?;
+    cluster
+        .kubectl_ok(
+            [
+                "delete",
+                "ipallocations",
+                "-l",
+                &format!("gatehouse.dev/pool={pool}"),
+                "--wait=false",
+            ],
+            None,
+        )
+        .await?;
+    cluster
+        .kubectl_ok(
+            [
+                "patch",
+                "ippool",
+                pool,
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#,
+            ],
+            None,
+        )
+        .await
+        .ok();
+    cluster
+        .kubectl_ok(
+            [
+                "delete",
+                "ippool",
+                pool,
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            None,
+        )
+        .await?;
+    Ok(())
+}
+
 impl Drop for Gatehouse {
     fn drop(&mut self) {
         if let Some(child) = self.child.as_mut() {

@@ -208,7 +208,9 @@ pub async fn run(
         let mut applied = Applied::default();
         loop {
             let bundle = ca_bundle.borrow_and_update().clone().unwrap_or_default();
-            leader.borrow_and_update();
+            // Marks the current term seen, so `changed()` below wakes only for a new one; the
+            // pass itself re-reads the term before every write.
+            leader.mark_unchanged();
             let started = Instant::now();
             let labels = ReconcileLabels {
                 controller: "webhook-configurations".into(),
