@@ -11,10 +11,11 @@ use anyhow::{Context, bail};
 use futures::StreamExt;
 use gatehouse_e2e::cpu::{cpu_snapshot, processes};
 use gatehouse_e2e::gatehouse::{Gatehouse, Options};
+use gatehouse_e2e::pods::delete_all;
 use gatehouse_e2e::{TestNamespace, TestWebhook, allow, await_condition, cluster};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::PostParams;
 use serde_json::{Value, json};
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -85,23 +86,6 @@ async fn create_pods(
     let wall = started.elapsed();
     let latencies = results.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
     Ok(stats(latencies, wall))
-}
-
-async fn delete_pods(api: &Api<Pod>) -> anyhow::Result<()> {
-    api.delete_collection(
-        &DeleteParams::default().grace_period(0),
-        &ListParams::default(),
-    )
-    .await?;
-    await_condition("pods deleted", Duration::from_secs(120), || async {
-        Ok(api
-            .list(&ListParams::default())
-            .await?
-            .items
-            .is_empty()
-            .then_some(()))
-    })
-    .await
 }
 
 /// Cumulative webhook admission-duration buckets of the API server for Gatehouse's entries,
@@ -224,13 +208,13 @@ async fn main() -> anyhow::Result<()> {
 
     // Warm the API server's paths once so neither phase pays first-use costs.
     create_pods(&api, "warm", 20, concurrency).await?;
-    delete_pods(&api).await?;
+    delete_all(&api).await?;
 
     let procs = processes(cluster.state_dir(), gh.pid());
     let cpu0 = cpu_snapshot(&procs);
     let baseline = create_pods(&api, "base", count, concurrency).await?;
     let cpu1 = cpu_snapshot(&procs);
-    delete_pods(&api).await?;
+    delete_all(&api).await?;
 
     // The floor: the same number of entries answered by a server that does no work (a fixed
     // allow, no patch). What they add is the API server's own cost of calling 16 webhooks per
@@ -249,11 +233,11 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     create_pods(&api, "warm-floor", 20, concurrency).await?;
-    delete_pods(&api).await?;
+    delete_all(&api).await?;
     let cpu_floor0 = cpu_snapshot(&procs);
     let floor = create_pods(&api, "floor", count, concurrency).await?;
     let cpu_floor1 = cpu_snapshot(&procs);
-    delete_pods(&api).await?;
+    delete_all(&api).await?;
     cluster
         .kubectl_ok(
             [
@@ -311,7 +295,7 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
     create_pods(&api, "warm2", 20, concurrency).await?;
-    delete_pods(&api).await?;
+    delete_all(&api).await?;
 
     let before = webhook_buckets(&client).await?;
     let cpu2 = cpu_snapshot(&procs);
@@ -319,7 +303,7 @@ async fn main() -> anyhow::Result<()> {
     let cpu3 = cpu_snapshot(&procs);
     let after = webhook_buckets(&client).await?;
     let rss = gh.rss_kib();
-    delete_pods(&api).await?;
+    delete_all(&api).await?;
 
     let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1000.0);
     println!("{count} Pod creates at concurrency {concurrency}");

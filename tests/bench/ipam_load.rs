@@ -13,10 +13,11 @@ use anyhow::Context;
 use futures::StreamExt;
 use gatehouse_e2e::cpu::{cpu_snapshot, processes};
 use gatehouse_e2e::gatehouse::{Gatehouse, Options, ensure_crds, remove_pool};
+use gatehouse_e2e::pods::{delete_all, ipam_gated};
 use gatehouse_e2e::{TestNamespace, await_condition, cluster};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use serde_json::json;
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -66,12 +67,7 @@ async fn ungated(api: &Api<Pod>) -> anyhow::Result<usize> {
         .await?
         .items
         .iter()
-        .filter(|p| {
-            !p.spec
-                .as_ref()
-                .and_then(|s| s.scheduling_gates.as_ref())
-                .is_some_and(|g| g.iter().any(|g| g.name == "gatehouse.dev/ipam"))
-        })
+        .filter(|p| !ipam_gated(p))
         .count())
 }
 
@@ -212,21 +208,7 @@ async fn main() -> anyhow::Result<()> {
 
     // 3. Orphans: the Pods go while Gatehouse is down.
     gh.stop().await?;
-    ipam_api
-        .delete_collection(
-            &DeleteParams::default().grace_period(0),
-            &ListParams::default(),
-        )
-        .await?;
-    await_condition("pods deleted", Duration::from_secs(120), || async {
-        Ok(ipam_api
-            .list(&ListParams::default())
-            .await?
-            .items
-            .is_empty()
-            .then_some(()))
-    })
-    .await?;
+    delete_all(&ipam_api).await?;
     // Every allocation is past the 5s grace before Gatehouse comes back.
     tokio::time::sleep(Duration::from_secs(5)).await;
     gh.restart().await?;

@@ -14,7 +14,8 @@ use serde_json::{Value, json};
 
 use crate::operator::{Scene, WAIT, apply, apply_ready, await_ready, get_json, stderr};
 
-const GATE: &str = "gatehouse.dev/ipam";
+use ::gatehouse::api::v1alpha1::IPAM_GATE as GATE;
+use gatehouse_e2e::pods::ipam_gated;
 const ANNOTATION: &str = "gatehouse.dev/ip";
 
 /// An IPPool and a Policy giving every Pod created in `ns` an address from it.
@@ -67,7 +68,7 @@ async fn create_pods(cluster: &Cluster, ns: &str, names: &[String]) -> anyhow::R
         for (name, created) in chunk.iter().zip(futures::future::join_all(creates).await) {
             let pod = created.with_context(|| format!("creating Pod {name}"))?;
             ensure!(
-                gated(&pod),
+                ipam_gated(&pod),
                 "Pod {name} was stored without the IPAM gate (is the Policy wired?)"
             );
         }
@@ -94,13 +95,6 @@ async fn create_pod(api: &Api<Pod>, name: &str) -> anyhow::Result<Pod> {
     Err(last
         .map(anyhow::Error::from)
         .unwrap_or_else(|| anyhow::anyhow!("no attempt")))
-}
-
-fn gated(pod: &Pod) -> bool {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.scheduling_gates.as_ref())
-        .is_some_and(|g| g.iter().any(|g| g.name == GATE))
 }
 
 /// Waits until the API server marks new Pods (the Policy's entry is live).
@@ -139,7 +133,7 @@ async fn placed(cluster: &Cluster, ns: &str) -> anyhow::Result<BTreeMap<String, 
         .await?
         .items
         .into_iter()
-        .filter(|p| !gated(p))
+        .filter(|p| !ipam_gated(p))
         .filter_map(|p| {
             let address = p.metadata.annotations.as_ref()?.get(ANNOTATION)?.clone();
             Some((p.metadata.name?, (p.metadata.uid?, address)))
@@ -332,7 +326,7 @@ async fn orphans_of_a_stopped_gatehouse_are_collected_by_uid() {
                 }]);
             }
             let recreated = api.create(&PostParams::default(), &marked).await?;
-            ensure!(gated(&recreated), "the re-created Pod was not marked");
+            ensure!(ipam_gated(&recreated), "the re-created Pod was not marked");
             scene.gh.restart().await?;
 
             await_condition("orphans collected", WAIT, || async {

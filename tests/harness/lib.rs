@@ -12,6 +12,7 @@ mod cluster;
 pub mod cpu;
 pub mod gatehouse;
 mod namespace;
+pub mod pods;
 pub mod proxy;
 mod wait;
 mod webhook;
