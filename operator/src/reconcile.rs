@@ -10,7 +10,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tracing::warn;
 
 use crate::lease::Leadership;
@@ -56,37 +56,80 @@ pub fn reflect<K>(
     client: Client,
     config: watcher::Config,
     trigger: Arc<Notify>,
+) -> (Store<K>, impl Future<Output = ()> + Send + use<K>)
+where
+    K: Watched,
+{
+    let (store, writer) = reflector::store();
+    let stream = reflector::reflector(writer, events::<K>(client, config));
+    (store, drive(stream, trigger, |_| {}))
+}
+
+/// The watch events of `K`, handed to the returned channel, poking `trigger` on each: for a loop
+/// that keeps its own compact index instead of a store of whole objects.
+pub fn watch_events<K>(
+    client: Client,
+    config: watcher::Config,
+    trigger: Arc<Notify>,
 ) -> (
-    Store<K>,
-    impl std::future::Future<Output = ()> + Send + use<K>,
+    mpsc::UnboundedReceiver<watcher::Event<K>>,
+    impl Future<Output = ()> + Send + use<K>,
 )
 where
+    K: Watched,
+{
+    let (tx, rx) = mpsc::unbounded_channel();
+    let send = move |event: &watcher::Event<K>| {
+        // The loop owning the receiver stopped: nothing is left to tell.
+        let _ = tx.send(event.clone());
+    };
+    (rx, drive(events::<K>(client, config), trigger, send))
+}
+
+/// What a watched kind must be.
+pub trait Watched:
+    Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static
+{
+}
+
+impl<K> Watched for K where
     K: Resource<DynamicType = ()>
         + Clone
         + DeserializeOwned
         + std::fmt::Debug
         + Send
         + Sync
-        + 'static,
+        + 'static
 {
-    let api: Api<K> = Api::all(client);
-    let (store, writer) = reflector::store();
-    // No loop reads managedFields, and they are most of a small object's size: 10,000 cached
-    // IPAllocations held 90 MiB with them (tests/bench/ipam-load).
-    let events = watcher(api, config).modify(|o| o.managed_fields_mut().clear());
-    let stream = reflector::reflector(writer, events).default_backoff();
+}
+
+/// The watch of `K` without managedFields: no loop reads them, and they are most of a small
+/// object's size (10,000 cached IPAllocations held 90 MiB with them, tests/bench/ipam-load).
+fn events<K: Watched>(
+    client: Client,
+    config: watcher::Config,
+) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send {
+    watcher(Api::<K>::all(client), config).modify(|o| o.managed_fields_mut().clear())
+}
+
+/// Drives `stream` with backoff, handing each event to `each` and poking `trigger`.
+async fn drive<K: Watched>(
+    stream: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
+    trigger: Arc<Notify>,
+    each: impl Fn(&watcher::Event<K>) + Send,
+) {
     let kind = K::kind(&()).to_string();
-    let fut = async move {
-        let mut stream = std::pin::pin!(stream);
-        loop {
-            match stream.try_next().await {
-                Ok(Some(_event)) => trigger.notify_one(),
-                Ok(None) => return,
-                Err(e) => warn!(%kind, error = %e, "watch failed; backing off"),
+    let mut stream = std::pin::pin!(stream.default_backoff());
+    loop {
+        match stream.try_next().await {
+            Ok(Some(event)) => {
+                each(&event);
+                trigger.notify_one();
             }
+            Ok(None) => return,
+            Err(e) => warn!(%kind, error = %e, "watch failed; backing off"),
         }
-    };
-    (store, fut)
+    }
 }
 
 /// Runs `write` only while this replica leads, and no longer than its term lasts. Together

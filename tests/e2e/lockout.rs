@@ -5,12 +5,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use gatehouse_e2e::gatehouse::{self, Gatehouse, Options};
+use gatehouse_e2e::lease::{Impostor, leader_gauge};
 use gatehouse_e2e::proxy::FreezableProxy;
 use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::Api;
-use kube::api::{ObjectMeta, PostParams};
 use serde_json::Value;
 
 use crate::operator::{
@@ -107,62 +104,6 @@ impl<'a> PodLoad<'a> {
 fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
-}
-
-/// Holds the Lease `gatehouse-controller` in `namespace` for a foreign identity, renewing it,
-/// until dropped: a leader nobody can reach, as far as Gatehouse can tell.
-struct Impostor {
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Impostor {
-    async fn start(cluster: &Cluster, namespace: &str) -> anyhow::Result<Self> {
-        let api: Api<Lease> = Api::namespaced(cluster.client().await?, namespace);
-        let task = tokio::spawn(async move {
-            loop {
-                let _ = hold(&api).await;
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        });
-        Ok(Self { task })
-    }
-}
-
-async fn hold(api: &Api<Lease>) -> Result<(), kube::Error> {
-    let spec = LeaseSpec {
-        holder_identity: Some("impostor".into()),
-        lease_duration_seconds: Some(4),
-        renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
-        ..LeaseSpec::default()
-    };
-    match api.get_opt("gatehouse-controller").await? {
-        Some(mut lease) => {
-            lease.spec = Some(spec);
-            api.replace("gatehouse-controller", &PostParams::default(), &lease)
-                .await?;
-        }
-        None => {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some("gatehouse-controller".into()),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(spec),
-            };
-            api.create(&PostParams::default(), &lease).await?;
-        }
-    }
-    Ok(())
-}
-
-impl Drop for Impostor {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn leader_gauge(gh: &Gatehouse) -> anyhow::Result<f64> {
-    gh.metric_sum("gatehouse_reconcile_leader", "").await
 }
 
 /// The CAs (PEM, one string each) in every entry's caBundle of both configurations.

@@ -11,6 +11,7 @@
 mod cluster;
 pub mod cpu;
 pub mod gatehouse;
+pub mod lease;
 mod namespace;
 pub mod pods;
 pub mod proxy;

@@ -42,12 +42,15 @@ use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::allocator::{Allocator, MAX_POOL_NAME_LEN, Pool, allocation_name, overlaps};
+use super::index::{Held, Index};
 use crate::api::v1alpha1::{
     DEFAULT_IPAM_ANNOTATION, IPAM_GATE, IPAM_POOL_LABEL, IPAllocation, IPAllocationSpec, IPPool,
     IPPoolStatus, OWNER_UID_LABEL, Owner, POOL_LABEL, Policy,
 };
 use crate::lease::Leadership;
-use crate::reconcile::{FIELD_MANAGER, NotLeading, Window, coalesce, fenced, reflect};
+use crate::reconcile::{
+    FIELD_MANAGER, NotLeading, Window, coalesce, fenced, reflect, watch_events,
+};
 use crate::telemetry::Metrics;
 
 /// Finalizer that holds a deleted IPPool until its allocations are gone.
@@ -59,7 +62,8 @@ const COALESCE: Window = Window {
     quiet: Duration::from_millis(50),
     max: Duration::from_millis(250),
 };
-/// Level-triggered safety net in case a watch event was missed.
+/// Level-triggered safety net in case a watch event was missed; also how often the address
+/// index is rebuilt from the allocations it holds (dropping picks that never became objects).
 const RESYNC: Duration = Duration::from_secs(30);
 
 /// Timings of the loop.
@@ -112,7 +116,6 @@ pub struct Context {
 struct Caches {
     pods: Store<Pod>,
     pools: Store<IPPool>,
-    allocations: Store<IPAllocation>,
     policies: Store<Policy>,
 }
 
@@ -123,10 +126,6 @@ struct Memory {
     pods: HashMap<String, Vec<String>>,
     /// Pods already told their pool is exhausted (one Event per wait).
     told_exhausted: HashSet<String>,
-    /// Allocations this term created that the cache may not show yet, by owner UID: (pool,
-    /// address). Without it, a Pod whose patch failed could be given a second address before
-    /// the watch delivers its first.
-    created: HashMap<String, (String, String)>,
 }
 
 /// Runs the loop until `shutdown`. Every replica keeps its caches warm; only the leader acts.
@@ -140,32 +139,47 @@ pub async fn run(
     let (pods, pods_watch) = reflect::<Pod>(ctx.client.clone(), marked, trigger.clone());
     let all = watcher::Config::default;
     let (pools, pools_watch) = reflect::<IPPool>(ctx.client.clone(), all(), trigger.clone());
-    let (allocations, allocations_watch) =
-        reflect::<IPAllocation>(ctx.client.clone(), all(), trigger.clone());
+    let (mut allocations, allocations_watch) =
+        watch_events::<IPAllocation>(ctx.client.clone(), all(), trigger.clone());
     let (policies, policies_watch) = reflect::<Policy>(ctx.client.clone(), all(), trigger.clone());
     let caches = Caches {
         pods,
         pools,
-        allocations,
         policies,
     };
     let watches = tokio::spawn(async move {
         tokio::join!(pods_watch, pools_watch, allocations_watch, policies_watch);
     });
     let work = async {
+        let mut index = Index::default();
         let _ = tokio::join!(
             caches.pods.wait_until_ready(),
             caches.pools.wait_until_ready(),
-            caches.allocations.wait_until_ready(),
             caches.policies.wait_until_ready(),
+            async {
+                while !index.is_synced() {
+                    match allocations.recv().await {
+                        Some(event) => index.apply(event),
+                        None => return,
+                    }
+                }
+            },
         );
-        info!("IPAM caches synced");
+        info!(allocations = index.len(), "IPAM caches synced");
         let mut memory = Memory::default();
         let mut next_gc = Instant::now() + ctx.config.gc_interval;
+        let mut next_rebuild = Instant::now() + RESYNC;
         loop {
+            while let Ok(event) = allocations.try_recv() {
+                index.apply(event);
+            }
+            if Instant::now() >= next_rebuild {
+                next_rebuild = Instant::now() + RESYNC;
+                index.rebuild();
+            }
             let term = *leader.borrow_and_update();
             if term.is_leading() {
-                let result = pass(&ctx, &caches, &mut memory, &leader)
+                let result = pass(&ctx, &caches, &mut index, &mut memory, &leader)
                     .instrument(info_span!("reconcile", controller = "ipam"))
                     .await;
                 match result {
@@ -309,51 +323,34 @@ struct Place {
     annotation: String,
 }
 
-/// What became of one [`Place`] or release.
-enum Placed {
-    Done,
-    /// Created its allocation (remembered until the cache shows it).
-    Created {
-        uid: String,
-        pool: String,
-        address: IpAddr,
-    },
-    /// The address was taken by an allocation the cache had not shown yet: try again.
-    Taken,
+/// What became of one [`Place`].
+struct Recorded {
+    pool: String,
+    address: IpAddr,
+    /// The address was picked this pass (not reused).
+    picked: bool,
+    /// The allocation this write created.
+    created: Option<Held>,
+    /// `Ok(true)`: the address was taken by an allocation the index had not seen yet; the next
+    /// pass picks another.
+    outcome: Result<bool, IpamError>,
 }
 
 /// One pass; `Ok(true)` asks for another one at once (an address turned out to be taken).
 async fn pass(
     ctx: &Context,
     caches: &Caches,
+    index: &mut Index,
     memory: &mut Memory,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<bool, IpamError> {
     let pools = caches.pools.state();
     let (valid, invalid) = judge_pools(&pools);
-    let allocations = caches.allocations.state();
-    let mut by_owner: HashMap<&str, Vec<&Arc<IPAllocation>>> = HashMap::new();
-    let mut in_pool: HashMap<&str, Vec<IpAddr>> = HashMap::new();
-    for a in &allocations {
-        by_owner
-            .entry(a.spec.owner.uid.as_str())
-            .or_default()
-            .push(a);
-        if let Ok(addr) = a.spec.address.parse() {
-            in_pool.entry(a.spec.pool.as_str()).or_default().push(addr);
-        }
-    }
+    index.set_pools(&valid);
     let deleting: HashSet<String> = pools
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_some())
         .map(|p| p.name_any())
-        .collect();
-    let mut index: HashMap<String, Allocator> = valid
-        .iter()
-        .map(|(name, pool)| {
-            let taken = in_pool.get(name.as_str()).cloned().unwrap_or_default();
-            (name.clone(), Allocator::new(pool.clone(), taken))
-        })
         .collect();
 
     // Decide, one Pod after another.
@@ -361,40 +358,29 @@ async fn pass(
     let pods = caches.pods.state();
     let mut seen: HashMap<String, Vec<String>> = HashMap::new();
     let mut waiting: HashMap<String, usize> = HashMap::new();
-    let mut releases: Vec<&Arc<IPAllocation>> = Vec::new();
+    let mut releases: Vec<Held> = Vec::new();
     let mut places: Vec<Place> = Vec::new();
     for pod in &pods {
         let Some(uid) = pod.metadata.uid.clone() else {
             continue;
         };
-        let held: Vec<&Arc<IPAllocation>> = by_owner.get(uid.as_str()).cloned().unwrap_or_default();
+        let held = index.held_by(&uid);
         if is_finished(pod) {
-            releases.extend(held);
+            releases.extend(held.into_iter().cloned());
             continue;
         }
-        seen.insert(uid.clone(), held.iter().map(|a| a.name_any()).collect());
+        seen.insert(uid.clone(), held.iter().map(|h| h.name.clone()).collect());
         let Some(gate) = gate_index(pod) else {
             continue;
         };
         let Some(pool_name) = pod.labels().get(IPAM_POOL_LABEL).cloned() else {
             continue;
         };
-        let recorded = held
-            .iter()
-            .find(|a| a.spec.pool == pool_name)
-            .map(|a| a.spec.address.clone())
-            .or_else(|| {
-                memory
-                    .created
-                    .get(&uid)
-                    .filter(|(pool, _)| *pool == pool_name)
-                    .map(|(_, address)| address.clone())
-            })
-            .and_then(|a| a.parse::<IpAddr>().ok());
+        let recorded = held.iter().find(|h| h.pool == pool_name).and_then(|h| h.ip);
         let (address, create) = match recorded {
             Some(address) => (address, false),
             None => {
-                if deleting.contains(&pool_name) || !index.contains_key(&pool_name) {
+                if deleting.contains(&pool_name) || !index.has_pool(&pool_name) {
                     let reason = invalid
                         .get(&pool_name)
                         .cloned()
@@ -403,7 +389,7 @@ async fn pass(
                     tell(ctx, pod, memory, "PoolNotReady", note).await;
                     continue;
                 }
-                match index.get_mut(&pool_name).and_then(Allocator::pick) {
+                match index.pick(&pool_name) {
                     Some(address) => (address, true),
                     None => {
                         *waiting.entry(pool_name.clone()).or_default() += 1;
@@ -435,91 +421,92 @@ async fn pass(
         if seen.contains_key(uid) {
             continue;
         }
-        for a in by_owner.get(uid.as_str()).into_iter().flatten() {
-            if names.contains(&a.name_any()) {
-                releases.push(a);
+        for h in index.held_by(uid) {
+            if names.contains(&h.name) {
+                releases.push(h.clone());
             }
         }
     }
 
     // Record, many writes at a time.
     let released: Vec<Result<bool, IpamError>> = futures::stream::iter(&releases)
-        .map(|a| delete_allocation(ctx, a, leader))
+        .map(|h| delete_allocation(ctx, &h.name, &h.uid, leader))
         .buffer_unordered(WRITES_IN_FLIGHT)
         .collect()
         .await;
-    for a in &releases {
-        if let (Some(allocator), Ok(addr)) = (index.get_mut(&a.spec.pool), a.spec.address.parse()) {
-            allocator.release(addr);
-        }
-    }
-    let placed: Vec<Result<Placed, IpamError>> = futures::stream::iter(places)
+    let recorded: Vec<Recorded> = futures::stream::iter(places)
         .map(|place| record(ctx, place, leader))
         .buffer_unordered(WRITES_IN_FLIGHT)
         .collect()
         .await;
     let mut again = false;
     let mut first_error = None;
-    for outcome in released
-        .into_iter()
-        .map(|r| r.map(|_| Placed::Done))
-        .chain(placed)
-    {
+    for (h, outcome) in releases.iter().zip(released) {
         match outcome {
-            Ok(Placed::Done) => {}
-            Ok(Placed::Created { uid, pool, address }) => {
-                memory.created.insert(uid, (pool, address.to_string()));
-            }
-            Ok(Placed::Taken) => again = true,
+            // Gone now (or already): its address is free for the Pods waiting.
+            Ok(_) => index.forget(&h.name, &h.uid),
             Err(e) => {
                 first_error.get_or_insert(e);
             }
         }
     }
-    // What the cache shows now needs no remembering; what left with its Pod neither.
-    memory
-        .created
-        .retain(|uid, _| seen.contains_key(uid) && !by_owner.contains_key(uid.as_str()));
+    for r in recorded {
+        if let Some(held) = r.created {
+            index.observe(held);
+        } else if r.picked && r.outcome.is_err() {
+            index.unpick(&r.pool, r.address);
+        }
+        match r.outcome {
+            Ok(taken) => again |= taken,
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
     memory.pods = seen;
     if let Some(e) = first_error {
         return Err(e);
     }
-    write_pools(
-        ctx, &pools, &valid, &invalid, &index, &in_pool, &waiting, leader,
-    )
-    .await?;
+    write_pools(ctx, &pools, &valid, &invalid, index, &waiting, leader).await?;
     Ok(again)
 }
 
 /// Creates the Pod's IPAllocation if it has none yet, then writes the address to the Pod.
-async fn record(
-    ctx: &Context,
-    place: Place,
-    leader: &watch::Receiver<Leadership>,
-) -> Result<Placed, IpamError> {
-    let mut outcome = Placed::Done;
+async fn record(ctx: &Context, place: Place, leader: &watch::Receiver<Leadership>) -> Recorded {
+    let mut recorded = Recorded {
+        pool: place.pool.clone(),
+        address: place.address,
+        picked: place.create,
+        created: None,
+        outcome: Ok(false),
+    };
     if place.create {
-        if !create_allocation(ctx, &place, leader).await? {
-            return Ok(Placed::Taken);
+        match create_allocation(ctx, &place, leader).await {
+            Ok(Some(created)) => {
+                ctx.metrics.ipam_allocations.inc();
+                debug!(pod = %place.pod.name_any(), address = %place.address, "allocated");
+                recorded.created = Held::of(&created);
+            }
+            Ok(None) => {
+                recorded.outcome = Ok(true);
+                return recorded;
+            }
+            Err(e) => {
+                recorded.outcome = Err(e);
+                return recorded;
+            }
         }
-        ctx.metrics.ipam_allocations.inc();
-        debug!(pod = %place.pod.name_any(), address = %place.address, "allocated");
-        outcome = Placed::Created {
-            uid: place.uid.clone(),
-            pool: place.pool.clone(),
-            address: place.address,
-        };
     }
-    release_gate(ctx, &place, leader).await?;
-    Ok(outcome)
+    recorded.outcome = release_gate(ctx, &place, leader).await.map(|()| false);
+    recorded
 }
 
-/// Creates the IPAllocation of `place`; false when its name (its address) is taken.
+/// Creates the IPAllocation of `place`; `None` when its name (its address) is taken.
 async fn create_allocation(
     ctx: &Context,
     place: &Place,
     leader: &watch::Receiver<Leadership>,
-) -> Result<bool, IpamError> {
+) -> Result<Option<IPAllocation>, IpamError> {
     let api: Api<IPAllocation> = Api::all(ctx.client.clone());
     let name = allocation_name(&place.pool, place.address);
     let allocation = IPAllocation {
@@ -550,9 +537,9 @@ async fn create_allocation(
     )
     .await?;
     match created {
-        Ok(_) => Ok(true),
-        // Taken by someone our cache has not seen yet: the next pass picks another address.
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Ok(created) => Ok(Some(created)),
+        // Taken by someone the index has not seen yet: the next pass picks another address.
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(None),
         Err(source) => Err(IpamError::CreateAllocation { name, source }),
     }
 }
@@ -617,14 +604,14 @@ async fn release_gate(
 /// was gone or replaced already.
 async fn delete_allocation(
     ctx: &Context,
-    allocation: &IPAllocation,
+    name: &str,
+    uid: &str,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<bool, IpamError> {
-    let name = allocation.name_any();
     let api: Api<IPAllocation> = Api::all(ctx.client.clone());
     let params = DeleteParams {
         preconditions: Some(Preconditions {
-            uid: allocation.metadata.uid.clone(),
+            uid: Some(uid.to_string()),
             resource_version: None,
         }),
         ..DeleteParams::default()
@@ -632,13 +619,16 @@ async fn delete_allocation(
     match fenced(
         leader,
         || format!("IPAllocation {name}"),
-        api.delete(&name, &params),
+        api.delete(name, &params),
     )
     .await?
     {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409) => Ok(false),
-        Err(source) => Err(IpamError::DeleteAllocation { name, source }),
+        Err(source) => Err(IpamError::DeleteAllocation {
+            name: name.to_string(),
+            source,
+        }),
     }
 }
 
@@ -660,14 +650,12 @@ async fn tell(ctx: &Context, pod: &Pod, memory: &mut Memory, reason: &str, note:
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn write_pools(
     ctx: &Context,
     pools: &[Arc<IPPool>],
     valid: &BTreeMap<String, Pool>,
     invalid: &BTreeMap<String, String>,
-    index: &HashMap<String, Allocator>,
-    in_pool: &HashMap<&str, Vec<IpAddr>>,
+    index: &Index,
     waiting: &HashMap<String, usize>,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<(), IpamError> {
@@ -676,7 +664,7 @@ async fn write_pools(
     for p in pools {
         let name = p.name_any();
         let finalizers = p.metadata.finalizers.clone().unwrap_or_default();
-        let held = in_pool.get(name.as_str()).map_or(0, Vec::len);
+        let held = index.count(&name);
         if p.metadata.deletion_timestamp.is_some() {
             if held == 0 && finalizers.iter().any(|f| f == POOL_FINALIZER) {
                 let kept: Vec<&String> =
@@ -696,7 +684,7 @@ async fn write_pools(
             p,
             valid.get(&name),
             invalid.get(&name),
-            index.get(&name),
+            index.allocator(&name),
             waiting.get(&name).copied().unwrap_or(0),
             now.clone(),
         );
@@ -828,7 +816,8 @@ async fn collect_orphan(
     {
         return Ok(false);
     }
-    if !delete_allocation(ctx, a, leader).await? {
+    let uid = a.uid().unwrap_or_default();
+    if !delete_allocation(ctx, &a.name_any(), &uid, leader).await? {
         return Ok(false);
     }
     ctx.metrics.ipam_orphans_collected.inc();
