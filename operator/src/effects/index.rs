@@ -136,10 +136,10 @@ impl Index {
     /// Records an allocation that exists (seen by the watch, or created by this loop).
     pub fn observe(&mut self, held: Held) {
         let (pool, ip) = (held.pool.clone(), held.ip);
-        if let Some(old) = self.entries.insert(held) {
-            if (old.pool.as_str(), old.ip) != (pool.as_str(), ip) {
-                self.release(&old.pool, old.ip);
-            }
+        if let Some(old) = self.entries.insert(held)
+            && (old.pool.as_str(), old.ip) != (pool.as_str(), ip)
+        {
+            self.release(&old.pool, old.ip);
         }
         if let (Some(allocator), Some(ip)) = (self.pools.get_mut(&pool), ip) {
             allocator.take(ip);
@@ -405,9 +405,7 @@ mod tests {
             // The objects that exist: address → (object uid, owner).
             let mut live: BTreeMap<u8, (String, String)> = BTreeMap::new();
             let mut picks = Vec::new();
-            let mut version = 0;
-            for s in steps {
-                version += 1;
+            for (version, s) in steps.into_iter().enumerate() {
                 match s {
                     Step::Apply(a, o) => {
                         let uid = live.get(&a).map_or_else(|| format!("u{version}"), |(u, _)| u.clone());
