@@ -6,8 +6,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use gatehouse::api::v1alpha1::Policy;
 use gatehouse::engine::{
-    self, CompiledPolicy, Phase, Request, ReviewError, compile, matches, parse_review,
-    response_review, review, review_policy_object,
+    self, CompiledPolicy, MatchError, Namespace, Phase, Request, ReviewError, compile,
+    parse_review, response_review, review, review_policy_object,
 };
 use serde_json::{Value, json};
 
@@ -407,6 +407,66 @@ fn with_resource(
     req.resource.resource = resource.into();
     req.sub_resource = sub.map(str::to_string);
     req
+}
+
+/// Matching with every namespaceSelector taken as matching (no Namespace labels at hand).
+fn matches(req: &Request, policy: &CompiledPolicy) -> Result<bool, MatchError> {
+    engine::matches(req, policy, Namespace::Assumed)
+}
+
+#[test]
+fn namespace_selectors_match_like_the_api_server() {
+    let policy = matcher(json!({
+        "rules": [{"operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"], "scope": "*"}],
+        "namespaceSelector": {"matchLabels": {"team": "a"}},
+    }));
+    let team_a: std::collections::BTreeMap<String, String> =
+        [("team".to_string(), "a".to_string())].into();
+    let team_b: std::collections::BTreeMap<String, String> =
+        [("team".to_string(), "b".to_string())].into();
+    let pod_req = create(pod(json!([])));
+    assert!(engine::matches(&pod_req, &policy, Namespace::Labels(&team_a)).unwrap());
+    assert!(!engine::matches(&pod_req, &policy, Namespace::Labels(&team_b)).unwrap());
+    let err = engine::matches(&pod_req, &policy, Namespace::Unknown("gone")).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("labels of namespace \"shop\" are unknown"),
+        "{err}"
+    );
+    // A Namespace object is judged by its own labels (the old object's on DELETE), whatever
+    // the lookup says.
+    let ns = |labels: Value| json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "x", "labels": labels}});
+    let mut ns_create = request("CREATE", Some(ns(json!({"team": "a"}))), None);
+    ns_create.kind.kind = "Namespace".into();
+    ns_create.namespace = String::new();
+    ns_create = with_resource(ns_create, "", "v1", "namespaces", None);
+    assert!(engine::matches(&ns_create, &policy, Namespace::Labels(&team_b)).unwrap());
+    let mut ns_delete = ns_create.clone();
+    ns_delete.operation = gatehouse::api::v1alpha1::Operation::Delete;
+    ns_delete.object = None;
+    ns_delete.old_object = Some(ns(json!({"team": "b"})));
+    assert!(!engine::matches(&ns_delete, &policy, Namespace::Labels(&team_a)).unwrap());
+    // Any other cluster-scoped object always matches.
+    let mut node = with_resource(create(pod(json!([]))), "", "v1", "nodes", None);
+    node.namespace = String::new();
+    assert!(engine::matches(&node, &policy, Namespace::Unknown("none")).unwrap());
+}
+
+#[test]
+fn rules_also_match_the_original_request_resource() {
+    // matchPolicy Equivalent: the shared entry's union named apps/v1, the request was made at
+    // a version only this Policy names.
+    let policy = matcher(
+        json!({"rules": [{"operations": ["CREATE"], "apiGroups": ["apps"], "apiVersions": ["v1beta2"], "resources": ["deployments"]}]}),
+    );
+    let mut req = with_resource(create(pod(json!([]))), "apps", "v1", "deployments", None);
+    assert!(!matches(&req, &policy).unwrap());
+    req.request_resource = Some(gatehouse::engine::review::GroupVersionResource {
+        group: "apps".into(),
+        version: "v1beta2".into(),
+        resource: "deployments".into(),
+    });
+    assert!(matches(&req, &policy).unwrap());
 }
 
 #[test]

@@ -14,10 +14,11 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::api::v1alpha1::{FailurePolicy, Operation, Policy, ReinvocationPolicy};
+use crate::api::v1alpha1::{Operation, Policy};
+use crate::engine::chain;
 use crate::engine::review::{GroupVersionKind, GroupVersionResource, UserInfo, review_json};
 use crate::engine::{
-    self, CompiledPolicy, MatchError, Phase, Request, Response, ReviewError, parse_review,
+    self, CompiledPolicy, Namespace, Request, Response, ReviewError, parse_review,
 };
 
 /// Exit status when every Policy admitted the request.
@@ -434,161 +435,14 @@ pub fn plural(kind: &str) -> String {
     }
 }
 
-/// What happened when one Policy was offered the request.
-enum Step {
-    /// The Policy does not match (or its match conditions failed under Ignore).
-    Skipped,
-    /// The Policy ran; `changed` says whether its patch changed the object.
-    Ran { changed: bool },
-}
-
-/// Plays the admission chain for `request`. Pure: everything `eval` prints is derived from this.
+/// Plays the admission chain for `request` with the engine's own [`chain::admit`]: the code the
+/// webhook runs per entry, offline. Pure: everything `eval` prints is derived from this.
 pub fn admit(request: &Request, policies: &[CompiledPolicy]) -> Admission {
-    let mut mutating: Vec<&CompiledPolicy> = policies.iter().filter(|p| p.is_mutating()).collect();
-    mutating.sort_by(|a, b| (a.spec().priority, a.name()).cmp(&(b.spec().priority, b.name())));
-    let mut validating: Vec<&CompiledPolicy> =
-        policies.iter().filter(|p| p.has_validations()).collect();
-    validating.sort_by(|a, b| a.name().cmp(b.name()));
-
-    let mut current = request.clone();
-    let mut warnings = Vec::new();
-    let deny = |current: &Request, warnings: Vec<String>, denial: Response| Admission {
-        request: request.clone(),
-        response: Response {
-            warnings: distinct(warnings),
-            ..denial
-        },
-        object: current.object.clone(),
-    };
-
-    // First pass; an IfNeeded Policy that ran is reinvoked when a later one changes the object.
-    let mut invoked: Vec<usize> = Vec::new();
-    let mut reinvoke = vec![false; mutating.len()];
-    for (i, policy) in mutating.iter().enumerate() {
-        match mutate_step(&mut current, policy, &mut warnings) {
-            Err(denial) => return deny(&current, warnings, denial),
-            Ok(Step::Skipped) => {}
-            Ok(Step::Ran { changed }) => {
-                if changed {
-                    for &j in &invoked {
-                        reinvoke[j] = true;
-                    }
-                }
-                if policy.spec().reinvocation_policy == ReinvocationPolicy::IfNeeded {
-                    invoked.push(i);
-                }
-            }
-        }
-    }
-    // The reinvocation pass: at most once each, in order.
-    for (policy, _) in mutating.iter().zip(&reinvoke).filter(|(_, again)| **again) {
-        if let Err(denial) = mutate_step(&mut current, policy, &mut warnings) {
-            return deny(&current, warnings, denial);
-        }
-    }
-
-    // Validating Policies judge the final object; every denial is reported.
-    let mut denials: Vec<Response> = Vec::new();
-    for policy in validating {
-        match matches(&current, policy, &mut warnings) {
-            Err(denial) => denials.push(denial),
-            Ok(false) => {}
-            Ok(true) => {
-                let resp = engine::review(&current, policy, Phase::Validating);
-                warnings.extend(resp.warnings.iter().cloned());
-                if !resp.allowed {
-                    denials.push(resp);
-                }
-            }
-        }
-    }
-    if !denials.is_empty() {
-        let messages: Vec<&str> = denials.iter().filter_map(Response::message).collect();
-        // Forbidden when any Policy said no; otherwise the first failure's code.
-        let forbidden = denials
-            .iter()
-            .find(|d| d.status.as_ref().is_some_and(|s| s.code == 403))
-            .or(denials.first());
-        let (code, reason) = forbidden
-            .and_then(|d| d.status.as_ref())
-            .map_or((403, "Forbidden".to_string()), |s| {
-                (s.code, s.reason.clone())
-            });
-        let denial = Response::deny(code, &reason, messages.join("; "));
-        return deny(&current, warnings, denial);
-    }
-
-    let mut response = Response::allow();
-    if let (Some(original), Some(last)) = (&request.object, &current.object) {
-        response.patch = crate::engine::diff::diff(original, last);
-    }
-    response.warnings = distinct(warnings);
+    let policies: Vec<&CompiledPolicy> = policies.iter().collect();
+    let outcome = chain::admit(request, &policies, Namespace::Assumed);
     Admission {
         request: request.clone(),
-        response,
-        object: current.object,
+        response: outcome.response,
+        object: outcome.object,
     }
-}
-
-/// Warnings in first-seen order, each once: a reinvoked Policy repeats its own.
-fn distinct(warnings: Vec<String>) -> Vec<String> {
-    let mut seen = std::collections::BTreeSet::new();
-    warnings
-        .into_iter()
-        .filter(|w| seen.insert(w.clone()))
-        .collect()
-}
-
-/// Whether `policy` applies to `current`; a match condition error follows the failurePolicy:
-/// Fail denies (`Err`), Ignore skips the Policy with a warning.
-fn matches(
-    current: &Request,
-    policy: &CompiledPolicy,
-    warnings: &mut Vec<String>,
-) -> Result<bool, Response> {
-    match engine::matches(current, policy) {
-        Ok(m) => Ok(m),
-        Err(e @ MatchError::Condition { .. }) => {
-            let message = format!("policy {:?}: {e}", policy.name());
-            match policy.spec().failure_policy {
-                FailurePolicy::Fail => Err(Response::deny(500, "InternalError", message)),
-                FailurePolicy::Ignore => {
-                    warnings.push(format!(
-                        "{message} (policy skipped: failurePolicy is Ignore)"
-                    ));
-                    Ok(false)
-                }
-            }
-        }
-    }
-}
-
-/// Offers `current` to one mutating Policy and applies its patch, as the API server does.
-fn mutate_step(
-    current: &mut Request,
-    policy: &CompiledPolicy,
-    warnings: &mut Vec<String>,
-) -> Result<Step, Response> {
-    if !matches(current, policy, warnings)? {
-        return Ok(Step::Skipped);
-    }
-    let resp = engine::review(current, policy, Phase::Mutating);
-    warnings.extend(resp.warnings.iter().cloned());
-    if !resp.allowed {
-        return Err(resp);
-    }
-    if !resp.patched() {
-        return Ok(Step::Ran { changed: false });
-    }
-    let Some(object) = current.object.as_mut() else {
-        return Ok(Step::Ran { changed: false });
-    };
-    json_patch::patch(object, &resp.patch).map_err(|e| {
-        Response::deny(
-            500,
-            "InternalError",
-            format!("policy {:?}: its patch does not apply: {e}", policy.name()),
-        )
-    })?;
-    Ok(Step::Ran { changed: true })
 }

@@ -274,7 +274,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding the webhook server to {}", args.listen))?;
     let server_config = Arc::new(tls::server_config(resolver.clone())?);
-    let state = Arc::new(WebhookState::new(policies.clone(), metrics.clone()));
+    let (namespaces, namespaces_watch) = webhook::Namespaces::watch(client.clone());
+    let namespaces_task = {
+        let stopped = stopped();
+        async move {
+            tokio::select! { () = namespaces_watch => {}, () = stopped => {} }
+        }
+    };
+    let mut state = WebhookState::new(policies.clone(), metrics.clone());
+    state.namespaces = namespaces;
+    let state = Arc::new(state);
     let webhook_handler: Handler = Arc::new(move |req| {
         let state = state.clone();
         Box::pin(async move { webhook::handle(state, req).await })
@@ -353,7 +362,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         admin_task,
         lease_task,
         controller_task,
-        ipam_task
+        ipam_task,
+        namespaces_task
     );
     info!("stopped");
     Ok(())

@@ -313,7 +313,7 @@ async fn reconcile_all(
 
     // Entries the API server may still call, as read back: never a 404 for those, whoever
     // leads. Anything else no longer valid may be forgotten once its grace is over.
-    ctx.policies.set_wired(wiring::wired_policies(
+    ctx.policies.set_wired(wiring::wired_groups(
         caches.mutating.state().iter().map(|c| c.as_ref()),
         caches.validating.state().iter().map(|c| c.as_ref()),
     ));

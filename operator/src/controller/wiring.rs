@@ -1,6 +1,14 @@
 //! Policies → webhook configurations, as a pure function of the valid Policies, the way the API
 //! server reaches Gatehouse, and the CA bundle.
-use std::collections::{BTreeMap, HashSet};
+//!
+//! Policies share entries ([`crate::engine::group`]): a shared entry's rules are the union of its
+//! members' rules, its timeout the largest of theirs, its namespaceSelector only the system
+//! exclusion, with no objectSelector and no matchConditions; Gatehouse matches each member
+//! itself. A Policy whose conditions use `authorizer` keeps an entry of its own with all of its
+//! match fields, as every Policy had before. Both configurations carry the membership of every
+//! entry in the annotation [`GROUPS_ANNOTATION`], so every replica can answer every entry the
+//! API server may call.
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
@@ -12,12 +20,18 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 
 use crate::api::v1alpha1::{GROUP, Policy, Rule};
+use crate::engine::group::{self, Group, GroupPhase};
 use crate::webhook::{MUTATE_PREFIX, VALIDATE_POLICY_PATH, VALIDATE_PREFIX};
 
 /// Name of both webhook configurations Gatehouse owns.
 pub const CONFIGURATION_NAME: &str = "gatehouse";
-/// Suffix of every entry name (`<policy>.gatehouse.dev`).
+/// Suffix of every entry name: `<policy>.gatehouse.dev` for a Policy's own entry,
+/// `<group>.mutate.gatehouse.dev` / `<group>.validate.gatehouse.dev` for a shared one.
 pub const ENTRY_SUFFIX: &str = ".gatehouse.dev";
+/// Annotation on both configurations: the membership of every entry, as JSON.
+pub const GROUPS_ANNOTATION: &str = "gatehouse.dev/groups";
+/// Largest `timeoutSeconds` the API server accepts.
+const MAX_TIMEOUT_SECONDS: i32 = 30;
 /// Entry that validates Policy objects themselves.
 pub const SELF_ENTRY_NAME: &str = "policies.validation.gatehouse.dev";
 /// Label the API server sets on every Namespace; the exclusion selects on it.
@@ -80,44 +94,54 @@ pub struct Desired {
     pub validating: ValidatingWebhookConfiguration,
 }
 
-/// Builds both configurations from valid Policies. Mutating entries are ordered by
-/// (priority, name): within one configuration the API server calls them in list order, which
-/// gives Gatehouse Policies a defined order.
+/// Builds both configurations from valid Policies: the entries of their groups, mutating ones
+/// in the order the API server must call them.
 pub fn desired(policies: &[&Policy], wiring: &Wiring, ca_bundle: &str) -> Desired {
-    let mut sorted: Vec<&Policy> = policies.to_vec();
-    sorted
-        .sort_by(|a, b| (a.spec.priority, policy_name(a)).cmp(&(b.spec.priority, policy_name(b))));
-
-    let mutating = sorted
+    let groups = group::groups(policies);
+    let by_name: BTreeMap<&str, &Policy> = policies.iter().map(|p| (policy_name(p), *p)).collect();
+    let members = |g: &Group| -> Vec<&Policy> {
+        g.members
+            .iter()
+            .filter_map(|m| by_name.get(m.as_str()).copied())
+            .collect()
+    };
+    let mutating = groups
+        .mutating
         .iter()
-        .filter(|p| crate::engine::is_mutating(&p.spec))
-        .map(|p| mutating_entry(p, wiring, ca_bundle))
+        .map(|g| mutating_entry(&Entry::new(g, &members(g), wiring, ca_bundle)))
         .collect();
     let mut validating: Vec<ValidatingWebhook> = vec![self_entry(wiring, ca_bundle)];
     validating.extend(
-        sorted
+        groups
+            .validating
             .iter()
-            .filter(|p| !p.spec.validate.is_empty())
-            .map(|p| validating_entry(p, wiring, ca_bundle)),
+            .map(|g| validating_entry(&Entry::new(g, &members(g), wiring, ca_bundle))),
     );
+    let all: Vec<&Group> = groups.iter().collect();
+    // Plain structs of strings always serialise.
+    let annotation = serde_json::to_string(&all).unwrap_or_default();
     Desired {
         mutating: MutatingWebhookConfiguration {
-            metadata: owned_meta(),
+            metadata: owned_meta(&annotation),
             webhooks: Some(mutating),
         },
         validating: ValidatingWebhookConfiguration {
-            metadata: owned_meta(),
+            metadata: owned_meta(&annotation),
             webhooks: Some(validating),
         },
     }
 }
 
-fn owned_meta() -> ObjectMeta {
+fn owned_meta(groups: &str) -> ObjectMeta {
     ObjectMeta {
         name: Some(CONFIGURATION_NAME.to_string()),
         labels: Some(BTreeMap::from([(
             MANAGED_BY_LABEL.0.to_string(),
             MANAGED_BY_LABEL.1.to_string(),
+        )])),
+        annotations: Some(BTreeMap::from([(
+            GROUPS_ANNOTATION.to_string(),
+            groups.to_string(),
         )])),
         ..ObjectMeta::default()
     }
@@ -127,35 +151,62 @@ fn policy_name(p: &Policy) -> &str {
     p.metadata.name.as_deref().unwrap_or_default()
 }
 
-/// Entry name of a Policy: `<policy>.gatehouse.dev`.
+/// Entry name of a Policy's own entry: `<policy>.gatehouse.dev`.
 pub fn entry_name(policy: &str) -> String {
     format!("{policy}{ENTRY_SUFFIX}")
 }
 
-/// The Policies whose entries the given (live) configurations hold, by entry name.
-pub fn wired_policies<'a>(
-    mutating: impl IntoIterator<Item = &'a MutatingWebhookConfiguration>,
-    validating: impl IntoIterator<Item = &'a ValidatingWebhookConfiguration>,
-) -> HashSet<String> {
-    let mutating = mutating
-        .into_iter()
-        .flat_map(|c| c.webhooks.iter().flatten().map(|w| w.name.as_str()));
-    let validating = validating
-        .into_iter()
-        .flat_map(|c| c.webhooks.iter().flatten().map(|w| w.name.as_str()));
-    mutating
-        .chain(validating)
-        .filter(|name| *name != SELF_ENTRY_NAME)
-        .filter_map(|name| name.strip_suffix(ENTRY_SUFFIX))
-        .map(str::to_string)
-        .collect()
+/// Entry name of a group: its own Policy's entry name, or `<id>.mutate.gatehouse.dev` /
+/// `<id>.validate.gatehouse.dev`.
+pub fn group_entry_name(g: &Group) -> String {
+    match g.id.strip_prefix(group::OWN_PREFIX) {
+        Some(policy) => entry_name(policy),
+        None => {
+            let phase = match g.phase {
+                GroupPhase::Mutating => "mutate",
+                GroupPhase::Validating => "validate",
+            };
+            format!("{}.{phase}{ENTRY_SUFFIX}", g.id)
+        }
+    }
 }
 
-/// The fields a mutating and a validating entry of one Policy share.
+/// The path of a group's entry: `/mutate/<id>` or `/validate/<id>`.
+pub fn group_path(g: &Group) -> String {
+    let prefix = match g.phase {
+        GroupPhase::Mutating => MUTATE_PREFIX,
+        GroupPhase::Validating => VALIDATE_PREFIX,
+    };
+    format!("{prefix}{}", g.id)
+}
+
+/// The groups the given (live) configurations hold, from their membership annotation.
+pub fn wired_groups<'a>(
+    mutating: impl IntoIterator<Item = &'a MutatingWebhookConfiguration>,
+    validating: impl IntoIterator<Item = &'a ValidatingWebhookConfiguration>,
+) -> Vec<Group> {
+    let annotations = mutating
+        .into_iter()
+        .map(|c| &c.metadata)
+        .chain(validating.into_iter().map(|c| &c.metadata))
+        .filter_map(|m| m.annotations.as_ref()?.get(GROUPS_ANNOTATION));
+    let mut out: Vec<Group> = Vec::new();
+    for text in annotations {
+        for g in serde_json::from_str::<Vec<Group>>(text).unwrap_or_default() {
+            if !out.contains(&g) {
+                out.push(g);
+            }
+        }
+    }
+    out
+}
+
+/// The fields a mutating and a validating entry share.
 struct Entry {
     name: String,
     client_config: WebhookClientConfig,
     failure_policy: Option<String>,
+    reinvocation_policy: Option<String>,
     match_conditions: Option<Vec<MatchCondition>>,
     namespace_selector: Option<LabelSelector>,
     object_selector: Option<LabelSelector>,
@@ -164,22 +215,33 @@ struct Entry {
 }
 
 impl Entry {
-    fn new(p: &Policy, wiring: &Wiring, ca_bundle: &str, prefix: &str) -> Self {
-        let name = policy_name(p);
+    fn new(g: &Group, members: &[&Policy], wiring: &Wiring, ca_bundle: &str) -> Self {
+        let client_config = wiring.endpoint.client_config(&group_path(g), ca_bundle);
+        let timeout = members
+            .iter()
+            .map(|p| p.spec.timeout_seconds)
+            .max()
+            .unwrap_or(MAX_TIMEOUT_SECONDS)
+            .min(MAX_TIMEOUT_SECONDS);
+        // A Policy's own entry keeps every match field: the API server matches it.
+        let own = members.first().filter(|_| g.is_own());
+        let rules = match own {
+            Some(p) => rules(&p.spec.match_.rules),
+            None => union_of_rules(members.iter().flat_map(|p| &p.spec.match_.rules)),
+        };
         Self {
-            name: entry_name(name),
-            client_config: wiring
-                .endpoint
-                .client_config(&format!("{prefix}{name}"), ca_bundle),
-            failure_policy: Some(p.spec.failure_policy.as_str().to_string()),
-            match_conditions: match_conditions(p),
+            name: group_entry_name(g),
+            client_config,
+            failure_policy: Some(g.failure_policy.as_str().to_string()),
+            reinvocation_policy: Some(g.reinvocation_policy.as_str().to_string()),
+            match_conditions: own.and_then(|p| match_conditions(p)),
             namespace_selector: Some(namespace_selector(
-                p.spec.match_.namespace_selector.as_ref(),
+                own.and_then(|p| p.spec.match_.namespace_selector.as_ref()),
                 &wiring.excluded_namespaces,
             )),
-            object_selector: p.spec.match_.object_selector.clone(),
-            rules: Some(rules(&p.spec.match_.rules)),
-            timeout_seconds: Some(p.spec.timeout_seconds),
+            object_selector: own.and_then(|p| p.spec.match_.object_selector.clone()),
+            rules: Some(rules),
+            timeout_seconds: Some(timeout),
         }
     }
 }
@@ -189,36 +251,34 @@ const SIDE_EFFECTS: &str = "None";
 /// Rules match every version a resource is served at, as users expect of a policy.
 const MATCH_POLICY: &str = "Equivalent";
 
-fn mutating_entry(p: &Policy, wiring: &Wiring, ca_bundle: &str) -> MutatingWebhook {
-    let e = Entry::new(p, wiring, ca_bundle, MUTATE_PREFIX);
+fn mutating_entry(e: &Entry) -> MutatingWebhook {
     MutatingWebhook {
-        name: e.name,
+        name: e.name.clone(),
         admission_review_versions: vec!["v1".to_string()],
-        client_config: e.client_config,
-        failure_policy: e.failure_policy,
-        match_conditions: e.match_conditions,
+        client_config: e.client_config.clone(),
+        failure_policy: e.failure_policy.clone(),
+        match_conditions: e.match_conditions.clone(),
         match_policy: Some(MATCH_POLICY.to_string()),
-        namespace_selector: e.namespace_selector,
-        object_selector: e.object_selector,
-        reinvocation_policy: Some(p.spec.reinvocation_policy.as_str().to_string()),
-        rules: e.rules,
+        namespace_selector: e.namespace_selector.clone(),
+        object_selector: e.object_selector.clone(),
+        reinvocation_policy: e.reinvocation_policy.clone(),
+        rules: e.rules.clone(),
         side_effects: SIDE_EFFECTS.to_string(),
         timeout_seconds: e.timeout_seconds,
     }
 }
 
-fn validating_entry(p: &Policy, wiring: &Wiring, ca_bundle: &str) -> ValidatingWebhook {
-    let e = Entry::new(p, wiring, ca_bundle, VALIDATE_PREFIX);
+fn validating_entry(e: &Entry) -> ValidatingWebhook {
     ValidatingWebhook {
-        name: e.name,
+        name: e.name.clone(),
         admission_review_versions: vec!["v1".to_string()],
-        client_config: e.client_config,
-        failure_policy: e.failure_policy,
-        match_conditions: e.match_conditions,
+        client_config: e.client_config.clone(),
+        failure_policy: e.failure_policy.clone(),
+        match_conditions: e.match_conditions.clone(),
         match_policy: Some(MATCH_POLICY.to_string()),
-        namespace_selector: e.namespace_selector,
-        object_selector: e.object_selector,
-        rules: e.rules,
+        namespace_selector: e.namespace_selector.clone(),
+        object_selector: e.object_selector.clone(),
+        rules: e.rules.clone(),
         side_effects: SIDE_EFFECTS.to_string(),
         timeout_seconds: e.timeout_seconds,
     }
@@ -249,6 +309,50 @@ fn self_entry(wiring: &Wiring, ca_bundle: &str) -> ValidatingWebhook {
         side_effects: SIDE_EFFECTS.to_string(),
         timeout_seconds: Some(5),
     }
+}
+
+/// The union of `rules`, readable: rules that differ only in their operations become one, with
+/// the union of the operations; the result is sorted and has no duplicates.
+fn union_of_rules<'a>(rules: impl IntoIterator<Item = &'a Rule>) -> Vec<RuleWithOperations> {
+    type Target = (Vec<String>, Vec<String>, Vec<String>, &'static str);
+    let sorted = |v: &[String]| -> Vec<String> {
+        v.iter()
+            .cloned()
+            .collect::<BTreeSet<String>>()
+            .into_iter()
+            .collect()
+    };
+    let mut merged: BTreeMap<Target, BTreeSet<&'static str>> = BTreeMap::new();
+    for r in rules {
+        let target = (
+            sorted(&r.api_groups),
+            sorted(&r.api_versions),
+            sorted(&r.resources),
+            r.scope.as_str(),
+        );
+        merged
+            .entry(target)
+            .or_default()
+            .extend(r.operations.iter().map(|o| o.as_str()));
+    }
+    merged
+        .into_iter()
+        .map(|((groups, versions, resources, scope), ops)| {
+            // `*` covers every operation; listing others beside it is noise.
+            let ops: Vec<String> = if ops.contains("*") {
+                vec!["*".to_string()]
+            } else {
+                ops.into_iter().map(str::to_string).collect()
+            };
+            RuleWithOperations {
+                api_groups: Some(groups),
+                api_versions: Some(versions),
+                operations: Some(ops),
+                resources: Some(resources),
+                scope: Some(scope.to_string()),
+            }
+        })
+        .collect()
 }
 
 fn rules(rules: &[Rule]) -> Vec<RuleWithOperations> {
@@ -361,35 +465,30 @@ mod tests {
         }
     }
 
+    fn groups_of(d: &Desired) -> Vec<Group> {
+        wired_groups([&d.mutating], [&d.validating])
+    }
+
     #[test]
-    fn mutating_entries_follow_priority_then_name() {
+    fn alike_policies_share_one_entry_in_priority_then_name_order() {
         let (a, b, c) = (
             policy("zeta", 10, true, false),
             policy("alpha", 100, true, false),
             policy("beta", 10, true, false),
         );
         let d = desired(&[&a, &b, &c], &wiring(), "CA");
-        let names: Vec<_> = d
-            .mutating
-            .webhooks
-            .unwrap()
-            .into_iter()
-            .map(|w| w.name)
-            .collect();
-        assert_eq!(
-            names,
-            [
-                "beta.gatehouse.dev",
-                "zeta.gatehouse.dev",
-                "alpha.gatehouse.dev"
-            ]
-        );
+        let m = d.mutating.webhooks.as_ref().unwrap();
+        assert_eq!(m.len(), 1);
+        let g = &groups_of(&d)[0];
+        assert_eq!(g.members, ["beta", "zeta", "alpha"]);
+        assert_eq!(m[0].name, format!("{}.mutate.gatehouse.dev", g.id));
     }
 
     #[test]
     fn entries_carry_paths_bundle_and_truthful_side_effects() {
         let p = policy("both", 100, true, true);
         let d = desired(&[&p], &wiring(), "PEM");
+        let groups = groups_of(&d);
         let m = &d.mutating.webhooks.as_ref().unwrap()[0];
         assert_eq!(m.side_effects, "None");
         assert_eq!(m.match_policy.as_deref(), Some("Equivalent"));
@@ -397,17 +496,91 @@ mod tests {
         assert_eq!(m.timeout_seconds, Some(7));
         assert_eq!(m.admission_review_versions, ["v1"]);
         let svc = m.client_config.service.as_ref().unwrap();
-        assert_eq!(svc.path.as_deref(), Some("/mutate/both"));
+        assert_eq!(svc.path, Some(format!("/mutate/{}", groups[0].id)));
         assert_eq!(svc.port, Some(443));
         assert_eq!(m.client_config.ca_bundle.as_ref().unwrap().0, b"PEM");
         let v = d.validating.webhooks.as_ref().unwrap();
         assert_eq!(v[0].name, SELF_ENTRY_NAME);
         assert_eq!(v[0].failure_policy.as_deref(), Some("Ignore"));
-        assert_eq!(v[1].name, "both.gatehouse.dev");
         assert_eq!(
-            v[1].client_config.service.as_ref().unwrap().path.as_deref(),
-            Some("/validate/both")
+            v[1].name,
+            format!("{}.validate.gatehouse.dev", groups[1].id)
         );
+        assert_eq!(
+            v[1].client_config.service.as_ref().unwrap().path,
+            Some(format!("/validate/{}", groups[1].id))
+        );
+    }
+
+    #[test]
+    fn a_shared_entry_unions_rules_takes_the_largest_timeout_and_matches_nothing_itself() {
+        let mut a = policy("a", 1, true, false);
+        let mut b = policy("b", 2, true, false);
+        a.spec.match_.object_selector = Some(LabelSelector::default());
+        a.spec.match_.namespace_selector = Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([("team".into(), "a".into())])),
+            match_expressions: None,
+        });
+        b.spec.timeout_seconds = 12;
+        b.spec.match_.rules[0].operations = vec![Operation::Update];
+        b.spec.match_.rules.push(Rule {
+            operations: vec![Operation::Create],
+            api_groups: vec!["apps".into()],
+            api_versions: vec!["v1".into()],
+            resources: vec!["deployments".into()],
+            scope: Scope::Namespaced,
+        });
+        let d = desired(&[&a, &b], &wiring(), "CA");
+        let m = &d.mutating.webhooks.as_ref().unwrap()[0];
+        assert_eq!(m.timeout_seconds, Some(12));
+        assert!(m.object_selector.is_none() && m.match_conditions.is_none());
+        let ns = m.namespace_selector.as_ref().unwrap();
+        assert!(
+            ns.match_labels.is_none(),
+            "only the system exclusion: {ns:?}"
+        );
+        assert_eq!(ns.match_expressions.as_ref().unwrap().len(), 1);
+        let rules: Vec<(Vec<String>, Vec<String>)> = m
+            .rules
+            .iter()
+            .flatten()
+            .map(|r| (r.resources.clone().unwrap(), r.operations.clone().unwrap()))
+            .collect();
+        // pods CREATE (a) and pods UPDATE (b) become one rule.
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            rules,
+            [
+                (strings(&["pods"]), strings(&["CREATE", "UPDATE"])),
+                (strings(&["deployments"]), strings(&["CREATE"])),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_authorizer_policy_keeps_its_own_entry_with_every_match_field() {
+        let mut own = policy("own", 1, true, true);
+        own.spec
+            .match_
+            .conditions
+            .push(crate::api::v1alpha1::MatchCondition {
+                name: "admins".into(),
+                expression: "authorizer.group('').resource('pods').check('create').allowed()"
+                    .into(),
+            });
+        own.spec.match_.object_selector = Some(LabelSelector::default());
+        let other = policy("other", 2, true, true);
+        let d = desired(&[&own, &other], &wiring(), "CA");
+        let m = d.mutating.webhooks.as_ref().unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].name, "own.gatehouse.dev");
+        assert_eq!(
+            m[0].client_config.service.as_ref().unwrap().path.as_deref(),
+            Some("/mutate/policy/own")
+        );
+        assert_eq!(m[0].match_conditions.as_ref().unwrap()[0].name, "admins");
+        assert!(m[0].object_selector.is_some());
+        assert!(m[1].name.ends_with(".mutate.gatehouse.dev"));
     }
 
     #[test]
@@ -415,17 +588,18 @@ mod tests {
         let (m, v) = (policy("m", 1, true, false), policy("v", 1, false, true));
         let d = desired(&[&m, &v], &wiring(), "CA");
         assert_eq!(d.mutating.webhooks.as_ref().unwrap().len(), 1);
-        // The self entry plus v.
+        // The self entry plus v's group.
         assert_eq!(d.validating.webhooks.as_ref().unwrap().len(), 2);
     }
 
     #[test]
-    fn wired_policies_are_read_back_from_entry_names() {
+    fn wired_groups_are_read_back_from_the_annotation() {
         let (m, v) = (policy("m", 1, true, false), policy("v", 1, false, true));
         let d = desired(&[&m, &v], &wiring(), "CA");
-        let names = wired_policies([&d.mutating], [&d.validating]);
-        assert_eq!(names, HashSet::from(["m".to_string(), "v".to_string()]));
-        assert!(wired_policies([], []).is_empty());
+        let groups = groups_of(&d);
+        let members: Vec<&[String]> = groups.iter().map(|g| g.members.as_slice()).collect();
+        assert_eq!(members, [["m".to_string()], ["v".to_string()]]);
+        assert!(wired_groups([], []).is_empty());
     }
 
     #[test]
@@ -438,8 +612,9 @@ mod tests {
         };
         let p = policy("p", 1, true, false);
         let d = desired(&[&p], &w, "CA");
+        let id = groups_of(&d)[0].id.clone();
         let cc = &d.mutating.webhooks.unwrap()[0].client_config;
-        assert_eq!(cc.url.as_deref(), Some("https://127.0.0.1:9443/mutate/p"));
+        assert_eq!(cc.url, Some(format!("https://127.0.0.1:9443/mutate/{id}")));
         assert!(cc.service.is_none());
     }
 

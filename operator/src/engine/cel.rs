@@ -119,6 +119,13 @@ fn one_line(s: &str) -> String {
     }
 }
 
+/// Whether `program` reads the variable `name` (free at the root, not bound by a macro).
+pub fn reads_variable(program: &Program, name: &str) -> bool {
+    let mut free = BTreeSet::new();
+    free_identifiers(program.expression(), &mut Vec::new(), &mut free);
+    free.contains(name)
+}
+
 /// The variables `program` reads that `site` does not provide, sorted.
 ///
 /// `Program::references()` lists every identifier, including those a comprehension binds

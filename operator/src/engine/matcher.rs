@@ -1,6 +1,7 @@
-//! Whether a request reaches a Policy at all: what the API server decides from the webhook entry
-//! before calling Gatehouse. The server never needs it (the API server already matched); `gatehouse
-//! eval` does, to play the API server offline.
+//! Whether a request reaches a Policy at all: what the API server would decide from a webhook
+//! entry of the Policy's own. Policies share entries ([`super::group`]), so Gatehouse matches each
+//! member itself, exactly as the API server would have: rules (with matchPolicy Equivalent),
+//! namespaceSelector, objectSelector and match conditions. `gatehouse eval` uses the same code.
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -16,20 +17,46 @@ use crate::api::v1alpha1::{Operation, Rule, Scope};
 pub enum MatchError {
     /// `spec.match.conditions[index]` (named `name`) raised an error or returned a non-bool. The
     /// API server then follows the failurePolicy: Fail rejects the request, Ignore skips the
-    /// webhook. `authorizer` is not available offline, so a condition using it ends up here.
+    /// webhook. `authorizer` is not available outside the API server, so a condition using it
+    /// ends up here offline (in the cluster such a Policy has an entry of its own).
     #[error("spec.match.conditions[{index}] ({name:?}): {source}")]
     Condition {
         index: usize,
         name: String,
         source: CelError,
     },
+    /// The request's Namespace could not be read, so the namespaceSelector cannot be decided.
+    #[error(
+        "spec.match.namespaceSelector: the labels of namespace {namespace:?} are unknown: {reason}"
+    )]
+    NamespaceUnknown { namespace: String, reason: String },
 }
 
-/// Whether `req` matches `policy`'s rules, objectSelector and match conditions. The
-/// namespaceSelector is taken as matching: offline there are no Namespace labels to read.
-pub fn matches(req: &Request, policy: &CompiledPolicy) -> Result<bool, MatchError> {
+/// What is known of the request's Namespace.
+#[derive(Clone, Copy, Debug)]
+pub enum Namespace<'a> {
+    /// The labels of `request.namespace`, as the Namespace reflector (or a read) has them.
+    Labels(&'a BTreeMap<String, String>),
+    /// Offline (`gatehouse eval`): there are no Namespace objects, every selector matches.
+    Assumed,
+    /// The Namespace could not be read, with the reason.
+    Unknown(&'a str),
+}
+
+/// Whether `req` matches `policy`'s rules, namespaceSelector, objectSelector and match
+/// conditions.
+pub fn matches(
+    req: &Request,
+    policy: &CompiledPolicy,
+    namespace: Namespace<'_>,
+) -> Result<bool, MatchError> {
     let spec = &policy.spec().match_;
     if !spec.rules.iter().any(|rule| rule_matches(rule, req)) {
+        return Ok(false);
+    }
+    if let Some(selector) = &spec.namespace_selector
+        && !namespace_selector_matches(selector, req, namespace)?
+    {
         return Ok(false);
     }
     if let Some(selector) = &spec.object_selector
@@ -68,7 +95,27 @@ pub fn matches(req: &Request, policy: &CompiledPolicy) -> Result<bool, MatchErro
 
 /// One `RuleWithOperations`, with the API server's meaning: `*` wildcards, `res/sub` resources
 /// where `res/*` covers a resource and all its subresources and plain `res` only the resource.
+///
+/// Entries use `matchPolicy: Equivalent`: the API server calls a shared entry with the request
+/// converted to a version one of its rules names, and reports the original as `requestResource`.
+/// A Policy's rule matches when it names either, as it would have for an entry of its own.
 pub fn rule_matches(rule: &Rule, req: &Request) -> bool {
+    let converted = (&req.resource, req.sub_resource());
+    let original = req
+        .request_resource
+        .as_ref()
+        .map(|r| (r, req.request_sub_resource.as_deref().unwrap_or_default()));
+    std::iter::once(converted)
+        .chain(original)
+        .any(|(resource, sub_resource)| rule_matches_resource(rule, req, resource, sub_resource))
+}
+
+fn rule_matches_resource(
+    rule: &Rule,
+    req: &Request,
+    resource: &super::review::GroupVersionResource,
+    sub_resource: &str,
+) -> bool {
     let any = |list: &[String], value: &str| list.iter().any(|v| v == "*" || v == value);
     let operation = rule
         .operations
@@ -79,15 +126,47 @@ pub fn rule_matches(rule: &Rule, req: &Request) -> bool {
         Scope::Namespaced => !req.namespace.is_empty(),
         Scope::Cluster => req.namespace.is_empty(),
     };
-    let resource = rule.resources.iter().any(|entry| {
+    let names = rule.resources.iter().any(|entry| {
         let (res, sub) = entry.split_once('/').unwrap_or((entry, ""));
-        (res == "*" || res == req.resource.resource) && (sub == "*" || sub == req.sub_resource())
+        (res == "*" || res == resource.resource) && (sub == "*" || sub == sub_resource)
     });
     operation
         && scope
-        && resource
-        && any(&rule.api_groups, &req.resource.group)
-        && any(&rule.api_versions, &req.resource.version)
+        && names
+        && any(&rule.api_groups, &resource.group)
+        && any(&rule.api_versions, &resource.version)
+}
+
+/// As the API server does: a Namespace object is judged by its own labels (the old object's on
+/// DELETE), any other cluster-scoped object always matches, and a namespaced object is judged
+/// by its Namespace's labels.
+fn namespace_selector_matches(
+    selector: &LabelSelector,
+    req: &Request,
+    namespace: Namespace<'_>,
+) -> Result<bool, MatchError> {
+    let is_namespace = req.kind.group.is_empty() && req.kind.kind == "Namespace";
+    if is_namespace {
+        let own = req.object.as_ref().or(req.old_object.as_ref());
+        return Ok(selector_matches(
+            selector,
+            &own.map(labels).unwrap_or_default(),
+        ));
+    }
+    if req.namespace.is_empty() {
+        return Ok(true);
+    }
+    match namespace {
+        Namespace::Labels(map) => {
+            let labels = map.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            Ok(selector_matches(selector, &labels))
+        }
+        Namespace::Assumed => Ok(true),
+        Namespace::Unknown(reason) => Err(MatchError::NamespaceUnknown {
+            namespace: req.namespace.clone(),
+            reason: reason.to_string(),
+        }),
+    }
 }
 
 /// As the API server does: the selector is matched against the labels of the new object and of

@@ -13,7 +13,9 @@
 //! * [`matcher`]: rules, objectSelector and match conditions, for offline evaluation;
 //! * [`mark`]: the scheduling gate and label that hand a Pod to the effects loop.
 pub mod cel;
+pub mod chain;
 pub mod diff;
+pub mod group;
 pub mod k8s_names;
 pub mod mark;
 pub mod matcher;
@@ -22,7 +24,7 @@ pub mod mutate;
 pub mod policy;
 pub mod review;
 
-pub use matcher::{MatchError, matches};
+pub use matcher::{MatchError, Namespace, matches};
 pub use merge::merge;
 pub use policy::{CompiledPolicy, InvalidPolicy, Problem, compile, is_mutating, validate};
 pub use review::{

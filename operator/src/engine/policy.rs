@@ -97,6 +97,8 @@ pub struct CompiledPolicy {
     /// What the mutate list can touch, when that is all it reads: `None` when a guard reads
     /// `object` (it may look anywhere).
     pub(crate) reach: Option<Reach>,
+    /// A match condition reads `authorizer`: see [`needs_own_entry`].
+    own_entry: bool,
 }
 
 impl CompiledPolicy {
@@ -149,6 +151,67 @@ pub fn is_mutating(spec: &PolicySpec) -> bool {
     !spec.mutate.is_empty() || !spec.effects.is_empty()
 }
 
+/// The match-condition variable only the API server can evaluate.
+pub const AUTHORIZER: &str = "authorizer";
+
+/// Whether `spec` needs a webhook entry of its own: a match condition reads `authorizer`, which
+/// only the API server can evaluate, so the API server must match this Policy itself instead of
+/// Gatehouse matching it inside a shared entry ([`super::group`]).
+pub fn needs_own_entry(spec: &PolicySpec) -> bool {
+    spec.match_
+        .conditions
+        .iter()
+        .any(|c| cel::compile(&c.expression).is_ok_and(|p| cel::reads_variable(&p, AUTHORIZER)))
+}
+
+impl super::group::Member for CompiledPolicy {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn spec(&self) -> &PolicySpec {
+        &self.spec
+    }
+    fn needs_own_entry(&self) -> bool {
+        self.own_entry
+    }
+}
+
+impl super::group::Member for Policy {
+    fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+    fn spec(&self) -> &PolicySpec {
+        &self.spec
+    }
+    fn needs_own_entry(&self) -> bool {
+        needs_own_entry(&self.spec)
+    }
+}
+
+impl<M: super::group::Member> super::group::Member for &M {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn spec(&self) -> &PolicySpec {
+        (**self).spec()
+    }
+    fn needs_own_entry(&self) -> bool {
+        (**self).needs_own_entry()
+    }
+}
+
+impl<M: super::group::Member> super::group::Member for std::sync::Arc<M> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn spec(&self) -> &PolicySpec {
+        (**self).spec()
+    }
+    fn needs_own_entry(&self) -> bool {
+        (**self).needs_own_entry()
+    }
+}
+
 /// Every problem of `policy`; empty means valid.
 pub fn validate(policy: &Policy) -> Vec<Problem> {
     analyse(policy).0
@@ -168,6 +231,10 @@ pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
                 generation: policy.metadata.generation,
                 spec: policy.spec.clone(),
                 condition_needs: Needs::union(&programs.conditions),
+                own_entry: programs
+                    .conditions
+                    .iter()
+                    .any(|p| cel::reads_variable(p, AUTHORIZER)),
                 one_pass: settles_in_one_pass(&policy.spec.mutate, &when_needs),
                 reach: reach(&policy.spec.mutate, &when_needs),
                 when_needs,

@@ -437,6 +437,9 @@ pub struct Response {
     /// RFC 6902 operations from the original object to the mutated one; empty for none.
     pub patch: json_patch::Patch,
     pub warnings: Vec<String>,
+    /// A run-time error was skipped because the failurePolicy is `Ignore` (a warning says
+    /// which); not part of the wire response, for the per-Policy metrics.
+    pub ignored: bool,
 }
 
 impl Response {
@@ -447,6 +450,7 @@ impl Response {
             status: None,
             patch: json_patch::Patch::default(),
             warnings: Vec::new(),
+            ignored: false,
         }
     }
 
@@ -535,6 +539,7 @@ fn mutations(
     let mut resp = Response::allow();
     // Equal to json_patch::diff(object, mutated object).
     resp.patch = outcome.patch;
+    resp.ignored = !outcome.ignored.is_empty();
     resp.warnings = outcome
         .ignored
         .iter()
@@ -568,6 +573,7 @@ fn validating(req: &Request, policy: &CompiledPolicy) -> Response {
         needs,
     );
     let (mut denials, mut failures, mut warnings) = (Vec::new(), Vec::new(), Vec::new());
+    let mut ignored = false;
     for (i, (rule, program)) in policy
         .spec()
         .validate
@@ -590,6 +596,7 @@ fn validating(req: &Request, policy: &CompiledPolicy) -> Response {
                     FailurePolicy::Fail => failures.push(message),
                     FailurePolicy::Ignore => {
                         warnings.push(format!("{message} (ignored: failurePolicy is Ignore)"));
+                        ignored = true;
                     }
                 }
             }
@@ -604,6 +611,7 @@ fn validating(req: &Request, policy: &CompiledPolicy) -> Response {
         Response::allow()
     };
     resp.warnings = warnings;
+    resp.ignored = ignored;
     resp
 }
 

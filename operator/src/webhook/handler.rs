@@ -9,11 +9,14 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use tracing::{Instrument, info_span, warn};
 
+use super::namespaces::Namespaces;
 use super::{
     Lookup, MAX_BODY_BYTES, MUTATE_PREFIX, PolicyStore, VALIDATE_POLICY_PATH, VALIDATE_PREFIX,
 };
-use crate::engine::{self, Phase};
-use crate::telemetry::{AdmissionLabels, Metrics};
+use crate::engine::chain::{self, Scope};
+use crate::engine::group::{Group, OWN_PREFIX};
+use crate::engine::{self, CompiledPolicy, Namespace, Phase};
+use crate::telemetry::{AdmissionLabels, DecisionLabels, Metrics, PolicyLabels};
 
 /// How long a client may take to send the whole body once the headers are in.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -22,6 +25,8 @@ pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct WebhookState {
     pub policies: Arc<PolicyStore>,
     pub metrics: Arc<Metrics>,
+    /// Labels of the Namespaces, for the members' namespaceSelectors.
+    pub namespaces: Namespaces,
     /// See [`BODY_READ_TIMEOUT`].
     pub body_read_timeout: Duration,
 }
@@ -31,39 +36,46 @@ impl WebhookState {
         Self {
             policies,
             metrics,
+            namespaces: Namespaces::default(),
             body_read_timeout: BODY_READ_TIMEOUT,
         }
     }
 }
 
-/// The routes of the webhook port, parsed from a request path.
+/// One route of the webhook port, parsed from a request path.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Routes<'a> {
-    Policy { phase: Phase, name: &'a str },
+pub enum Route<'a> {
+    /// `/mutate/<entry>` or `/validate/<entry>`: a group id (`fail-…`), a Policy's own entry
+    /// (`policy/<name>`), or a Policy name (an own entry written by an earlier version).
+    Entry {
+        phase: Phase,
+        id: &'a str,
+    },
     PolicyValidation,
 }
 
-impl<'a> Routes<'a> {
+impl<'a> Route<'a> {
     /// `None` for a path the server does not know.
     pub fn parse(path: &'a str) -> Option<Self> {
         if path == VALIDATE_POLICY_PATH {
-            return Some(Routes::PolicyValidation);
+            return Some(Route::PolicyValidation);
         }
-        let (phase, name) = if let Some(name) = path.strip_prefix(MUTATE_PREFIX) {
-            (Phase::Mutating, name)
-        } else if let Some(name) = path.strip_prefix(VALIDATE_PREFIX) {
-            (Phase::Validating, name)
+        let (phase, id) = if let Some(id) = path.strip_prefix(MUTATE_PREFIX) {
+            (Phase::Mutating, id)
+        } else if let Some(id) = path.strip_prefix(VALIDATE_PREFIX) {
+            (Phase::Validating, id)
         } else {
             return None;
         };
-        (!name.is_empty() && !name.contains('/')).then_some(Routes::Policy { phase, name })
+        let name = id.strip_prefix(OWN_PREFIX).unwrap_or(id);
+        (!name.is_empty() && !name.contains('/')).then_some(Route::Entry { phase, id })
     }
 }
 
 /// Handles one request on the webhook port.
 pub async fn handle(state: Arc<WebhookState>, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
-    let Some(route) = Routes::parse(&path) else {
+    let Some(route) = Route::parse(&path) else {
         return error(StatusCode::NOT_FOUND, format!("no webhook at {path}"));
     };
     if req.method() != Method::POST {
@@ -80,15 +92,15 @@ pub async fn handle(state: Arc<WebhookState>, req: Request<Incoming>) -> Respons
         Err(resp) => return resp,
     };
     match route {
-        Routes::Policy { phase, name } => review_policy(&state, phase, name, &body).await,
-        Routes::PolicyValidation => validate_policy_object(&body),
+        Route::Entry { phase, id } => review_entry(&state, phase, id, &body).await,
+        Route::PolicyValidation => validate_policy_object(&body),
     }
 }
 
-async fn review_policy(
+async fn review_entry(
     state: &WebhookState,
     phase: Phase,
-    name: &str,
+    id: &str,
     body: &[u8],
 ) -> Response<Full<Bytes>> {
     let started = Instant::now();
@@ -96,23 +108,22 @@ async fn review_policy(
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    let policy = match state.policies.lookup(name) {
-        Lookup::Active(policy) => policy,
-        // Unwired a moment ago; the API server has not yet seen the new configuration.
-        Lookup::Retired => {
-            let response = engine::Response::allow();
-            return json(StatusCode::OK, engine::response_review(&request, &response));
-        }
+    let (group, members, matched) = match state.policies.lookup(phase.into(), id) {
+        Lookup::Group {
+            group,
+            members,
+            matched,
+        } => (group, members, matched),
         // The API server resolves this with the entry's failurePolicy: answering "allowed"
-        // would silently bypass a Policy that is merely not loaded yet.
+        // would silently bypass Policies that are merely not loaded yet.
         Lookup::Unknown => {
-            return error(StatusCode::NOT_FOUND, format!("no policy named {name:?}"));
+            return error(StatusCode::NOT_FOUND, format!("no webhook entry {id:?}"));
         }
     };
     let span = info_span!(
         "admission",
         uid = %request.uid(),
-        policy = name,
+        entry = id,
         phase = phase.as_str(),
         kind = %request.kind_name(),
         namespace = %request.namespace(),
@@ -121,8 +132,17 @@ async fn review_policy(
         allowed = tracing::field::Empty,
         patched = tracing::field::Empty,
     );
+    let labels = namespace_labels(state, &request, &members, matched)
+        .instrument(span.clone())
+        .await;
     let response = span.in_scope(|| {
-        let response = engine::review(&request, &policy, phase);
+        let namespace = match &labels {
+            None => Namespace::Assumed,
+            Some(Ok(map)) => Namespace::Labels(map),
+            Some(Err(reason)) => Namespace::Unknown(reason),
+        };
+        let scope = Scope { namespace, matched };
+        let response = decide(state, &request, &group, &members, phase, scope);
         tracing::Span::current()
             .record("allowed", response.allowed())
             .record("patched", response.patched());
@@ -141,7 +161,7 @@ async fn review_policy(
         "denied"
     };
     let labels = AdmissionLabels {
-        policy: name.to_string(),
+        entry: id.to_string(),
         phase: phase.as_str().to_string(),
         decision: decision.to_string(),
     };
@@ -158,6 +178,64 @@ async fn review_policy(
     async { json(StatusCode::OK, engine::response_review(&request, &response)) }
         .instrument(span)
         .await
+}
+
+/// The members' answer to `request`, with what each did counted per Policy.
+fn decide(
+    state: &WebhookState,
+    request: &engine::Request,
+    group: &Group,
+    members: &[Arc<CompiledPolicy>],
+    phase: Phase,
+    scope: Scope<'_>,
+) -> engine::Response {
+    let members: Vec<&CompiledPolicy> = members.iter().map(AsRef::as_ref).collect();
+    let outcome = match phase {
+        Phase::Mutating => chain::mutate(request, &members, group.reinvocation_policy, scope),
+        Phase::Validating => chain::validate(request, &members, scope),
+    };
+    for e in &outcome.evaluated {
+        let phase = phase.as_str().to_string();
+        state
+            .metrics
+            .policy_decisions
+            .get_or_create(&DecisionLabels {
+                policy: e.policy.clone(),
+                phase: phase.clone(),
+                decision: e.decision.as_str().to_string(),
+            })
+            .inc();
+        state
+            .metrics
+            .policy_evaluation
+            .get_or_create(&PolicyLabels {
+                policy: e.policy.clone(),
+                phase,
+            })
+            .observe(e.elapsed.as_secs_f64());
+    }
+    outcome.response
+}
+
+/// The labels of the request's Namespace, when a member's namespaceSelector needs them: `None`
+/// when none does (or the API server matched already), an error when they cannot be read.
+async fn namespace_labels(
+    state: &WebhookState,
+    request: &engine::Request,
+    members: &[Arc<CompiledPolicy>],
+    matched: bool,
+) -> Option<Result<std::collections::BTreeMap<String, String>, String>> {
+    // A Namespace is judged by its own labels and other cluster-scoped objects always match:
+    // only a namespaced object needs its Namespace's.
+    let is_namespace = request.kind.group.is_empty() && request.kind.kind == "Namespace";
+    let needed = !(matched || request.namespace().is_empty() || is_namespace)
+        && members
+            .iter()
+            .any(|p| p.spec().match_.namespace_selector.is_some());
+    if !needed {
+        return None;
+    }
+    Some(state.namespaces.labels(request.namespace()).await)
 }
 
 /// Gatehouse's own webhook for Policy objects: `kubectl apply` of an invalid Policy fails with

@@ -2,10 +2,12 @@
 //! looks the compiled Policy up in an in-memory snapshot, asks the engine, and writes the answer.
 //! Nothing here writes anywhere else, which is what makes `sideEffects: None` true.
 mod handler;
+mod namespaces;
 mod serve;
 mod store;
 
-pub use handler::{BODY_READ_TIMEOUT, Routes, WebhookState, handle};
+pub use handler::{BODY_READ_TIMEOUT, Route, WebhookState, handle};
+pub use namespaces::Namespaces;
 pub use serve::{Handler, serve_http, serve_tls};
 pub use store::{Lookup, PolicyStore, RETIRED_GRACE};
 
@@ -13,9 +15,9 @@ pub use store::{Lookup, PolicyStore, RETIRED_GRACE};
 /// leaves room for oldObject on UPDATE while bounding memory per connection.
 pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
 
-/// Path prefix of the mutating entry of a Policy.
+/// Path prefix of a mutating entry.
 pub const MUTATE_PREFIX: &str = "/mutate/";
-/// Path prefix of the validating entry of a Policy.
+/// Path prefix of a validating entry.
 pub const VALIDATE_PREFIX: &str = "/validate/";
 /// Path of Gatehouse's own validation of Policy objects.
 pub const VALIDATE_POLICY_PATH: &str = "/policy-validation";

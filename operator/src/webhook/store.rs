@@ -1,36 +1,97 @@
-//! The snapshot of compiled Policies the server reads on every request.
+//! The snapshot of compiled Policies and webhook groups the server reads on every request.
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::engine::CompiledPolicy;
+use crate::engine::group::{self, Group, GroupPhase};
 
-/// How long a deleted Policy is remembered as deleted. The API server's webhook informer lags a
-/// configuration write by a moment; during that moment it may still call the removed entry,
-/// and the right answer then is "this Policy no longer applies", not a 404 that its
-/// failurePolicy would turn into a rejection.
+/// How long a group (or Policy) that left the configurations is still answered. The API
+/// server's webhook informer lags a configuration write by a moment; during that moment it may
+/// still call a removed entry, and the right answer then is what that entry stood for, not a
+/// 404 that its failurePolicy would turn into a rejection.
 pub const RETIRED_GRACE: Duration = Duration::from_secs(60);
 
-/// What the store knows of a name.
+/// What the store knows of an entry's path.
 pub enum Lookup {
-    Active(Arc<CompiledPolicy>),
-    /// No longer served as a Policy, but the API server may still call its entry (unwired
-    /// recently, or still in the configurations this replica reads): admit unchanged.
-    Retired,
+    /// A group: its members that are active, in order. A member no longer served (deleted or
+    /// invalid) is left out; with none left the request is admitted unchanged.
+    Group {
+        group: Arc<Group>,
+        members: Vec<Arc<CompiledPolicy>>,
+        /// The API server matched already (a Policy's own entry).
+        matched: bool,
+    },
     Unknown,
 }
+
+type Key = (GroupPhase, String);
 
 #[derive(Clone, Default)]
 struct State {
     active: HashMap<String, Arc<CompiledPolicy>>,
-    retired: HashMap<String, Instant>,
-    /// Policies whose entries the live configurations hold. A follower cannot unwire anything,
-    /// so while a stuck leader leaves an entry in place its name must never become a 404.
-    wired: HashSet<String>,
+    /// The groups of the active Policies: a Policy change takes effect here at once.
+    computed: HashMap<Key, Arc<Group>>,
+    /// The groups the live configurations hold, from their membership annotation, whoever
+    /// wrote them: a follower, or a replica whose view of the Policies lags, still answers
+    /// every entry the API server can call.
+    wired: HashMap<Key, Arc<Group>>,
+    /// Groups that left both, and when.
+    retired: HashMap<Key, (Arc<Group>, Instant)>,
+    /// Names of Policies removed recently, and when: the API server may still call the own
+    /// entry of an earlier configuration.
+    retired_policies: HashMap<String, Instant>,
 }
 
-/// Compiled Policies by name. Readers clone an `Arc` and drop the lock at once, so a reload
-/// never waits for in-flight reviews and a review never sees half an update.
+impl State {
+    fn known(&self) -> HashSet<Key> {
+        self.computed
+            .keys()
+            .chain(self.wired.keys())
+            .cloned()
+            .collect()
+    }
+
+    /// Moves the groups that `before` knew and the state no longer does to `retired`.
+    fn retire_gone(&mut self, before: HashMap<Key, Arc<Group>>) {
+        let now = Instant::now();
+        let known = self.known();
+        for (key, group) in before {
+            if !known.contains(&key) {
+                self.retired.insert(key, (group, now));
+            }
+        }
+        for key in &known {
+            self.retired.remove(key);
+        }
+        self.retired
+            .retain(|_, (_, at)| at.elapsed() < RETIRED_GRACE);
+        self.retired_policies
+            .retain(|_, at| at.elapsed() < RETIRED_GRACE);
+    }
+
+    fn recompute(&mut self) {
+        let policies: Vec<&Arc<CompiledPolicy>> = self.active.values().collect();
+        let groups = group::groups(&policies);
+        let before: HashMap<Key, Arc<Group>> = self
+            .computed
+            .drain()
+            .chain(self.wired.iter().map(|(k, g)| (k.clone(), g.clone())))
+            .collect();
+        self.computed = keyed(groups.iter().cloned());
+        self.retire_gone(before);
+    }
+}
+
+fn keyed(groups: impl IntoIterator<Item = Group>) -> HashMap<Key, Arc<Group>> {
+    groups
+        .into_iter()
+        .map(|g| ((g.phase, g.id.clone()), Arc::new(g)))
+        .collect()
+}
+
+/// Compiled Policies by name and their groups. Readers clone an `Arc` and drop the lock at
+/// once, so a reload never waits for in-flight reviews and a review never sees half an update.
 #[derive(Default)]
 pub struct PolicyStore {
     inner: RwLock<Arc<State>>,
@@ -41,16 +102,62 @@ impl PolicyStore {
         Self::default()
     }
 
-    /// What is known of the Policy named `name`.
-    pub fn lookup(&self, name: &str) -> Lookup {
+    /// What is known of the entry `id` (the path after `/mutate/` or `/validate/`).
+    ///
+    /// Looked up in order: the groups of the active Policies, the groups the live configurations
+    /// hold, groups retired within [`RETIRED_GRACE`]. A path that names no group but a Policy
+    /// (the own entry of a configuration written by a version that gave every Policy one) is
+    /// that Policy alone, matched by the API server.
+    pub fn lookup(&self, phase: GroupPhase, id: &str) -> Lookup {
         let state = self.state();
-        if let Some(p) = state.active.get(name) {
-            return Lookup::Active(p.clone());
-        }
-        match state.retired.get(name) {
-            Some(at) if at.elapsed() < RETIRED_GRACE => Lookup::Retired,
-            _ if state.wired.contains(name) => Lookup::Retired,
-            _ => Lookup::Unknown,
+        let key = (phase, id.to_string());
+        let found = state
+            .computed
+            .get(&key)
+            .or_else(|| state.wired.get(&key))
+            .or_else(|| {
+                state
+                    .retired
+                    .get(&key)
+                    .filter(|(_, at)| at.elapsed() < RETIRED_GRACE)
+                    .map(|(g, _)| g)
+            });
+        let group = match found {
+            Some(group) => group.clone(),
+            None => {
+                let name = id.strip_prefix(group::OWN_PREFIX).unwrap_or(id);
+                let recently = state
+                    .retired_policies
+                    .get(name)
+                    .is_some_and(|at| at.elapsed() < RETIRED_GRACE);
+                if !state.active.contains_key(name) && !recently {
+                    return Lookup::Unknown;
+                }
+                let policy = state.active.get(name);
+                Arc::new(Group {
+                    id: id.to_string(),
+                    phase,
+                    failure_policy: policy.map(|p| p.spec().failure_policy).unwrap_or_default(),
+                    reinvocation_policy: policy
+                        .map(|p| p.spec().reinvocation_policy)
+                        .unwrap_or_default(),
+                    members: vec![name.to_string()],
+                })
+            }
+        };
+        let members = group
+            .members
+            .iter()
+            .filter_map(|name| state.active.get(name).cloned())
+            .collect();
+        let matched = group.is_own()
+            || !state.computed.contains_key(&key)
+                && !state.wired.contains_key(&key)
+                && !state.retired.contains_key(&key);
+        Lookup::Group {
+            group,
+            members,
+            matched,
         }
     }
 
@@ -75,27 +182,37 @@ impl PolicyStore {
     /// Inserts or replaces one Policy.
     pub fn upsert(&self, policy: Arc<CompiledPolicy>) {
         self.update(|s| {
-            s.retired.remove(policy.name());
+            s.retired_policies.remove(policy.name());
             s.active.insert(policy.name().to_string(), policy);
+            s.recompute();
         });
     }
 
-    /// Forgets one Policy, remembering for [`RETIRED_GRACE`] that it was unwired.
+    /// Forgets one Policy; entries that still name it skip it.
     pub fn retire(&self, name: &str) {
         self.update(|s| {
             if s.active.remove(name).is_some() {
-                s.retired.insert(name.to_string(), Instant::now());
+                s.retired_policies.insert(name.to_string(), Instant::now());
+                s.recompute();
             }
-            s.retired.retain(|_, at| at.elapsed() < RETIRED_GRACE);
         });
     }
 
-    /// Records which Policies the live configurations wire (as read back from the API server).
-    pub fn set_wired(&self, names: HashSet<String>) {
-        if self.state().wired == names {
+    /// Records the groups the live configurations hold (as read back from the API server).
+    pub fn set_wired(&self, groups: Vec<Group>) {
+        let wired = keyed(groups);
+        if self.state().wired == wired {
             return;
         }
-        self.update(|s| s.wired = names);
+        self.update(|s| {
+            let before: HashMap<Key, Arc<Group>> = s
+                .wired
+                .drain()
+                .chain(s.computed.iter().map(|(k, g)| (k.clone(), g.clone())))
+                .collect();
+            s.wired = wired;
+            s.retire_gone(before);
+        });
     }
 
     fn update(&self, f: impl FnOnce(&mut State)) {
@@ -128,21 +245,90 @@ mod tests {
         Arc::new(crate::engine::compile(&policy).unwrap())
     }
 
+    fn members(lookup: Lookup) -> Option<(String, Vec<String>, bool)> {
+        match lookup {
+            Lookup::Group {
+                group,
+                members,
+                matched,
+            } => Some((
+                group.id.clone(),
+                members.iter().map(|p| p.name().to_string()).collect(),
+                matched,
+            )),
+            Lookup::Unknown => None,
+        }
+    }
+
+    const V: GroupPhase = GroupPhase::Validating;
+
     #[test]
-    fn names_still_wired_are_answered_as_retired_without_a_timer() {
+    fn a_policy_change_regroups_at_once_and_the_old_group_is_still_answered() {
         let store = PolicyStore::new();
-        assert!(matches!(store.lookup("p"), Lookup::Unknown));
-        // A follower that never compiled `p` (deleted before it started) while a stuck leader
-        // still has its entry in the configuration.
-        store.set_wired(HashSet::from(["p".to_string()]));
-        assert!(matches!(store.lookup("p"), Lookup::Retired));
+        store.upsert(compiled("a"));
+        let (one, _, _) = members(store.lookup(V, &only_group(&store))).unwrap();
+        store.upsert(compiled("b"));
+        let two = only_group(&store);
+        assert_ne!(one, two, "membership changed, so the id did");
+        assert_eq!(
+            members(store.lookup(V, &two)).unwrap().1,
+            ["a", "b"],
+            "the new group is served before any configuration names it"
+        );
+        // The API server may still call the entry of the previous configuration.
+        assert_eq!(members(store.lookup(V, &one)).unwrap().1, ["a"]);
+        store.retire("a");
+        assert_eq!(
+            members(store.lookup(V, &one)).unwrap().1,
+            Vec::<String>::new(),
+            "a retired member is skipped: the request is admitted unchanged"
+        );
+        assert!(members(store.lookup(V, "fail-00000000")).is_none());
+    }
+
+    #[test]
+    fn groups_of_the_live_configurations_are_answered_without_a_timer() {
+        // A follower whose view lags: the leader wired {a, c}, this replica only knows a.
+        let store = PolicyStore::new();
+        store.upsert(compiled("a"));
+        let wired = Group {
+            id: "fail-12345678".into(),
+            phase: V,
+            failure_policy: Default::default(),
+            reinvocation_policy: Default::default(),
+            members: vec!["a".into(), "c".into()],
+        };
+        store.set_wired(vec![wired]);
+        assert_eq!(
+            members(store.lookup(V, "fail-12345678")).unwrap(),
+            ("fail-12345678".to_string(), vec!["a".to_string()], false)
+        );
+        store.set_wired(vec![]);
+        // Unwired, but within the grace.
+        assert!(members(store.lookup(V, "fail-12345678")).is_some());
+    }
+
+    #[test]
+    fn a_policy_path_of_an_earlier_version_is_that_policy_matched_by_the_api_server() {
+        let store = PolicyStore::new();
         store.upsert(compiled("p"));
-        assert!(matches!(store.lookup("p"), Lookup::Active(_)));
+        assert_eq!(
+            members(store.lookup(V, "p")).unwrap(),
+            ("p".to_string(), vec!["p".to_string()], true)
+        );
+        assert!(members(store.lookup(V, "policy/p")).unwrap().2);
         store.retire("p");
-        assert!(matches!(store.lookup("p"), Lookup::Retired));
-        store.set_wired(HashSet::new());
-        // Still within the grace after retirement.
-        assert!(matches!(store.lookup("p"), Lookup::Retired));
-        assert!(matches!(store.lookup("other"), Lookup::Unknown));
+        assert_eq!(
+            members(store.lookup(V, "p")).unwrap().1,
+            Vec::<String>::new()
+        );
+        assert!(members(store.lookup(V, "other")).is_none());
+    }
+
+    fn only_group(store: &PolicyStore) -> String {
+        let state = store.state();
+        let ids: Vec<&String> = state.computed.keys().map(|(_, id)| id).collect();
+        assert_eq!(ids.len(), 1, "{ids:?}");
+        ids[0].clone()
     }
 }

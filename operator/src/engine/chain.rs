@@ -1,0 +1,375 @@
+//! One request to a shared entry: every member Policy that matches, evaluated as the API server
+//! would have called the Policy's own entry.
+//!
+//! * **Mutating** ([`mutate`]): the members run in order on one working copy, so each sees the
+//!   previous one's result (its match conditions and `when` guards included), and the response
+//!   carries one JSONPatch from the original to the final object. In an `IfNeeded` group a
+//!   member that ran before a later member changed the object runs once more, as the API server
+//!   would have reinvoked its entry. Every mutation is "add if absent", so the whole chain is
+//!   idempotent and a reinvocation of the entry changes nothing it already did.
+//! * **Validating** ([`validate`]): every matching member judges the object; all denials are
+//!   reported, each naming its Policy, and all warnings are returned.
+//! * A member's run-time error follows that member's failurePolicy: `Ignore` skips it with a
+//!   warning, `Fail` denies. One bad Policy never changes what the others decide.
+//!
+//! Pure: [`Evaluated`] reports what each member did and how long it took, for the caller's
+//! per-Policy metrics.
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::matcher::{self, MatchError, Namespace};
+use super::review::{self, Phase, Request, Response};
+use super::{CompiledPolicy, diff};
+use crate::api::v1alpha1::{FailurePolicy, ReinvocationPolicy};
+
+/// What one member did with the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Decision {
+    /// It does not match.
+    Skipped,
+    /// It matched and had nothing to change or object to.
+    Allowed,
+    /// It changed the object.
+    Patched,
+    /// It denied the request (a validation, or a run-time error under `Fail`).
+    Denied,
+    /// A run-time error skipped it under `Ignore`.
+    Ignored,
+}
+
+impl Decision {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decision::Skipped => "skipped",
+            Decision::Allowed => "allowed",
+            Decision::Patched => "patched",
+            Decision::Denied => "denied",
+            Decision::Ignored => "ignored",
+        }
+    }
+}
+
+/// One member's part in a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Evaluated {
+    pub policy: String,
+    pub decision: Decision,
+    /// Matching plus evaluation.
+    pub elapsed: Duration,
+}
+
+/// The answer to the request and what each member did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    pub response: Response,
+    /// The object after the chain (mutating), or as judged (validating).
+    pub object: Option<Value>,
+    pub evaluated: Vec<Evaluated>,
+}
+
+/// How the members are offered the request.
+#[derive(Clone, Copy, Debug)]
+pub struct Scope<'a> {
+    /// What is known of the request's Namespace, for namespaceSelectors.
+    pub namespace: Namespace<'a>,
+    /// The API server matched already (a Policy's own entry): evaluate without matching.
+    pub matched: bool,
+}
+
+/// Runs a mutating group; see the module documentation.
+pub fn mutate(
+    req: &Request,
+    members: &[&CompiledPolicy],
+    reinvocation: ReinvocationPolicy,
+    scope: Scope<'_>,
+) -> Outcome {
+    let mut chain = Chain {
+        current: req.clone(),
+        warnings: Vec::new(),
+        evaluated: Vec::new(),
+    };
+    let mut ran: Vec<usize> = Vec::new();
+    let mut again = vec![false; members.len()];
+    for (i, policy) in members.iter().enumerate() {
+        let decision = match chain.step(policy, scope) {
+            Ok(decision) => decision,
+            Err(denial) => return chain.denied(denial),
+        };
+        if decision == Decision::Patched {
+            for &j in &ran {
+                again[j] = true;
+            }
+        }
+        if matches!(decision, Decision::Allowed | Decision::Patched) {
+            ran.push(i);
+        }
+    }
+    // The reinvocation pass, once, in order: members that ran before a later one changed the
+    // object.
+    if reinvocation == ReinvocationPolicy::IfNeeded {
+        for (policy, _) in members.iter().zip(&again).filter(|(_, again)| **again) {
+            if let Err(denial) = chain.step(policy, scope) {
+                return chain.denied(denial);
+            }
+        }
+    }
+    chain.finish(req)
+}
+
+/// The working copy of a mutating group request.
+struct Chain {
+    current: Request,
+    warnings: Vec<String>,
+    evaluated: Vec<Evaluated>,
+}
+
+impl Chain {
+    fn step(&mut self, policy: &CompiledPolicy, scope: Scope<'_>) -> Result<Decision, Response> {
+        let started = Instant::now();
+        let step = mutate_step(&mut self.current, policy, scope, &mut self.warnings);
+        self.evaluated.push(Evaluated {
+            policy: policy.name().to_string(),
+            decision: step.as_ref().map_or(Decision::Denied, |d| *d),
+            elapsed: started.elapsed(),
+        });
+        step
+    }
+
+    fn denied(self, denial: Response) -> Outcome {
+        Outcome {
+            response: Response {
+                warnings: distinct(self.warnings),
+                ..denial
+            },
+            object: self.current.object,
+            evaluated: self.evaluated,
+        }
+    }
+
+    fn finish(self, original: &Request) -> Outcome {
+        let mut response = Response::allow();
+        if let (Some(before), Some(after)) = (&original.object, &self.current.object) {
+            response.patch = diff::diff(before, after);
+        }
+        response.warnings = distinct(self.warnings);
+        Outcome {
+            response,
+            object: self.current.object,
+            evaluated: self.evaluated,
+        }
+    }
+}
+
+/// Runs a validating group; see the module documentation.
+pub fn validate(req: &Request, members: &[&CompiledPolicy], scope: Scope<'_>) -> Outcome {
+    let mut warnings = Vec::new();
+    let mut denials: Vec<Response> = Vec::new();
+    let mut evaluated = Vec::new();
+    for policy in members {
+        let started = Instant::now();
+        let decision = match offered(req, policy, scope, &mut warnings) {
+            Err(denial) => {
+                denials.push(denial);
+                Decision::Denied
+            }
+            Ok(Some(decision)) => decision,
+            Ok(None) => {
+                let resp = review::review(req, policy, Phase::Validating);
+                warnings.extend(resp.warnings.iter().cloned());
+                if resp.allowed {
+                    Decision::Allowed
+                } else {
+                    denials.push(resp);
+                    Decision::Denied
+                }
+            }
+        };
+        evaluated.push(Evaluated {
+            policy: policy.name().to_string(),
+            decision,
+            elapsed: started.elapsed(),
+        });
+    }
+    let mut response = combine(denials).unwrap_or_else(Response::allow);
+    response.warnings = distinct(warnings);
+    Outcome {
+        response,
+        object: req.object.clone(),
+        evaluated,
+    }
+}
+
+/// One denial for several: Forbidden when any Policy said no, otherwise the first failure's
+/// code; every message, in order.
+pub fn combine(denials: Vec<Response>) -> Option<Response> {
+    let first = denials.first()?;
+    let forbidden = denials
+        .iter()
+        .find(|d| d.status.as_ref().is_some_and(|s| s.code == 403))
+        .unwrap_or(first);
+    let (code, reason) = forbidden
+        .status
+        .as_ref()
+        .map_or((403, "Forbidden".to_string()), |s| {
+            (s.code, s.reason.clone())
+        });
+    let messages: Vec<&str> = denials.iter().filter_map(Response::message).collect();
+    Some(Response::deny(code, &reason, messages.join("; ")))
+}
+
+/// Warnings in first-seen order, each once: a reinvoked Policy repeats its own.
+pub fn distinct(warnings: Vec<String>) -> Vec<String> {
+    let mut seen = std::collections::BTreeSet::new();
+    warnings
+        .into_iter()
+        .filter(|w| seen.insert(w.clone()))
+        .collect()
+}
+
+/// `Ok(None)`: the member applies. `Ok(Some(_))`: it does not (skipped, or ignored after an
+/// error). `Err`: a match error under `Fail`.
+fn offered(
+    current: &Request,
+    policy: &CompiledPolicy,
+    scope: Scope<'_>,
+    warnings: &mut Vec<String>,
+) -> Result<Option<Decision>, Response> {
+    if scope.matched {
+        return Ok(None);
+    }
+    match matcher::matches(current, policy, scope.namespace) {
+        Ok(true) => Ok(None),
+        Ok(false) => Ok(Some(Decision::Skipped)),
+        Err(e @ (MatchError::Condition { .. } | MatchError::NamespaceUnknown { .. })) => {
+            let message = format!("policy {:?}: {e}", policy.name());
+            match policy.spec().failure_policy {
+                FailurePolicy::Fail => Err(Response::deny(500, "InternalError", message)),
+                FailurePolicy::Ignore => {
+                    warnings.push(format!(
+                        "{message} (policy skipped: failurePolicy is Ignore)"
+                    ));
+                    Ok(Some(Decision::Ignored))
+                }
+            }
+        }
+    }
+}
+
+/// Offers `current` to one mutating member and applies its patch, as the API server does.
+fn mutate_step(
+    current: &mut Request,
+    policy: &CompiledPolicy,
+    scope: Scope<'_>,
+    warnings: &mut Vec<String>,
+) -> Result<Decision, Response> {
+    if let Some(decision) = offered(current, policy, scope, warnings)? {
+        return Ok(decision);
+    }
+    let resp = review::review(current, policy, Phase::Mutating);
+    let ignored = resp.warnings.iter().any(|w| w.ends_with(IGNORED_SUFFIX));
+    warnings.extend(resp.warnings.iter().cloned());
+    if !resp.allowed {
+        return Err(resp);
+    }
+    if !resp.patched() {
+        return Ok(if ignored {
+            Decision::Ignored
+        } else {
+            Decision::Allowed
+        });
+    }
+    let Some(object) = current.object.as_mut() else {
+        return Ok(Decision::Allowed);
+    };
+    json_patch::patch(object, &resp.patch).map_err(|e| {
+        Response::deny(
+            500,
+            "InternalError",
+            format!("policy {:?}: its patch does not apply: {e}", policy.name()),
+        )
+    })?;
+    Ok(Decision::Patched)
+}
+
+/// How [`review::review`] ends the warning of a mutation skipped under `Ignore`.
+const IGNORED_SUFFIX: &str = "(skipped: failurePolicy is Ignore)";
+
+/// The whole admission chain for `policies`, as the API server runs their entries: the mutating
+/// groups in order, each entry once, then once more for an `IfNeeded` entry that ran before a
+/// later one changed the object; then every validating group judges the final object, and every
+/// denial is reported. `gatehouse eval` plays the cluster with it.
+pub fn admit(req: &Request, policies: &[&CompiledPolicy], namespace: Namespace<'_>) -> Outcome {
+    let groups = super::group::groups(policies);
+    let by_name: std::collections::HashMap<&str, &CompiledPolicy> =
+        policies.iter().map(|p| (p.name(), *p)).collect();
+    let members_of = |g: &super::group::Group| -> Vec<&CompiledPolicy> {
+        g.members
+            .iter()
+            .filter_map(|m| by_name.get(m.as_str()).copied())
+            .collect()
+    };
+    // Offline nobody matched before us: own entries are matched here too (where `authorizer`
+    // is unavailable, so a condition reading it fails by its failurePolicy).
+    let scope = Scope {
+        namespace,
+        matched: false,
+    };
+    let mut chain = Chain {
+        current: req.clone(),
+        warnings: Vec::new(),
+        evaluated: Vec::new(),
+    };
+    let mut invoked: Vec<usize> = Vec::new();
+    let mut again = vec![false; groups.mutating.len()];
+    let entry = |chain: &mut Chain, g: &super::group::Group| -> Result<(bool, bool), Response> {
+        let out = mutate(&chain.current, &members_of(g), g.reinvocation_policy, scope);
+        let ran = out
+            .evaluated
+            .iter()
+            .any(|e| matches!(e.decision, Decision::Allowed | Decision::Patched));
+        chain.evaluated.extend(out.evaluated);
+        chain.warnings.extend(out.response.warnings.iter().cloned());
+        if !out.response.allowed {
+            return Err(out.response);
+        }
+        let changed = out.response.patched();
+        if changed {
+            chain.current.object = out.object;
+        }
+        Ok((ran, changed))
+    };
+    for (i, g) in groups.mutating.iter().enumerate() {
+        let (ran, changed) = match entry(&mut chain, g) {
+            Ok(done) => done,
+            Err(denial) => return chain.denied(denial),
+        };
+        if changed {
+            for &j in &invoked {
+                again[j] = true;
+            }
+        }
+        if ran && g.reinvocation_policy == ReinvocationPolicy::IfNeeded {
+            invoked.push(i);
+        }
+    }
+    for (g, _) in groups.mutating.iter().zip(&again).filter(|(_, a)| **a) {
+        if let Err(denial) = entry(&mut chain, g) {
+            return chain.denied(denial);
+        }
+    }
+
+    let mut denials = Vec::new();
+    for g in &groups.validating {
+        let out = validate(&chain.current, &members_of(g), scope);
+        chain.evaluated.extend(out.evaluated);
+        chain.warnings.extend(out.response.warnings.iter().cloned());
+        if !out.response.allowed {
+            denials.push(out.response);
+        }
+    }
+    match combine(denials) {
+        Some(denial) => chain.denied(denial),
+        None => chain.finish(req),
+    }
+}
