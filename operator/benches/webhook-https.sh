@@ -4,13 +4,17 @@
 # Starts two servers built from examples/webhook_bench.rs on the same hyper/rustls stack and
 # accept loop as `gatehouse run`:
 #   baseline   parses the AdmissionReview and answers a fixed allow;
-#   gatehouse  the real webhook handler over fixtures/policies.yaml.
+#   gatehouse  the real webhook handler over fixtures/policies.yaml;
+#   group      the real webhook handler over fixtures/chain-8.yaml: eight mutating Policies in
+#              one shared entry, all eight run per request.
 # Then posts fixtures/pod-create.json with wrk (keep-alive, 64 connections), interleaving
 # baseline and gatehouse runs to reduce drift, and prints req/s, p50/p99 latency, the
-# throughput ratio gatehouse/baseline (goal >= 0.7) and each server's RSS.
+# throughput ratios against the baseline (goals: one Policy >= 0.7, the group of eight >= 0.6)
+# and each server's RSS.
 #
 # Environment: DURATION (default 15s) per measured run, WARMUP (default 3s), CONNECTIONS
-# (default 64), THREADS (default 2), VALIDATE=0 to skip the /validate run, LOG=1 to have the
+# (default 64), THREADS (default 2), VALIDATE=0 to skip the /validate run, GROUP=0 to skip the
+# group run, LOG=1 to have the
 # gatehouse server log every decision as `gatehouse run` does.
 set -euo pipefail
 
@@ -18,6 +22,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 fixtures="$here/fixtures"
 review="$fixtures/pod-create.json"
 policies="$fixtures/policies.yaml"
+chain="$fixtures/chain-8.yaml"
 mutate_path=/mutate/bench-mutate
 validate_path=/validate/bench-validate
 duration="${DURATION:-15s}"
@@ -91,6 +96,13 @@ base_pid=$started_pid base_port=$started_port
 start gatehouse --mode gatehouse --policy "$policies" "${log_flag[@]}"
 gate_pid=$started_pid gate_port=$started_port
 say "baseline pid $base_pid on :$base_port, gatehouse pid $gate_pid on :$gate_port"
+if [[ "${GROUP:-1}" == 1 ]]; then
+    start group --mode gatehouse --policy "$chain" "${log_flag[@]}"
+    group_pid=$started_pid group_port=$started_port
+    group_path="$(sed -n 's/^entry \(\/mutate\/.*\)$/\1/p' "$tmp/group.out" | head -n 1)"
+    [[ -n "$group_path" ]] || die "the group server named no mutating entry: $(cat "$tmp/group.out")"
+    say "group pid $group_pid on :$group_port, entry $group_path"
+fi
 
 rss() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status"; }
 base_idle_rss="$(rss "$base_pid" VmRSS)" gate_idle_rss="$(rss "$gate_pid" VmRSS)"
@@ -117,6 +129,17 @@ if [[ "${VALIDATE:-1}" == 1 ]]; then
     resp="$(post "$gate_port" "$validate_path")" || die "gatehouse $validate_path failed: $resp"
     [[ "$resp" == *'"allowed":true'* ]] || die "gatehouse $validate_path did not allow: $resp"
     say "gatehouse $validate_path: allowed"
+fi
+
+if [[ "${GROUP:-1}" == 1 ]]; then
+    resp="$(post "$group_port" "$group_path")" || die "group $group_path failed: $resp"
+    [[ "$resp" == *'"allowed":true'* && "$resp" == *'"patchType":"JSONPatch"'* ]] \
+        || die "group $group_path did not return an allowed JSONPatch: $resp"
+    patch="$(sed -n 's/.*"patch":"\([^"]*\)".*/\1/p' <<<"$resp" | base64 -d)"
+    for want in cost-center mesh.internal proxy BPF seccompProfile dedicated TZ; do
+        [[ "$patch" == *"$want"* ]] || die "group patch lacks $want (not all eight Policies ran): $patch"
+    done
+    say "group $group_path: allowed, one JSONPatch with $(grep -o '"op"' <<<"$patch" | wc -l) operations from eight Policies"
 fi
 
 # --- load --------------------------------------------------------------------------------------
@@ -170,6 +193,7 @@ target() {
         *baseline-*) pid=$base_pid port=$base_port path=/ ;;
         *mutate) pid=$gate_pid port=$gate_port path=$mutate_path ;;
         *validate) pid=$gate_pid port=$gate_port path=$validate_path ;;
+        *group) pid=$group_pid port=$group_port path=$group_path ;;
     esac
 }
 
@@ -182,6 +206,7 @@ done
 
 runs=(baseline-1 mutate baseline-2)
 if [[ "${VALIDATE:-1}" == 1 ]]; then runs+=(validate baseline-3); fi
+if [[ "${GROUP:-1}" == 1 ]]; then runs+=(group baseline-4); fi
 for run in "${runs[@]}"; do
     target "$run"
     say "$run: wrk -c$connections -t$threads -d$duration https://127.0.0.1:$port$path"
@@ -218,7 +243,15 @@ echo
 printf '%-10s %14s %14s %14s\n' server idle_rss_kB rss_kB peak_rss_kB
 printf '%-10s %14s %14s %14s\n' baseline "$base_idle_rss" "$(rss "$base_pid" VmRSS)" "$(rss "$base_pid" VmHWM)"
 printf '%-10s %14s %14s %14s\n' gatehouse "$gate_idle_rss" "$(rss "$gate_pid" VmRSS)" "$(rss "$gate_pid" VmHWM)"
+if [[ "${GROUP:-1}" == 1 ]]; then
+    printf '%-10s %14s %14s %14s\n' group "-" "$(rss "$group_pid" VmRSS)" "$(rss "$group_pid" VmHWM)"
+fi
 echo
 mutate_ratio="$(ratio "$(rps mutate)" "$base_mean")"
 verdict="$(awk -v r="$mutate_ratio" 'BEGIN { print (r >= 0.7 ? "meets" : "BELOW") }')"
 echo "throughput ratio gatehouse ($mutate_path) / baseline mean: $mutate_ratio ($verdict the 0.7 goal)"
+if [[ "${GROUP:-1}" == 1 ]]; then
+    group_ratio="$(ratio "$(rps group)" "$base_mean")"
+    verdict="$(awk -v r="$group_ratio" 'BEGIN { print (r >= 0.6 ? "meets" : "BELOW") }')"
+    echo "throughput ratio group of eight ($group_path) / baseline mean: $group_ratio ($verdict the 0.6 goal)"
+fi

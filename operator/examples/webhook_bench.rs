@@ -77,7 +77,12 @@ async fn main() -> anyhow::Result<()> {
         Mode::Gatehouse => {
             anyhow::ensure!(!args.policy.is_empty(), "--mode gatehouse needs --policy");
             let policies = Arc::new(PolicyStore::new());
-            for policy in load_policies(&args.policy)? {
+            let loaded = load_policies(&args.policy)?;
+            // The script addresses shared entries by their paths, which depend on membership.
+            for g in gatehouse::engine::group::groups(&loaded).iter() {
+                println!("entry {}", gatehouse::controller::wiring::group_path(g));
+            }
+            for policy in loaded {
                 policies.upsert(Arc::new(policy));
             }
             let state = Arc::new(WebhookState::new(policies, Arc::new(Metrics::new())));

@@ -7,7 +7,7 @@
 use gatehouse::api::v1alpha1::Policy;
 use gatehouse::engine::diff::diff;
 use gatehouse::engine::merge::{materialize, merge};
-use gatehouse::engine::{compile, mutate};
+use gatehouse::engine::{chain, compile, mutate};
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
@@ -351,5 +351,64 @@ proptest! {
         let mut y = x.clone();
         let changed = gatehouse::engine::merge::merge_changed(&mut y, &p, overwrite);
         prop_assert_eq!(changed, y != x);
+    }
+}
+
+fn named_policy(name: &str, mutate: Vec<Value>, reinvocation: &str) -> Policy {
+    let mut p = policy(mutate, "Fail");
+    p.metadata.name = Some(name.to_string());
+    p.spec.reinvocation_policy = serde_json::from_value(json!(reinvocation)).expect("a policy");
+    p
+}
+
+fn review_of(object: &Value) -> gatehouse::engine::Request {
+    let body = json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u",
+            "kind": {"group": "", "version": "v1", "kind": "Thing"},
+            "resource": {"group": "", "version": "v1", "resource": "things"},
+            "namespace": "ns",
+            "operation": "CREATE",
+            "object": object,
+        }
+    });
+    gatehouse::engine::parse_review(body.to_string().as_bytes()).expect("a valid review")
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// A shared entry runs its members as a chain on one working copy. With `IfNeeded` the API
+    /// server may call the entry again with the chain's own output (reinvocation): whenever the
+    /// chain settled (it warns when it does not), that second call changes nothing.
+    #[test]
+    fn a_chain_of_policies_is_idempotent(
+        x in target(),
+        lists in prop::collection::vec(prop::collection::vec(mutation(false), 1..4), 1..5),
+    ) {
+        let reinvocation = "IfNeeded";
+        let compiled: Vec<gatehouse::engine::CompiledPolicy> = lists
+            .into_iter()
+            .enumerate()
+            .map(|(i, list)| compile(&named_policy(&format!("p{i}"), list, reinvocation)).expect("valid"))
+            .collect();
+        let members: Vec<&gatehouse::engine::CompiledPolicy> = compiled.iter().collect();
+        let scope = chain::Scope { namespace: gatehouse::engine::Namespace::Assumed, matched: false };
+        let policy: gatehouse::api::v1alpha1::ReinvocationPolicy =
+            serde_json::from_value(json!(reinvocation)).expect("a reinvocation policy");
+        let once = chain::mutate(&review_of(&x), &members, policy, scope);
+        prop_assert!(once.response.allowed, "{:?}", once.response.message());
+        let after = once.object.expect("an object");
+        // The one patch leads from the original to the final object.
+        let mut patched = x.clone();
+        json_patch::patch(&mut patched, &once.response.patch).expect("the patch applies");
+        prop_assert_eq!(&patched, &after);
+        if once.response.warnings.iter().any(|w| w.contains("did not settle")) {
+            return Ok(());
+        }
+        let twice = chain::mutate(&review_of(&after), &members, policy, scope);
+        prop_assert!(twice.response.patch.0.is_empty(), "second call patched: {:?}", twice.response.patch);
     }
 }

@@ -12,8 +12,8 @@ use serde_json::Value;
 
 use crate::operator::{
     REQUIRE_LIMITS, Scene, WAIT, apply, apply_ready, apply_sidecar, await_ready, container_names,
-    decode_secret_key, delete_policies, entries, get_json, handshake_trusting, pod, policy,
-    sidecar_body, stderr, unique,
+    decode_secret_key, delete_policies, get_json, handshake_trusting, pod, policy, sidecar_body,
+    stderr, unique, wired_groups,
 };
 
 /// Creates Pods one after another in `ns`, each of which must be admitted and mutated by the
@@ -379,15 +379,10 @@ async fn a_policy_the_api_server_refuses_blocks_nothing() {
 
             // Others are still wired...
             apply_sidecar(cluster, &later, scene.ns()).await?;
-            let mutating = entries(cluster, "mutatingwebhookconfiguration").await?;
-            ensure!(
-                mutating.contains(&format!("{later}.gatehouse.dev")),
-                "{mutating:?}"
-            );
-            ensure!(
-                !mutating.contains(&format!("{typed}.gatehouse.dev")),
-                "{mutating:?}"
-            );
+            let wired = wired_groups(cluster).await?;
+            let is_wired = |p: &str| wired.iter().any(|g| g.members.iter().any(|m| m == p));
+            ensure!(is_wired(&later), "{wired:?}");
+            ensure!(!is_wired(&typed), "{wired:?}");
             // ...and unwired: with the Deny Policy deleted, a Pod without limits is admitted.
             delete_policies(cluster, &[&deny]).await?;
             let no_limits = pod("unlimited", scene.ns())

@@ -3,4 +3,5 @@
 mod ipam;
 mod lockout;
 mod operator;
+mod shared;
 mod smoke;

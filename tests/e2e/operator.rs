@@ -5,9 +5,14 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use ::gatehouse::controller::wiring;
+use ::gatehouse::engine::group::{Group, GroupPhase};
 use anyhow::{Context, bail, ensure};
 use gatehouse_e2e::gatehouse::{self, Gatehouse, Options};
 use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use serde_json::Value;
 
 pub(crate) const WAIT: Duration = Duration::from_secs(60);
@@ -132,6 +137,35 @@ pub(crate) async fn apply_sidecar(cluster: &Cluster, name: &str, ns: &str) -> an
         &policy(name, ns, 100, &sidecar_body(true, false)),
     )
     .await
+}
+
+/// The groups both live configurations hold, read from their membership annotation by the
+/// product's own function.
+pub(crate) async fn wired_groups(cluster: &Cluster) -> anyhow::Result<Vec<Group>> {
+    let mutating: Option<MutatingWebhookConfiguration> =
+        get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
+            .await?
+            .map(serde_json::from_value)
+            .transpose()?;
+    let validating: Option<ValidatingWebhookConfiguration> =
+        get_json(cluster, &["validatingwebhookconfiguration", "gatehouse"])
+            .await?
+            .map(serde_json::from_value)
+            .transpose()?;
+    Ok(wiring::wired_groups(mutating.iter(), validating.iter()))
+}
+
+/// The name of the entry that holds `policy` in `phase`, if it is wired there.
+pub(crate) async fn entry_of(
+    cluster: &Cluster,
+    policy: &str,
+    phase: GroupPhase,
+) -> anyhow::Result<Option<String>> {
+    Ok(wired_groups(cluster)
+        .await?
+        .iter()
+        .find(|g| g.phase == phase && g.members.iter().any(|m| m == policy))
+        .map(wiring::group_entry_name))
 }
 
 /// Entry names of `kind`/gatehouse (empty when absent).
@@ -343,14 +377,19 @@ async fn reinvocation_keeps_one_sidecar() {
             .await?;
             let label = "  mutate:\n  - merge: {metadata: {labels: {team: platform}}}\n";
             apply_ready(cluster, &b, &policy(&b, scene.ns(), 20, label)).await?;
+            // A reinvokes and B does not: two runs, two entries, A's first.
             let order = entries(cluster, "mutatingwebhookconfiguration").await?;
-            let pos = |n: &str| {
-                order
-                    .iter()
-                    .position(|e| e == &format!("{n}.gatehouse.dev"))
-            };
+            let (entry_a, entry_b) = (
+                entry_of(cluster, &a, GroupPhase::Mutating)
+                    .await?
+                    .context("A unwired")?,
+                entry_of(cluster, &b, GroupPhase::Mutating)
+                    .await?
+                    .context("B unwired")?,
+            );
+            let pos = |e: &str| order.iter().position(|x| x == e);
             ensure!(
-                pos(&a) < pos(&b) && pos(&a).is_some(),
+                entry_a != entry_b && pos(&entry_a) < pos(&entry_b),
                 "entry order {order:?}"
             );
 
@@ -369,23 +408,13 @@ async fn reinvocation_keeps_one_sidecar() {
                 },
             )
             .await?;
-            let before = scene
-                .gh
-                .metric_sum(
-                    "gatehouse_admission_requests_total",
-                    &format!("policy=\"{a}\""),
-                )
-                .await?;
+            let evaluations = "gatehouse_policy_decisions_total";
+            let of_a = format!("policy=\"{a}\"");
+            let before = scene.gh.metric_sum(evaluations, &of_a).await?;
             cluster
                 .kubectl_ok(["create", "-f", "-"], Some(&pod("app", scene.ns())))
                 .await?;
-            let after = scene
-                .gh
-                .metric_sum(
-                    "gatehouse_admission_requests_total",
-                    &format!("policy=\"{a}\""),
-                )
-                .await?;
+            let after = scene.gh.metric_sum(evaluations, &of_a).await?;
             let stored = get_json(cluster, &["pod", "app", "-n", scene.ns()])
                 .await?
                 .context("pod")?;
@@ -480,18 +509,22 @@ async fn deleting_a_policy_unwires_it() {
     run_test(|cluster| async move {
         let scene = Scene::start(cluster, "gh-delete", Options::service()).await?;
         let inject = format!("inject-{}", scene.id());
-        let entry = format!("{inject}.gatehouse.dev");
         let result = async {
             apply_sidecar(cluster, &inject, scene.ns()).await?;
+            ensure!(
+                entry_of(cluster, &inject, GroupPhase::Mutating)
+                    .await?
+                    .is_some()
+            );
             create_pod_until(cluster, scene.ns(), "before", &[], |o| o.status.success()).await?;
             cluster
                 .kubectl_ok(["delete", "policy", &inject], None)
                 .await?;
-            await_condition("entry removed", WAIT, || async {
-                Ok((!entries(cluster, "mutatingwebhookconfiguration")
+            await_condition("unwired", WAIT, || async {
+                Ok(entry_of(cluster, &inject, GroupPhase::Mutating)
                     .await?
-                    .contains(&entry))
-                .then_some(()))
+                    .is_none()
+                    .then_some(()))
             })
             .await?;
             // Later Pods are untouched (allowing the API server a moment to see the change).
@@ -514,9 +547,11 @@ async fn drift_is_repaired() {
     run_test(|cluster| async move {
         let scene = Scene::start(cluster, "gh-drift", Options::service()).await?;
         let inject = format!("inject-{}", scene.id());
-        let entry = format!("{inject}.gatehouse.dev");
         let result = async {
             apply_sidecar(cluster, &inject, scene.ns()).await?;
+            let entry = entry_of(cluster, &inject, GroupPhase::Mutating)
+                .await?
+                .context("the Policy's entry")?;
             let timeout_of = |cfg: &Value| {
                 cfg["webhooks"].as_array().and_then(|ws| {
                     ws.iter()
@@ -676,9 +711,11 @@ async fn invalid_policies_are_refused_or_marked_not_ready() {
                 cond["message"].as_str().unwrap_or_default().contains("spec.validate[0].expression"),
                 "condition {cond}"
             );
-            let entry = format!("{slipped}.gatehouse.dev");
-            ensure!(!entries(cluster, "validatingwebhookconfiguration").await?.contains(&entry));
-            ensure!(!entries(cluster, "mutatingwebhookconfiguration").await?.contains(&entry));
+            let wired = wired_groups(cluster).await?;
+            ensure!(
+                !wired.iter().any(|g| g.members.contains(&slipped)),
+                "the invalid Policy is wired: {wired:?}"
+            );
             let events = await_condition("InvalidSpec event", WAIT, || async {
                 let out = cluster
                     .kubectl_ok(["get", "events.events.k8s.io", "-A", "-o", "json"], None)
@@ -893,8 +930,16 @@ async fn two_hundred_policies_coalesce_into_few_writes() {
             })
             .await?;
             let all_ready = started.elapsed();
+            // Shared: the 200 alike Policies are one entry, and every one of them is a member.
             let count = entries(cluster, "mutatingwebhookconfiguration").await?.len();
-            ensure!(count >= 200, "only {count} mutating entries");
+            ensure!(count == 1, "{count} mutating entries for 200 alike Policies");
+            let members: usize = wired_groups(cluster)
+                .await?
+                .iter()
+                .filter(|g| g.phase == GroupPhase::Mutating)
+                .map(|g| g.members.iter().filter(|m| names.contains(m)).count())
+                .sum();
+            ensure!(members == 200, "{members} of 200 Policies wired");
             let writes = scene.gh.metric_sum(writes, "").await? - before;
             eprintln!(
                 "200 Policies: kubectl apply took {applied:?}, all Ready after {all_ready:?}, {writes} configuration writes"
@@ -961,12 +1006,15 @@ async fn replicas_share_one_ca_and_one_leader_fails_over() {
 
             // One leader writes the configurations, pointing at itself.
             apply_sidecar(cluster, &inject, ns.name()).await?;
+            let entry = entry_of(cluster, &inject, GroupPhase::Mutating).await?;
             let url_of_entry = || async {
                 let cfg = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"]).await?;
                 Ok::<_, anyhow::Error>(cfg.and_then(|c| {
                     c["webhooks"].as_array().and_then(|ws| {
                         ws.iter()
-                            .find(|w| w["name"] == format!("{inject}.gatehouse.dev").as_str())
+                            .find(|w| {
+                                Some(w["name"].as_str().unwrap_or_default()) == entry.as_deref()
+                            })
                             .and_then(|w| w["clientConfig"]["url"].as_str().map(str::to_string))
                     })
                 }))

@@ -138,6 +138,8 @@ struct Applied {
     /// Policies the API server refused, by name: (uid, generation) of the refused spec and
     /// the API server's message. A new generation is tried again.
     rejected: HashMap<String, (Option<String>, Option<i64>, String)>,
+    /// Policies whose match conditions the API server accepted, by name: (uid, generation).
+    conditions_checked: HashMap<String, (Option<String>, Option<i64>)>,
 }
 
 /// The caches a pass reads.
@@ -293,7 +295,8 @@ async fn reconcile_all(
         match result {
             Ok(()) => {
                 valid.push(policy.clone());
-                outcomes.push((policy.clone(), Outcome::Wired));
+                let own_entry = engine::policy::needs_own_entry(&policy.spec);
+                outcomes.push((policy.clone(), Outcome::Wired { own_entry }));
             }
             Err(problems) => {
                 outcomes.push((policy.clone(), Outcome::Invalid(problems)));
@@ -335,7 +338,7 @@ async fn reconcile_all(
     let now = Time(Timestamp::now());
     for (policy, outcome) in outcomes {
         // A Policy is only reported Wired once the configurations were written.
-        if wired.is_err() && outcome == Outcome::Wired {
+        if wired.is_err() && matches!(outcome, Outcome::Wired { .. }) {
             continue;
         }
         write_status(ctx, &policy, &outcome, now.clone(), leader).await?;
@@ -378,6 +381,7 @@ async fn wire(
             p.name_any() == *name && p.metadata.uid == *uid && p.metadata.generation == *generation
         })
     });
+    check_conditions(ctx, valid, bundle, applied).await?;
     let candidates: Vec<&Policy> = valid
         .iter()
         .map(|p| p.as_ref())
@@ -421,6 +425,55 @@ async fn wire(
     apply_both(ctx, caches, desired, applied, leader).await
 }
 
+/// Has the API server judge the match conditions of every Policy it has not judged yet (in this
+/// term, at this generation), with one dry run, bisecting only when it refuses some; refused
+/// Policies join `applied.rejected` with the API server's message.
+async fn check_conditions(
+    ctx: &Context,
+    valid: &[Arc<Policy>],
+    bundle: &str,
+    applied: &mut Applied,
+) -> Result<(), ReconcileError> {
+    let key = |p: &Policy| (p.metadata.uid.clone(), p.metadata.generation);
+    applied
+        .conditions_checked
+        .retain(|name, k| valid.iter().any(|p| p.name_any() == *name && key(p) == *k));
+    let unchecked: Vec<&Policy> = valid
+        .iter()
+        .map(|p| p.as_ref())
+        .filter(|p| !p.spec.match_.conditions.is_empty())
+        .filter(|p| !applied.conditions_checked.contains_key(&p.name_any()))
+        .filter(|p| !applied.rejected.contains_key(&p.name_any()))
+        .collect();
+    if unchecked.is_empty() {
+        return Ok(());
+    }
+    let accepted = |subset: Vec<&Policy>| {
+        let check = wiring::condition_check(&subset, &ctx.wiring, bundle);
+        dry_run(ctx, check, wiring::CONDITION_CHECK_NAME)
+    };
+    let (good, refused) = match accepted(unchecked.clone()).await? {
+        Ok(()) => (unchecked, Vec::new()),
+        Err(_) => isolate::refused(unchecked, accepted)
+            .await
+            .map_err(|e| match e {
+                Ok(reason) => ReconcileError::RefusedWithoutPolicies { reason },
+                Err(e) => e,
+            })?,
+    };
+    for p in good {
+        applied.conditions_checked.insert(p.name_any(), key(p));
+    }
+    for (p, reason) in refused {
+        warn!(policy = %p.name_any(), %reason, "the API server refuses this Policy's match conditions; leaving it out");
+        let (uid, generation) = key(p);
+        applied
+            .rejected
+            .insert(p.name_any(), (uid, generation, reason));
+    }
+    Ok(())
+}
+
 async fn apply_both(
     ctx: &Context,
     caches: &Caches,
@@ -450,14 +503,18 @@ async fn dry_run_both(
     ctx: &Context,
     desired: wiring::Desired,
 ) -> Result<Result<(), String>, ReconcileError> {
-    let m = dry_run(ctx, desired.mutating).await?;
+    let m = dry_run(ctx, desired.mutating, CONFIGURATION_NAME).await?;
     if m.is_err() {
         return Ok(m);
     }
-    dry_run(ctx, desired.validating).await
+    dry_run(ctx, desired.validating, CONFIGURATION_NAME).await
 }
 
-async fn dry_run<K>(ctx: &Context, desired: K) -> Result<Result<(), String>, ReconcileError>
+async fn dry_run<K>(
+    ctx: &Context,
+    desired: K,
+    name: &str,
+) -> Result<Result<(), String>, ReconcileError>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
@@ -465,15 +522,12 @@ where
     let body = apply_body(&desired, None)?;
     let api: Api<K> = Api::all(ctx.client.clone());
     let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
-    match api
-        .patch(CONFIGURATION_NAME, &params, &Patch::Apply(&body))
-        .await
-    {
+    match api.patch(name, &params, &Patch::Apply(&body)).await {
         Ok(_) => Ok(Ok(())),
         Err(kube::Error::Api(e)) if e.code == 422 => Ok(Err(e.message)),
         Err(source) => Err(ReconcileError::DryRunConfiguration {
             kind: kind.to_string(),
-            name: CONFIGURATION_NAME.to_string(),
+            name: name.to_string(),
             source,
         }),
     }
@@ -579,7 +633,7 @@ async fn write_status(
         Err(source) => return Err(ReconcileError::WriteStatus { name, source }),
     }
     let (reason, note) = match outcome {
-        Outcome::Wired => return Ok(()),
+        Outcome::Wired { .. } => return Ok(()),
         Outcome::Invalid(problems) => (status::REASON_INVALID, problems.join("; ")),
         Outcome::Rejected(message) => (status::REASON_REJECTED, message.clone()),
     };

@@ -15,8 +15,10 @@ pub const REASON_REJECTED: &str = "RejectedByAPIServer";
 /// What the reconcile made of one Policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// Valid and present in the applied configurations.
-    Wired,
+    /// Valid and present in the applied configurations: matched by Gatehouse inside a shared
+    /// entry, or (`own_entry`, its conditions read `authorizer`) by the API server in an entry of
+    /// its own.
+    Wired { own_entry: bool },
     /// Invalid: every problem, each with its field path.
     Invalid(Vec<String>),
     /// Valid, but the API server refused the configuration with its entries: the API server's
@@ -29,10 +31,23 @@ pub enum Outcome {
 pub fn desired_status(policy: &Policy, outcome: &Outcome, now: Time) -> Option<PolicyStatus> {
     let generation = policy.metadata.generation;
     let (status, reason, message) = match outcome {
-        Outcome::Wired => (
+        // Stable texts: naming the shared entry would rewrite every member's status whenever
+        // the membership changes.
+        Outcome::Wired { own_entry: false } => (
             "True",
             REASON_WIRED,
-            "wired into the Gatehouse webhook configurations".to_string(),
+            "wired into the Gatehouse webhook configurations: Gatehouse matches it inside a \
+             shared webhook entry"
+                .to_string(),
+        ),
+        Outcome::Wired { own_entry: true } => (
+            "True",
+            REASON_WIRED,
+            format!(
+                "wired into the Gatehouse webhook configurations in its own webhook entry {}: \
+                 its match conditions use authorizer, which only the API server can evaluate",
+                super::wiring::entry_name(policy.metadata.name.as_deref().unwrap_or_default())
+            ),
         ),
         Outcome::Invalid(problems) => ("False", REASON_INVALID, problems.join("; ")),
         Outcome::Rejected(message) => (
@@ -114,10 +129,27 @@ mod tests {
 
     #[test]
     fn unchanged_status_needs_no_write_and_keeps_transition_time() {
-        let first = desired_status(&policy(1, None), &Outcome::Wired, at(10)).unwrap();
-        assert!(desired_status(&policy(1, Some(first.clone())), &Outcome::Wired, at(20)).is_none());
+        let first = desired_status(
+            &policy(1, None),
+            &Outcome::Wired { own_entry: false },
+            at(10),
+        )
+        .unwrap();
+        assert!(
+            desired_status(
+                &policy(1, Some(first.clone())),
+                &Outcome::Wired { own_entry: false },
+                at(20)
+            )
+            .is_none()
+        );
         // New generation, same truth: rewritten, but the transition time stays.
-        let second = desired_status(&policy(2, Some(first)), &Outcome::Wired, at(30)).unwrap();
+        let second = desired_status(
+            &policy(2, Some(first)),
+            &Outcome::Wired { own_entry: false },
+            at(30),
+        )
+        .unwrap();
         assert_eq!(second.observed_generation, Some(2));
         assert_eq!(second.conditions[0].last_transition_time, at(10));
     }
@@ -139,7 +171,12 @@ mod tests {
 
     #[test]
     fn flipping_moves_the_transition_time() {
-        let wired = desired_status(&policy(1, None), &Outcome::Wired, at(10)).unwrap();
+        let wired = desired_status(
+            &policy(1, None),
+            &Outcome::Wired { own_entry: false },
+            at(10),
+        )
+        .unwrap();
         let bad = desired_status(
             &policy(2, Some(wired)),
             &Outcome::Invalid(vec!["x: y".into()]),

@@ -25,6 +25,9 @@ use crate::webhook::{MUTATE_PREFIX, VALIDATE_POLICY_PATH, VALIDATE_PREFIX};
 
 /// Name of both webhook configurations Gatehouse owns.
 pub const CONFIGURATION_NAME: &str = "gatehouse";
+/// Name of the configuration only ever dry-run, to have the API server check match conditions
+/// ([`condition_check`]).
+pub const CONDITION_CHECK_NAME: &str = "gatehouse-condition-check";
 /// Suffix of every entry name: `<policy>.gatehouse.dev` for a Policy's own entry,
 /// `<group>.mutate.gatehouse.dev` / `<group>.validate.gatehouse.dev` for a shared one.
 pub const ENTRY_SUFFIX: &str = ".gatehouse.dev";
@@ -149,6 +152,31 @@ fn owned_meta(groups: &str) -> ObjectMeta {
 
 fn policy_name(p: &Policy) -> &str {
     p.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// A configuration that gives each of `policies` an entry of its own with every match field, as
+/// the API server would judge them: never stored, only dry-run. Shared entries carry no match
+/// conditions, so without it the API server's CEL type checker (stricter than the one Gatehouse
+/// runs) would never see them, and a condition it refuses would fail on every request instead
+/// of being reported when the Policy is applied.
+pub fn condition_check(
+    policies: &[&Policy],
+    wiring: &Wiring,
+    ca_bundle: &str,
+) -> ValidatingWebhookConfiguration {
+    let webhooks = policies
+        .iter()
+        .map(|p| {
+            let g = group::own(p, GroupPhase::Validating);
+            validating_entry(&Entry::new(&g, &[p], wiring, ca_bundle))
+        })
+        .collect();
+    let mut metadata = owned_meta("[]");
+    metadata.name = Some(CONDITION_CHECK_NAME.to_string());
+    ValidatingWebhookConfiguration {
+        metadata,
+        webhooks: Some(webhooks),
+    }
 }
 
 /// Entry name of a Policy's own entry: `<policy>.gatehouse.dev`.

@@ -3,10 +3,11 @@
 //!
 //! * **Mutating** ([`mutate`]): the members run in order on one working copy, so each sees the
 //!   previous one's result (its match conditions and `when` guards included), and the response
-//!   carries one JSONPatch from the original to the final object. In an `IfNeeded` group a
-//!   member that ran before a later member changed the object runs once more, as the API server
-//!   would have reinvoked its entry. Every mutation is "add if absent", so the whole chain is
-//!   idempotent and a reinvocation of the entry changes nothing it already did.
+//!   carries one JSONPatch from the original to the final object. In an `IfNeeded` group the
+//!   members that ran run again while a pass still changes the object (the API server would have
+//!   reinvoked their own entries), so the result is a fixed point of the chain and a
+//!   reinvocation of the shared entry changes nothing; a chain that does not settle (Policies
+//!   overwriting each other) says so in a warning.
 //! * **Validating** ([`validate`]): every matching member judges the object; all denials are
 //!   reported, each naming its Policy, and all warnings are returned.
 //! * A member's run-time error follows that member's failurePolicy: `Ignore` skips it with a
@@ -89,30 +90,49 @@ pub fn mutate(
         warnings: Vec::new(),
         evaluated: Vec::new(),
     };
-    let mut ran: Vec<usize> = Vec::new();
-    let mut again = vec![false; members.len()];
-    for (i, policy) in members.iter().enumerate() {
-        let decision = match chain.step(policy, scope) {
-            Ok(decision) => decision,
-            Err(denial) => return chain.denied(denial),
-        };
-        if decision == Decision::Patched {
-            for &j in &ran {
-                again[j] = true;
+    // When (by step count) each member last ran, and when the object last changed.
+    let mut last_ran: Vec<Option<usize>> = vec![None; members.len()];
+    let mut last_change = 0;
+    let mut clock = 0;
+    let mut order: Vec<usize> = (0..members.len()).collect();
+    // IfNeeded: the API server would call a member's own entry again after a later one changed
+    // the object. Doing that until nothing ran before the last change goes further than the
+    // API server (which reinvokes once): the result is a fixed point of the whole chain, so a
+    // reinvocation of the shared entry changes nothing.
+    let bound = match reinvocation {
+        ReinvocationPolicy::Never => 1,
+        ReinvocationPolicy::IfNeeded => members.len() + 2,
+    };
+    for _ in 0..bound {
+        for &i in &order {
+            clock += 1;
+            match chain.step(members[i], scope) {
+                Ok(Decision::Patched) => {
+                    last_change = clock;
+                    last_ran[i] = Some(clock);
+                }
+                Ok(Decision::Allowed) => last_ran[i] = Some(clock),
+                Ok(_) => {}
+                Err(denial) => return chain.denied(denial),
             }
         }
-        if matches!(decision, Decision::Allowed | Decision::Patched) {
-            ran.push(i);
+        order = (0..members.len())
+            .filter(|&i| last_ran[i].is_some_and(|t| t < last_change))
+            .collect();
+        if order.is_empty() {
+            return chain.finish(req);
         }
     }
-    // The reinvocation pass, once, in order: members that ran before a later one changed the
-    // object.
     if reinvocation == ReinvocationPolicy::IfNeeded {
-        for (policy, _) in members.iter().zip(&again).filter(|(_, again)| **again) {
-            if let Err(denial) = chain.step(policy, scope) {
-                return chain.denied(denial);
-            }
-        }
+        chain.warnings.push(format!(
+            "the Policies {} did not settle after {bound} passes: one of them undoes what another \
+             writes (an overwrite, or a guard reading a field another one writes)",
+            order
+                .iter()
+                .map(|&i| format!("{:?}", members[i].name()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
     }
     chain.finish(req)
 }

@@ -175,7 +175,8 @@ pub fn groups<M: Member>(members: &[M]) -> Groups {
     }
 }
 
-fn own<M: Member>(m: &M, phase: GroupPhase) -> Group {
+/// The group of `m` alone, in an entry of its own.
+pub fn own<M: Member>(m: &M, phase: GroupPhase) -> Group {
     let spec = m.spec();
     Group {
         id: format!("{OWN_PREFIX}{}", m.name()),

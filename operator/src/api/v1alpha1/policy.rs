@@ -7,9 +7,16 @@ use serde::{Deserialize, Serialize};
 /// API group of every Gatehouse resource.
 pub const GROUP: &str = "gatehouse.dev";
 
-/// A Policy mutates and/or validates the objects it matches. Gatehouse wires each Policy into one
-/// entry of its MutatingWebhookConfiguration (when `mutate` is set) and one of its
-/// ValidatingWebhookConfiguration (when `validate` is set).
+/// A Policy mutates and/or validates the objects it matches.
+///
+/// Policies share webhook entries, so many Policies cost the API server about what a couple of
+/// webhooks cost: the mutating entries are the runs of consecutive Policies, in
+/// (`priority`, name) order, that share `failurePolicy` and `reinvocationPolicy`; the validating
+/// entries are one per `failurePolicy`. Gatehouse matches each Policy itself exactly as the API
+/// server would (rules, selectors, conditions) and runs the matching mutating Policies of an
+/// entry in order on one copy of the object, so the order across Policies is exact. A Policy
+/// whose `match.conditions` use `authorizer` keeps an entry of its own, since only the API
+/// server can evaluate `authorizer`; its status says so.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[kube(
     group = "gatehouse.dev",
@@ -36,7 +43,8 @@ pub const GROUP: &str = "gatehouse.dev";
         .message("reinvocationPolicy IfNeeded is only meaningful for a Policy with mutate")
 )]
 pub struct PolicySpec {
-    /// Order among mutating Policies: lower runs first, ties are broken by name.
+    /// Order among mutating Policies: lower runs first, ties are broken by name. Exact across
+    /// all Policies, whichever webhook entries they share.
     #[serde(default = "default_priority")]
     pub priority: i32,
 
@@ -44,18 +52,22 @@ pub struct PolicySpec {
     #[serde(rename = "match")]
     pub match_: MatchSpec,
 
-    /// What the API server does when the webhook cannot be reached or an expression fails at run
-    /// time: `Fail` rejects the request, `Ignore` admits it.
+    /// What happens when the webhook cannot be reached or one of this Policy's expressions fails
+    /// at run time: `Fail` rejects the request, `Ignore` skips this Policy (with a warning and
+    /// the metric gatehouse_policy_decisions_total{decision="ignored"}). Decided per Policy: one
+    /// Policy's error never affects the others in its entry.
     #[serde(default)]
     pub failure_policy: FailurePolicy,
 
-    /// How long the API server waits for this Policy's webhook, in seconds.
+    /// How long the API server waits for this Policy's webhook, in seconds. A shared entry waits
+    /// as long as the longest of its Policies.
     #[serde(default = "default_timeout_seconds")]
     #[schemars(range(min = 1, max = 30))]
     pub timeout_seconds: i32,
 
     /// `IfNeeded` asks the API server to call this Policy's mutating webhook again when a later
-    /// mutating webhook changed the object. Gatehouse mutations are idempotent, so this is safe.
+    /// mutating webhook changed the object; inside its entry, the Policy also runs again after a
+    /// later Policy changed the object. Gatehouse mutations are idempotent, so this is safe.
     #[serde(default)]
     pub reinvocation_policy: ReinvocationPolicy,
 
@@ -107,17 +119,21 @@ pub struct MatchSpec {
     #[schemars(length(min = 1))]
     pub rules: Vec<Rule>,
 
-    /// Only objects in namespaces whose labels match. Gatehouse always adds an exclusion of
-    /// kube-system and its own namespace.
+    /// Only objects in namespaces whose labels match (a Namespace itself by its own labels;
+    /// other cluster-scoped objects always match). Gatehouse never touches kube-system and its
+    /// own namespace, whatever this says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace_selector: Option<LabelSelector>,
 
-    /// Only objects whose labels match.
+    /// Only objects whose labels match: the new object's or, on UPDATE and DELETE, the old
+    /// one's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object_selector: Option<LabelSelector>,
 
-    /// CEL match conditions, evaluated by the API server before it calls the webhook
-    /// (`matchConditions`). All must be true for the Policy to apply.
+    /// CEL match conditions (`object`, `oldObject`, `request`; `authorizer` too), with the
+    /// meaning of a webhook's `matchConditions`. All must be true for the Policy to apply.
+    /// Gatehouse evaluates them; a Policy whose conditions use `authorizer` gets a webhook entry of
+    /// its own and the API server evaluates them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<MatchCondition>,
 }

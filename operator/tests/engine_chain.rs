@@ -1,0 +1,298 @@
+//! A shared entry's members as one chain: order, one working copy, per-member matching and
+//! failurePolicy, and what each member did.
+use std::collections::BTreeMap;
+
+use gatehouse::api::v1alpha1::{Policy, ReinvocationPolicy};
+use gatehouse::engine::chain::{self, Decision, Scope};
+use gatehouse::engine::{CompiledPolicy, Namespace, Request, compile, parse_review};
+use serde_json::{Value, json};
+
+fn policy(name: &str, spec: Value) -> CompiledPolicy {
+    let mut spec = spec;
+    if spec.get("match").is_none() {
+        spec["match"] = json!({"rules": [{"operations": ["CREATE", "UPDATE", "DELETE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]});
+    }
+    let p: Policy = serde_json::from_value(json!({
+        "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy",
+        "metadata": {"name": name}, "spec": spec,
+    }))
+    .expect("test Policy decodes");
+    compile(&p).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn request(operation: &str, labels: Value) -> Request {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "shop", "labels": labels}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}});
+    let mut r = json!({
+        "uid": "uid-1",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "name": "web", "namespace": "shop", "operation": operation,
+    });
+    match operation {
+        "DELETE" => r["oldObject"] = pod,
+        "UPDATE" => {
+            r["object"] = pod.clone();
+            r["oldObject"] = pod;
+        }
+        _ => r["object"] = pod,
+    }
+    let body =
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": r});
+    parse_review(body.to_string().as_bytes()).expect("test review parses")
+}
+
+const ASSUMED: Scope<'static> = Scope {
+    namespace: Namespace::Assumed,
+    matched: false,
+};
+
+fn decisions(outcome: &chain::Outcome) -> Vec<(&str, Decision)> {
+    outcome
+        .evaluated
+        .iter()
+        .map(|e| (e.policy.as_str(), e.decision))
+        .collect()
+}
+
+fn label(outcome: &chain::Outcome, key: &str) -> Option<String> {
+    outcome.object.as_ref()?["metadata"]["labels"][key]
+        .as_str()
+        .map(str::to_string)
+}
+
+#[test]
+fn members_run_in_order_on_one_working_copy_and_answer_with_one_patch() {
+    let first = policy(
+        "a-first",
+        json!({"mutate": [{"merge": {"metadata": {"labels": {"stage": "one"}}}}]}),
+    );
+    // Matches only what the first one produced: it sees the working copy, not the original.
+    let second = policy(
+        "b-second",
+        json!({
+            "match": {
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+                "conditions": [{"name": "after-first", "expression": "object.metadata.labels.stage == 'one'"}],
+            },
+            "mutate": [{"when": "object.metadata.labels.stage == 'one'", "merge": {"metadata": {"labels": {"second": "ran"}}}}],
+        }),
+    );
+    let req = request("CREATE", json!({"app": "web"}));
+    let out = chain::mutate(&req, &[&first, &second], ReinvocationPolicy::Never, ASSUMED);
+    assert!(out.response.allowed);
+    assert_eq!(
+        decisions(&out),
+        [
+            ("a-first", Decision::Patched),
+            ("b-second", Decision::Patched)
+        ]
+    );
+    let mut object = req.object.clone().unwrap();
+    json_patch::patch(&mut object, &out.response.patch).unwrap();
+    assert_eq!(
+        Some(&object),
+        out.object.as_ref(),
+        "one patch, original → final"
+    );
+    assert_eq!(label(&out, "second").as_deref(), Some("ran"));
+}
+
+#[test]
+fn an_ignore_member_whose_cel_throws_does_not_block_its_group() {
+    let broken = policy(
+        "a-broken",
+        json!({
+            "failurePolicy": "Ignore",
+            "match": {
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+                "conditions": [{"name": "throws", "expression": "object.metadata.labels.missing == 'x'"}],
+            },
+            "mutate": [{"merge": {"metadata": {"labels": {"broken": "ran"}}}}],
+        }),
+    );
+    let fine = policy(
+        "b-fine",
+        json!({"failurePolicy": "Ignore", "mutate": [{"merge": {"metadata": {"labels": {"fine": "ran"}}}}]}),
+    );
+    let req = request("CREATE", json!({"app": "web"}));
+    let out = chain::mutate(&req, &[&broken, &fine], ReinvocationPolicy::Never, ASSUMED);
+    assert!(out.response.allowed);
+    assert_eq!(
+        decisions(&out),
+        [
+            ("a-broken", Decision::Ignored),
+            ("b-fine", Decision::Patched)
+        ]
+    );
+    assert_eq!(label(&out, "fine").as_deref(), Some("ran"));
+    assert_eq!(label(&out, "broken"), None);
+    assert!(
+        out.response
+            .warnings
+            .iter()
+            .any(|w| w.contains("a-broken") && w.contains("failurePolicy is Ignore")),
+        "{:?}",
+        out.response.warnings
+    );
+}
+
+#[test]
+fn a_fail_member_whose_cel_throws_denies_naming_itself() {
+    let broken = policy(
+        "broken",
+        json!({
+            "match": {
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+                "conditions": [{"name": "throws", "expression": "object.metadata.labels.missing == 'x'"}],
+            },
+            "validate": [{"expression": "true", "message": "never"}],
+        }),
+    );
+    let out = chain::validate(&request("CREATE", json!({})), &[&broken], ASSUMED);
+    assert!(!out.response.allowed);
+    let status = out.response.status.as_ref().unwrap();
+    assert_eq!(status.code, 500);
+    assert!(
+        status.message.contains("policy \"broken\""),
+        "{}",
+        status.message
+    );
+}
+
+#[test]
+fn a_validating_group_reports_every_denial_and_warning() {
+    let deny = |name: &str, action: &str| {
+        policy(
+            name,
+            json!({"validate": [{"expression": "has(object.metadata.labels.team)", "message": format!("{name} wants a team"), "action": action}]}),
+        )
+    };
+    let (a, b, w) = (deny("a", "Deny"), deny("b", "Deny"), deny("w", "Warn"));
+    let ok = policy(
+        "ok",
+        json!({"validate": [{"expression": "true", "message": "never"}]}),
+    );
+    let out = chain::validate(&request("CREATE", json!({})), &[&a, &ok, &b, &w], ASSUMED);
+    let status = out.response.status.as_ref().unwrap();
+    assert_eq!(status.code, 403);
+    assert!(status.message.contains("a wants a team") && status.message.contains("b wants a team"));
+    assert!(
+        out.response
+            .warnings
+            .iter()
+            .any(|m| m.contains("w wants a team"))
+    );
+    assert_eq!(
+        decisions(&out),
+        [
+            ("a", Decision::Denied),
+            ("ok", Decision::Allowed),
+            ("b", Decision::Denied),
+            ("w", Decision::Allowed)
+        ]
+    );
+}
+
+#[test]
+fn selectors_choose_members_inside_a_shared_entry() {
+    let by_ns = policy(
+        "by-ns",
+        json!({
+            "match": {
+                "rules": [{"operations": ["*"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+                "namespaceSelector": {"matchLabels": {"team": "a"}},
+            },
+            "validate": [{"expression": "false", "message": "team a says no"}],
+        }),
+    );
+    let by_object = policy(
+        "by-object",
+        json!({
+            "match": {
+                "rules": [{"operations": ["*"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+                "objectSelector": {"matchLabels": {"tier": "db"}},
+            },
+            "validate": [{"expression": "false", "message": "db says no"}],
+        }),
+    );
+    let members = [&by_ns, &by_object];
+    let team_a = BTreeMap::from([("team".to_string(), "a".to_string())]);
+    let team_b = BTreeMap::from([("team".to_string(), "b".to_string())]);
+    let scope = |labels| Scope {
+        namespace: Namespace::Labels(labels),
+        matched: false,
+    };
+    let web = request("CREATE", json!({"tier": "web"}));
+    assert!(
+        !chain::validate(&web, &members, scope(&team_a))
+            .response
+            .allowed
+    );
+    assert!(
+        chain::validate(&web, &members, scope(&team_b))
+            .response
+            .allowed
+    );
+    // objectSelector on DELETE reads oldObject; on UPDATE either object.
+    for op in ["DELETE", "UPDATE", "CREATE"] {
+        let db = request(op, json!({"tier": "db"}));
+        let out = chain::validate(&db, &members, scope(&team_b));
+        assert_eq!(
+            out.response.message(),
+            Some("policy \"by-object\": db says no"),
+            "{op}"
+        );
+    }
+    // The API server matched an own entry: no matching here at all.
+    let matched = Scope {
+        namespace: Namespace::Unknown("not read"),
+        matched: true,
+    };
+    assert!(
+        !chain::validate(&web, &[&by_object], matched)
+            .response
+            .allowed
+    );
+}
+
+#[test]
+fn an_if_needed_group_reruns_members_until_the_chain_settles() {
+    // `a` only acts once `b` has run: with IfNeeded it runs again, as its own entry would have
+    // been reinvoked.
+    let a = policy(
+        "a",
+        json!({"mutate": [{"when": "has(object.metadata.labels.b)", "merge": {"metadata": {"labels": {"a": "after-b"}}}}]}),
+    );
+    let b = policy(
+        "b",
+        json!({"mutate": [{"merge": {"metadata": {"labels": {"b": "ran"}}}}]}),
+    );
+    let req = request("CREATE", json!({}));
+    let never = chain::mutate(&req, &[&a, &b], ReinvocationPolicy::Never, ASSUMED);
+    assert_eq!(label(&never, "a"), None);
+    let if_needed = chain::mutate(&req, &[&a, &b], ReinvocationPolicy::IfNeeded, ASSUMED);
+    assert_eq!(label(&if_needed, "a").as_deref(), Some("after-b"));
+    // a ran before b changed the object, so it runs again; then b, which ran before a's
+    // change, confirms; nothing ran before the last change any more.
+    assert_eq!(
+        decisions(&if_needed),
+        [
+            ("a", Decision::Allowed),
+            ("b", Decision::Patched),
+            ("a", Decision::Patched),
+            ("b", Decision::Allowed)
+        ]
+    );
+    // A lone member that changed the object is not asked again.
+    let alone = chain::mutate(&req, &[&b], ReinvocationPolicy::IfNeeded, ASSUMED);
+    assert_eq!(decisions(&alone), [("b", Decision::Patched)]);
+    // Called again with its own output (the API server's reinvocation): nothing to do.
+    let mut again = req.clone();
+    again.object = if_needed.object.clone();
+    let twice = chain::mutate(&again, &[&a, &b], ReinvocationPolicy::IfNeeded, ASSUMED);
+    assert!(
+        twice.response.patch.0.is_empty(),
+        "{:?}",
+        twice.response.patch
+    );
+}

@@ -1,0 +1,387 @@
+//! Shared webhook entries on the real API server: many Policies in few entries, each still
+//! matched, ordered and failing on its own.
+
+use std::time::{Duration, Instant};
+
+use ::gatehouse::engine::group::GroupPhase;
+use anyhow::{Context, ensure};
+use gatehouse_e2e::gatehouse::Options;
+use gatehouse_e2e::{Cluster, TestWebhook, await_condition, run_test};
+use serde_json::{Value, json};
+
+use crate::operator::{
+    Scene, WAIT, apply, await_ready, container_names, create_pod_until, entries, entry_of,
+    get_json, pod, stderr,
+};
+
+/// A Policy for Pods in `ns`, as JSON (kubectl applies JSON as it does YAML), with `spec` merged
+/// over the defaults: priority, rules for Pod CREATE/UPDATE/DELETE, the namespace selector.
+fn policy(name: &str, ns: &str, spec: Value) -> String {
+    let mut full = json!({
+        "match": {
+            "rules": [{"operations": ["CREATE", "UPDATE", "DELETE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+        },
+    });
+    merge(&mut full, spec);
+    json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": name}, "spec": full})
+        .to_string()
+}
+
+fn merge(into: &mut Value, from: Value) {
+    match (into, from) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+/// Adds a container named `name`: the order of containers shows the order Policies ran in.
+fn adds_container(name: &str) -> Value {
+    json!({"mutate": [{"merge": {"spec": {"containers": [{"name": name, "image": "example.com/c:1"}]}}}]})
+}
+
+/// Applies all `policies` (name, JSON) and waits until each is Ready.
+async fn apply_all_ready(cluster: &Cluster, policies: &[(String, String)]) -> anyhow::Result<()> {
+    let all: Vec<&str> = policies.iter().map(|(_, p)| p.as_str()).collect();
+    for p in &all {
+        apply(cluster, p).await?;
+    }
+    for (name, _) in policies {
+        await_ready(cluster, name, "True").await?;
+    }
+    Ok(())
+}
+
+fn names(policies: &[(String, String)]) -> Vec<&str> {
+    policies.iter().map(|(n, _)| n.as_str()).collect()
+}
+
+#[tokio::test]
+async fn sixteen_policies_share_one_entry_and_keep_their_order() {
+    run_test(|cluster| async move {
+        let scene = Scene::start(cluster, "gh-shared", Options::service()).await?;
+        let (id, ns) = (scene.id(), scene.ns().to_string());
+        // Priorities against name order, so that priority, not name, must decide.
+        let sixteen: Vec<(String, String)> = (0..16)
+            .map(|i| {
+                let name = format!("p{i:02}-{id}");
+                let mut spec = adds_container(&format!("c{i:02}"));
+                merge(&mut spec, json!({"priority": 100 - i, "validate": [{"expression": "true", "message": "never"}]}));
+                (name.clone(), policy(&name, &ns, spec))
+            })
+            .collect();
+        let result = async {
+            apply_all_ready(cluster, &sixteen).await?;
+            let mutating = entries(cluster, "mutatingwebhookconfiguration").await?;
+            let validating = entries(cluster, "validatingwebhookconfiguration").await?;
+            ensure!(mutating.len() == 1, "mutating entries {mutating:?}");
+            ensure!(validating.len() <= 3, "validating entries (self included) {validating:?}");
+            let expected: Vec<String> = std::iter::once("app".to_string())
+                .chain((0..16).rev().map(|i| format!("c{i:02}")))
+                .collect();
+            let out = create_pod_until(cluster, &ns, "sixteen", &["-o", "json"], |o| {
+                serde_json::from_slice::<Value>(&o.stdout).is_ok_and(|p| container_names(&p).len() == 17)
+            })
+            .await?;
+            let stored: Value = serde_json::from_slice(&out.stdout)?;
+            ensure!(container_names(&stored) == expected, "containers {:?}", container_names(&stored));
+
+            // Mixed failure policies at interleaved priorities: the runs are exact.
+            let flipped: Vec<(String, String)> = [(2, "Ignore"), (3, "Ignore"), (9, "Ignore")]
+                .into_iter()
+                .map(|(i, fp)| {
+                    let name = format!("p{i:02}-{id}");
+                    let mut spec = adds_container(&format!("c{i:02}"));
+                    merge(&mut spec, json!({"priority": 100 - i, "failurePolicy": fp, "validate": [{"expression": "true", "message": "never"}]}));
+                    (name.clone(), policy(&name, &ns, spec))
+                })
+                .collect();
+            apply_all_ready(cluster, &flipped).await?;
+            // In run order (priority descending index): 15..10 Fail, 9 Ignore, 8..4 Fail,
+            // 3..2 Ignore, 1..0 Fail.
+            let runs: Vec<Vec<usize>> = vec![
+                (10..16).rev().collect(),
+                vec![9],
+                (4..9).rev().collect(),
+                vec![3, 2],
+                vec![1, 0],
+            ];
+            let order = entries(cluster, "mutatingwebhookconfiguration").await?;
+            ensure!(order.len() == runs.len(), "entries {order:?}");
+            for (k, run) in runs.iter().enumerate() {
+                for i in run {
+                    let entry = entry_of(cluster, &format!("p{i:02}-{id}"), GroupPhase::Mutating)
+                        .await?
+                        .context("unwired")?;
+                    ensure!(entry == order[k], "p{i:02} in {entry}, want run {k} ({})", order[k]);
+                }
+            }
+            let out = create_pod_until(cluster, &ns, "mixed", &["-o", "json"], |o| {
+                o.status.success()
+            })
+            .await?;
+            let stored: Value = serde_json::from_slice(&out.stdout)?;
+            ensure!(container_names(&stored) == expected, "containers {:?}", container_names(&stored));
+            Ok(())
+        }
+        .await;
+        scene.finish(&names(&sixteen), result).await
+    })
+    .await;
+}
+
+/// Creates a Pod named `name` with `labels` in `ns`; returns kubectl's output.
+async fn create_labelled(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> anyhow::Result<std::process::Output> {
+    let mut pod: Value = serde_yaml::from_str(&pod(name, ns))?;
+    for (k, v) in labels {
+        pod["metadata"]["labels"][*k] = json!(v);
+    }
+    cluster
+        .kubectl_output(["create", "-f", "-", "-o", "json"], Some(&pod.to_string()))
+        .await
+}
+
+#[tokio::test]
+async fn selectors_and_conditions_choose_policies_inside_a_shared_entry() {
+    run_test(|cluster| async move {
+        let scene = Scene::start(cluster, "gh-select", Options::service()).await?;
+        let (id, ns) = (scene.id(), scene.ns().to_string());
+        let deny = |message: &str| json!({"validate": [{"expression": "false", "message": message}]});
+        let by_ns = format!("by-ns-{id}");
+        let by_object = format!("by-object-{id}");
+        let by_condition = format!("by-condition-{id}");
+        let broken = format!("broken-{id}");
+        let works = format!("works-{id}");
+        let mut ns_spec = deny("team a is closed");
+        merge(&mut ns_spec, json!({"match": {"namespaceSelector": {"matchLabels": {"team": "a"}}}}));
+        let mut object_spec = deny("db pods are frozen");
+        merge(&mut object_spec, json!({"match": {
+            "rules": [{"operations": ["UPDATE", "DELETE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
+            "objectSelector": {"matchLabels": {"tier": "db"}},
+        }}));
+        let mut condition_spec = deny("x- pods are refused");
+        merge(&mut condition_spec, json!({"match": {"conditions": [{"name": "x-prefix", "expression": "object.metadata.name.startsWith('x-')"}]}}));
+        // An Ignore run of two: the first throws at run time, the second must still apply.
+        let broken_spec = json!({
+            "priority": 10, "failurePolicy": "Ignore",
+            "match": {"conditions": [{"name": "throws", "expression": "object.metadata.labels.missing == 'x'"}]},
+            "mutate": [{"merge": {"metadata": {"labels": {"broken": "ran"}}}}],
+        });
+        let works_spec = json!({
+            "priority": 20, "failurePolicy": "Ignore",
+            "mutate": [{"merge": {"metadata": {"labels": {"works": "ran"}}}}],
+        });
+        let all = vec![
+            (by_ns.clone(), policy(&by_ns, &ns, ns_spec)),
+            (by_object.clone(), policy(&by_object, &ns, object_spec)),
+            (by_condition.clone(), policy(&by_condition, &ns, condition_spec)),
+            (broken.clone(), policy(&broken, &ns, broken_spec)),
+            (works.clone(), policy(&works, &ns, works_spec)),
+        ];
+        let result = async {
+            apply_all_ready(cluster, &all).await?;
+            let validating = entries(cluster, "validatingwebhookconfiguration").await?;
+            ensure!(validating.len() == 2, "one shared validating entry plus self: {validating:?}");
+            let mutating = entries(cluster, "mutatingwebhookconfiguration").await?;
+            ensure!(mutating.len() == 1, "one shared mutating entry: {mutating:?}");
+
+            // The Ignore run: broken is skipped with a warning, works applies.
+            let out = create_pod_until(cluster, &ns, "web", &["-o", "json"], |o| {
+                serde_json::from_slice::<Value>(&o.stdout)
+                    .is_ok_and(|p| p["metadata"]["labels"]["works"] == "ran")
+            })
+            .await?;
+            let web: Value = serde_json::from_slice(&out.stdout)?;
+            ensure!(web["metadata"]["labels"].get("broken").is_none(), "{web}");
+            ensure!(
+                stderr(&out).contains(&format!("policy \"{broken}\"")) && stderr(&out).contains("failurePolicy is Ignore"),
+                "no warning for the skipped Policy: {}",
+                stderr(&out)
+            );
+
+            // conditions
+            let out = create_labelled(cluster, &ns, "x-web", &[]).await?;
+            ensure!(!out.status.success() && stderr(&out).contains("x- pods are refused"), "{}", stderr(&out));
+            // objectSelector on UPDATE (object and oldObject) and DELETE (oldObject only).
+            let out = create_labelled(cluster, &ns, "db", &[("tier", "db")]).await?;
+            ensure!(out.status.success(), "CREATE is not selected: {}", stderr(&out));
+            let out = cluster.kubectl_output(["label", "pod", "db", "-n", &ns, "touched=yes"], None).await?;
+            ensure!(!out.status.success() && stderr(&out).contains("db pods are frozen"), "UPDATE: {}", stderr(&out));
+            let out = cluster.kubectl_output(["delete", "pod", "db", "-n", &ns, "--wait=false"], None).await?;
+            ensure!(!out.status.success() && stderr(&out).contains("db pods are frozen"), "DELETE: {}", stderr(&out));
+            let out = cluster.kubectl_output(["label", "pod", "web", "-n", &ns, "touched=yes"], None).await?;
+            ensure!(out.status.success(), "a web Pod is not selected: {}", stderr(&out));
+
+            // namespaceSelector: the Namespace is labelled now, after Gatehouse started.
+            let out = create_labelled(cluster, &ns, "before-label", &[]).await?;
+            ensure!(out.status.success(), "{}", stderr(&out));
+            cluster.kubectl_ok(["label", "namespace", &ns, "team=a"], None).await?;
+            let labelled = Instant::now();
+            let mut attempt = 0;
+            let took = await_condition("the label to select the namespace", WAIT, || {
+                attempt += 1;
+                let name = format!("after-label-{attempt}");
+                let ns = ns.clone();
+                async move {
+                    let out = create_labelled(cluster, &ns, &name, &[]).await?;
+                    Ok((!out.status.success() && stderr(&out).contains("team a is closed"))
+                        .then(|| labelled.elapsed()))
+                }
+            })
+            .await?;
+            eprintln!("a Namespace label took effect after {took:?}");
+            ensure!(took <= Duration::from_secs(1), "the label took {took:?} to take effect");
+            // Policies are deleted first; the namespace's Pods go with it.
+            Ok(())
+        }
+        .await;
+        scene.finish(&names(&all), result).await
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_authorizer_condition_gets_its_own_entry() {
+    run_test(|cluster| async move {
+        let scene = Scene::start(cluster, "gh-authz", Options::service()).await?;
+        let (id, ns) = (scene.id(), scene.ns().to_string());
+        let admins = format!("admins-{id}");
+        let shared = format!("shared-{id}");
+        let admins_spec = json!({
+            "priority": 10,
+            "match": {"conditions": [{"name": "may-create", "expression": format!("authorizer.group('').resource('pods').namespace('{ns}').check('create').allowed()")}]},
+            "mutate": [{"merge": {"metadata": {"labels": {"authorized": "yes"}}}}],
+        });
+        let shared_spec = json!({"priority": 20, "mutate": [{"merge": {"metadata": {"labels": {"shared": "yes"}}}}]});
+        let all = vec![
+            (admins.clone(), policy(&admins, &ns, admins_spec)),
+            (shared.clone(), policy(&shared, &ns, shared_spec)),
+        ];
+        let result = async {
+            apply_all_ready(cluster, &all).await?;
+            let cond = await_ready(cluster, &admins, "True").await?;
+            ensure!(
+                cond["message"].as_str().unwrap_or_default().contains("own webhook entry"),
+                "the status does not say so: {cond}"
+            );
+            let cfg = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
+                .await?
+                .context("mutating configuration")?;
+            let own = format!("{admins}.gatehouse.dev");
+            let entry = cfg["webhooks"]
+                .as_array()
+                .and_then(|ws| ws.iter().find(|w| w["name"] == own.as_str()))
+                .with_context(|| format!("no entry {own}: {cfg}"))?;
+            ensure!(entry["matchConditions"][0]["name"] == "may-create", "{entry}");
+            ensure!(
+                entry["clientConfig"]["service"]["path"] == format!("/mutate/policy/{admins}").as_str(),
+                "{entry}"
+            );
+            ensure!(entry_of(cluster, &shared, GroupPhase::Mutating).await? != Some(own.clone()));
+            // The API server evaluates authorizer (the test user may create Pods): both apply.
+            create_pod_until(cluster, &ns, "authorized", &["-o", "json"], |o| {
+                serde_json::from_slice::<Value>(&o.stdout).is_ok_and(|p| {
+                    p["metadata"]["labels"]["authorized"] == "yes" && p["metadata"]["labels"]["shared"] == "yes"
+                })
+            })
+            .await?;
+            Ok(())
+        }
+        .await;
+        scene.finish(&names(&all), result).await
+    })
+    .await;
+}
+
+/// Answers every review with a JSONPatch that adds the label `external: touched` when absent.
+fn touch_label(review: &Value) -> Value {
+    use base64::Engine as _;
+    let labelled = review["request"]["object"]["metadata"]["labels"]["external"] == "touched";
+    if labelled {
+        return json!({"allowed": true});
+    }
+    let has_labels = review["request"]["object"]["metadata"]["labels"].is_object();
+    let patch = if has_labels {
+        json!([{"op": "add", "path": "/metadata/labels/external", "value": "touched"}])
+    } else {
+        json!([{"op": "add", "path": "/metadata/labels", "value": {"external": "touched"}}])
+    };
+    json!({
+        "allowed": true,
+        "patchType": "JSONPatch",
+        "patch": base64::engine::general_purpose::STANDARD.encode(patch.to_string()),
+    })
+}
+
+#[tokio::test]
+async fn a_later_foreign_webhook_reinvokes_the_group_without_duplicates() {
+    run_test(|cluster| async move {
+        let scene = Scene::start(cluster, "gh-foreign", Options::service()).await?;
+        let (id, ns) = (scene.id(), scene.ns().to_string());
+        let sidecar = format!("sidecar-{id}");
+        let label = format!("label-{id}");
+        let mut sidecar_spec = adds_container("proxy");
+        merge(&mut sidecar_spec, json!({"priority": 10, "reinvocationPolicy": "IfNeeded"}));
+        let label_spec = json!({
+            "priority": 20, "reinvocationPolicy": "IfNeeded",
+            "mutate": [{"merge": {"metadata": {"labels": {"team": "platform"}}}}],
+        });
+        let all = vec![
+            (sidecar.clone(), policy(&sidecar, &ns, sidecar_spec)),
+            (label.clone(), policy(&label, &ns, label_spec)),
+        ];
+        // A foreign mutating webhook in a configuration that sorts after "gatehouse", so the
+        // API server calls it after Gatehouse's entry and then reinvokes that entry.
+        let hook = TestWebhook::start(&["127.0.0.1"], touch_label)?;
+        let foreign = format!("zz-foreign-{id}");
+        let config = json!({
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": foreign, "labels": {"gatehouse.dev/e2e": "true"}},
+            "webhooks": [{
+                "name": "foreign.e2e.gatehouse.dev",
+                "clientConfig": {"url": hook.url("/touch"), "caBundle": hook.ca_bundle()},
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                "sideEffects": "None", "failurePolicy": "Fail", "admissionReviewVersions": ["v1"],
+                "reinvocationPolicy": "Never", "timeoutSeconds": 5,
+            }],
+        });
+        apply(cluster, &config.to_string()).await?;
+        let _guard = cluster.delete_on_drop("mutatingwebhookconfiguration", &foreign, None);
+        let result = async {
+            apply_all_ready(cluster, &all).await?;
+            let evaluations = "gatehouse_policy_decisions_total";
+            let of_sidecar = format!("policy=\"{sidecar}\"");
+            let out = create_pod_until(cluster, &ns, "probe", &["--dry-run=server", "-o", "json"], |o| {
+                serde_json::from_slice::<Value>(&o.stdout).is_ok_and(|p| {
+                    p["metadata"]["labels"]["external"] == "touched" && container_names(&p).len() == 2
+                })
+            })
+            .await?;
+            drop(out);
+            let before = scene.gh.metric_sum(evaluations, &of_sidecar).await?;
+            let out = create_labelled(cluster, &ns, "app", &[]).await?;
+            ensure!(out.status.success(), "{}", stderr(&out));
+            let after = scene.gh.metric_sum(evaluations, &of_sidecar).await?;
+            let stored = get_json(cluster, &["pod", "app", "-n", &ns]).await?.context("pod")?;
+            ensure!(container_names(&stored) == ["app", "proxy"], "containers {:?}", container_names(&stored));
+            let labels = &stored["metadata"]["labels"];
+            ensure!(labels["team"] == "platform" && labels["external"] == "touched", "labels {labels}");
+            // Called once, then once more after the foreign webhook changed the object.
+            ensure!(after - before == 2.0, "the sidecar Policy ran {} times, want 2", after - before);
+            Ok(())
+        }
+        .await;
+        scene.finish(&names(&all), result).await
+    })
+    .await;
+}
