@@ -149,6 +149,10 @@ fn policy(name: &str, ns: &str, body: Value) -> Value {
     json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": name}, "spec": spec})
 }
 
+/// One phase with Policies: how many, the latencies, CPU seconds per process, the API server's
+/// p99 bucket for Gatehouse's entries, Gatehouse's RSS (KiB) after it.
+type PolicyPhase = (usize, Stats, Vec<f64>, Option<String>, Option<u64>);
+
 /// Name of the webhook configurations of the floor phase.
 const FLOOR: &str = "bench-floor";
 
@@ -186,12 +190,19 @@ fn floor_configurations(hook: &TestWebhook, ns: &str) -> String {
 fn bench_policies(i: usize, ns: &str) -> anyhow::Result<(String, [String; 2])> {
     let m = format!("bench-mutate-{i}");
     let v = format!("bench-validate-{i}");
-    let mut docs = format!("---\n{}\n", serde_json::to_string(&policy(&m, ns, json!({
-        "mutate": [
-            {"merge": {"metadata": {"labels": {format!("bench-{i}"): "yes"}}}},
-            {"forEach": "spec.containers", "merge": {"securityContext": {"capabilities": {"drop": ["BPF"]}}}}
-        ]
-    })))?);
+    let mut docs = format!(
+        "---\n{}\n",
+        serde_json::to_string(&policy(
+            &m,
+            ns,
+            json!({
+                "mutate": [
+                    {"merge": {"metadata": {"labels": {format!("bench-{i}"): "yes"}}}},
+                    {"forEach": "spec.containers", "merge": {"securityContext": {"capabilities": {"drop": ["BPF"]}}}}
+                ]
+            })
+        ))?
+    );
     docs.push_str(&format!("---\n{}\n", serde_json::to_string(&policy(&v, ns, json!({
         "validate": [{"expression": "object.spec.containers.all(c, has(c.resources) && has(c.resources.limits))", "message": "limits required"}]
     })))?));
@@ -270,7 +281,7 @@ async fn main() -> anyhow::Result<()> {
 
     // Policies, in steps of 16, 64 and 256 (half mutating, half validating).
     let mut names: Vec<String> = Vec::new();
-    let mut phases: Vec<(usize, Stats, Vec<f64>, Option<String>, Option<u64>)> = Vec::new();
+    let mut phases: Vec<PolicyPhase> = Vec::new();
     for total in [16, 64, 256] {
         let mut docs = String::new();
         for i in names.len() / 2..total / 2 {
@@ -278,7 +289,9 @@ async fn main() -> anyhow::Result<()> {
             docs.push_str(&d);
             names.extend(pair);
         }
-        cluster.kubectl_ok(["apply", "-f", "-"], Some(&docs)).await?;
+        cluster
+            .kubectl_ok(["apply", "-f", "-"], Some(&docs))
+            .await?;
         // In effect: a server dry run shows every mutating Policy's label.
         let probe = pod("probe")?;
         await_condition(
@@ -295,8 +308,10 @@ async fn main() -> anyhow::Result<()> {
                     )
                     .await?;
                 let labels = p.metadata.labels.unwrap_or_default();
-                Ok(((0..total / 2).all(|i| labels.contains_key(&format!("bench-{i}"))))
-                    .then_some(()))
+                Ok(
+                    ((0..total / 2).all(|i| labels.contains_key(&format!("bench-{i}"))))
+                        .then_some(()),
+                )
             },
         )
         .await?;
@@ -314,9 +329,7 @@ async fn main() -> anyhow::Result<()> {
 
     let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1000.0);
     println!("{count} Pod creates at concurrency {concurrency}");
-    println!(
-        "| phase | avg | p95 | p99 | wall | p99 / none | p99 / 2-webhook floor |"
-    );
+    println!("| phase | avg | p95 | p99 | wall | p99 / none | p99 / 2-webhook floor |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     let row = |label: &str, s: &Stats| {
         println!(

@@ -437,44 +437,22 @@ pub fn namespace_selector(user: Option<&LabelSelector>, excluded: &[String]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::v1alpha1::{
-        MatchSpec, Mutation, Operation, PolicySpec, ReinvocationPolicy, Scope, ValidationRule,
-    };
-    use serde_json::json;
+    use crate::api::v1alpha1::{MatchSpec, Operation, ReinvocationPolicy, Scope};
 
     fn policy(name: &str, priority: i32, mutate: bool, validate: bool) -> Policy {
-        let mut spec = PolicySpec {
-            priority,
-            match_: MatchSpec {
-                rules: vec![Rule {
-                    operations: vec![Operation::Create],
-                    api_groups: vec!["".into()],
-                    api_versions: vec!["v1".into()],
-                    resources: vec!["pods".into()],
-                    scope: Scope::Namespaced,
-                }],
-                ..MatchSpec::default()
-            },
-            failure_policy: Default::default(),
-            timeout_seconds: 7,
-            reinvocation_policy: ReinvocationPolicy::IfNeeded,
-            mutate: vec![],
-            validate: vec![],
-            effects: vec![],
+        let mut spec = crate::api::v1alpha1::sample_spec(priority, mutate, validate);
+        spec.match_ = MatchSpec {
+            rules: vec![Rule {
+                operations: vec![Operation::Create],
+                api_groups: vec!["".into()],
+                api_versions: vec!["v1".into()],
+                resources: vec!["pods".into()],
+                scope: Scope::Namespaced,
+            }],
+            ..MatchSpec::default()
         };
-        if mutate {
-            spec.mutate.push(Mutation {
-                merge: json!({"metadata": {"labels": {"a": "b"}}}),
-                ..Mutation::default()
-            });
-        }
-        if validate {
-            spec.validate.push(ValidationRule {
-                expression: "true".into(),
-                message: "m".into(),
-                action: Default::default(),
-            });
-        }
+        spec.timeout_seconds = 7;
+        spec.reinvocation_policy = ReinvocationPolicy::IfNeeded;
         Policy::new(name, spec)
     }
 

@@ -232,8 +232,6 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::v1alpha1::{Mutation, ValidationRule};
-    use serde_json::json;
 
     struct P {
         name: String,
@@ -254,27 +252,9 @@ mod tests {
     }
 
     fn p(name: &str, priority: i32, fail: bool, mutate: bool, validate: bool) -> P {
-        let mut spec = PolicySpec {
-            priority,
-            failure_policy: if fail {
-                FailurePolicy::Fail
-            } else {
-                FailurePolicy::Ignore
-            },
-            ..PolicySpec::default()
-        };
-        if mutate {
-            spec.mutate.push(Mutation {
-                merge: json!({"metadata": {"labels": {"a": "b"}}}),
-                ..Mutation::default()
-            });
-        }
-        if validate {
-            spec.validate.push(ValidationRule {
-                expression: "true".into(),
-                message: "m".into(),
-                action: Default::default(),
-            });
+        let mut spec = crate::api::v1alpha1::sample_spec(priority, mutate, validate);
+        if !fail {
+            spec.failure_policy = FailurePolicy::Ignore;
         }
         P {
             name: name.into(),

@@ -188,19 +188,12 @@ impl super::group::Member for Policy {
     }
 }
 
-impl<M: super::group::Member> super::group::Member for &M {
-    fn name(&self) -> &str {
-        (**self).name()
-    }
-    fn spec(&self) -> &PolicySpec {
-        (**self).spec()
-    }
-    fn needs_own_entry(&self) -> bool {
-        (**self).needs_own_entry()
-    }
-}
-
-impl<M: super::group::Member> super::group::Member for std::sync::Arc<M> {
+/// References and `Arc`s of members are members.
+impl<T> super::group::Member for T
+where
+    T: std::ops::Deref,
+    T::Target: super::group::Member,
+{
     fn name(&self) -> &str {
         (**self).name()
     }

@@ -195,6 +195,7 @@ fn decide(
         Phase::Validating => chain::validate(request, &members, scope),
     };
     for e in &outcome.evaluated {
+        tracing::debug!(policy = %e.policy, decision = e.decision.as_str(), "member");
         let phase = phase.as_str().to_string();
         state
             .metrics

@@ -102,6 +102,30 @@ impl Default for PolicySpec {
     }
 }
 
+/// A spec for unit tests: `priority`, a label merge when `mutate`, an always-true rule when
+/// `validate`, the defaults otherwise.
+#[cfg(test)]
+pub(crate) fn sample_spec(priority: i32, mutate: bool, validate: bool) -> PolicySpec {
+    let mut spec = PolicySpec {
+        priority,
+        ..PolicySpec::default()
+    };
+    if mutate {
+        spec.mutate.push(Mutation {
+            merge: serde_json::json!({"metadata": {"labels": {"a": "b"}}}),
+            ..Mutation::default()
+        });
+    }
+    if validate {
+        spec.validate.push(ValidationRule {
+            expression: "true".into(),
+            message: "m".into(),
+            action: Default::default(),
+        });
+    }
+    spec
+}
+
 fn default_priority() -> i32 {
     100
 }
