@@ -69,6 +69,7 @@ pub struct Metrics {
     pub admission_duration: HistogramFamily<AdmissionLabels>,
     pub policy_decisions: Family<DecisionLabels, Counter>,
     pub policy_evaluation: HistogramFamily<PolicyLabels>,
+    pub policy_over_budget: Family<PolicyLabels, Counter>,
     pub reconcile_runs: Family<ReconcileLabels, Counter>,
     pub reconcile_failures: Family<ReconcileLabels, Counter>,
     pub reconcile_duration: HistogramFamily<ReconcileLabels>,
@@ -95,6 +96,7 @@ impl Metrics {
         let policy_decisions = Family::<DecisionLabels, Counter>::default();
         let policy_evaluation: HistogramFamily<PolicyLabels> =
             Family::new_with_constructor(evaluation_histogram);
+        let policy_over_budget = Family::<PolicyLabels, Counter>::default();
         let reconcile_runs = Family::<ReconcileLabels, Counter>::default();
         let reconcile_failures = Family::<ReconcileLabels, Counter>::default();
         let reconcile_duration: HistogramFamily<ReconcileLabels> =
@@ -146,6 +148,12 @@ impl Metrics {
                 "Time to match and evaluate one Policy for one request",
                 policy_evaluation.clone(),
             );
+            policy.register(
+                "over_budget",
+                "Expressions not evaluated because, with the request's collections, their \
+                 estimated cost exceeded the budget (the Policy's failurePolicy decided)",
+                policy_over_budget.clone(),
+            );
         }
         {
             let reconcile = registry.sub_registry_with_prefix("reconcile");
@@ -190,6 +198,7 @@ impl Metrics {
             admission_duration,
             policy_decisions,
             policy_evaluation,
+            policy_over_budget,
             reconcile_runs,
             reconcile_failures,
             reconcile_duration,

@@ -296,3 +296,68 @@ fn an_if_needed_group_reruns_members_until_the_chain_settles() {
         twice.response.patch
     );
 }
+
+/// A review of a Pod with `n` containers.
+fn with_containers(n: usize) -> Request {
+    let mut req = request("CREATE", json!({}));
+    let containers: Vec<Value> = (0..n)
+        .map(|i| json!({"name": format!("c{i}"), "image": "app:1"}))
+        .collect();
+    req.object.as_mut().unwrap()["spec"]["containers"] = json!(containers);
+    req
+}
+
+#[test]
+fn an_expression_over_budget_at_run_time_is_not_run_and_its_failure_policy_decides() {
+    let pairs = "object.spec.containers.all(a, object.spec.containers.all(b, a.name == b.name || a.image != ''))";
+    let fail = policy(
+        "pairs-fail",
+        json!({"validate": [{"expression": pairs, "message": "no"}]}),
+    );
+    let ignore = policy(
+        "pairs-ignore",
+        json!({"failurePolicy": "Ignore", "validate": [{"expression": pairs, "message": "no"}]}),
+    );
+    let guard = policy(
+        "guarded",
+        json!({"failurePolicy": "Ignore", "mutate": [{"when": pairs, "merge": {"metadata": {"labels": {"ran": "yes"}}}}]}),
+    );
+    // Within the assumed size it runs.
+    let small = with_containers(10);
+    let out = chain::validate(&small, &[&fail, &ignore], ASSUMED);
+    assert!(out.response.allowed, "{:?}", out.response.message());
+    assert!(out.evaluated.iter().all(|e| !e.over_budget));
+    // With 2,000 containers the estimate is far over the budget: not evaluated.
+    let huge = with_containers(2_000);
+    let started = std::time::Instant::now();
+    let out = chain::validate(&huge, &[&fail], ASSUMED);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(1),
+        "it ran: {:?}",
+        started.elapsed()
+    );
+    assert!(!out.response.allowed);
+    let status = out.response.status.as_ref().unwrap();
+    assert_eq!(status.code, 500);
+    assert!(
+        status.message.contains("cost budget exceeded") && status.message.contains("2000 elements"),
+        "{}",
+        status.message
+    );
+    assert!(out.evaluated[0].over_budget);
+    let out = chain::validate(&huge, &[&ignore], ASSUMED);
+    assert!(out.response.allowed);
+    assert!(
+        out.response
+            .warnings
+            .iter()
+            .any(|w| w.contains("cost budget exceeded")),
+        "{:?}",
+        out.response.warnings
+    );
+    assert_eq!(out.evaluated[0].decision, Decision::Ignored);
+    let out = chain::mutate(&huge, &[&guard], ReinvocationPolicy::Never, ASSUMED);
+    assert!(out.response.allowed);
+    assert_eq!(label(&out, "ran"), None);
+    assert!(out.evaluated[0].over_budget);
+}

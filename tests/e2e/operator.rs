@@ -691,6 +691,21 @@ async fn invalid_policies_are_refused_or_marked_not_ready() {
             let err = stderr(&out);
             ensure!(err.contains("spec.validate[0].expression"), "kubectl said: {err}");
             ensure!(get_json(cluster, &["policy", &bad]).await?.is_none(), "refused policy was stored");
+            // An expression over the cost budget is refused with its estimate.
+            let costly = format!("costly-{id}");
+            let three = "object.spec.containers.all(a, object.spec.containers.all(b, object.spec.containers.all(c, a.name != b.name || b.name != c.name)))";
+            let costly_body = format!("  validate:\n  - expression: {three:?}\n    message: \"too costly\"\n");
+            let out = cluster
+                .kubectl_output(["apply", "-f", "-"], Some(&policy(&costly, scene.ns(), 100, &costly_body)))
+                .await?;
+            let err = stderr(&out);
+            ensure!(
+                !out.status.success()
+                    && err.contains("spec.validate[0].expression: estimated cost")
+                    && err.contains("exceeds the budget of 1000000"),
+                "an over-budget Policy was not refused with its estimate: {err}"
+            );
+            ensure!(get_json(cluster, &["policy", &costly]).await?.is_none(), "refused policy was stored");
 
             // With Gatehouse away, an invalid Policy slips in; once back, it is Ready=False with
             // reason InvalidSpec and is not wired.

@@ -32,6 +32,10 @@ pub enum CelError {
     /// Evaluation succeeded but did not produce a bool.
     #[error("returned {0}, want bool")]
     NotBool(String),
+    /// Not evaluated: with the collections of this request, the estimated cost exceeds the
+    /// budget ([`super::cost`]).
+    #[error("{0}")]
+    OverBudget(String),
 }
 
 /// Where an expression appears in a Policy: decides which variables it may reference.
@@ -211,6 +215,11 @@ fn entries<'e>(
 /// Integers become `int` when they fit (as in Kubernetes, where JSON numbers without a fraction
 /// are `int`), so `object.spec.replicas > 1` compares like with like.
 pub fn to_val(value: &Value) -> Box<dyn Val + '_> {
+    to_val_sized(value, &mut 0)
+}
+
+/// [`to_val`], raising `largest` to the size of the largest array or object converted.
+fn to_val_sized<'v>(value: &'v Value, largest: &mut usize) -> Box<dyn Val + 'v> {
     match value {
         Value::Null => Box::new(CelNull),
         Value::Bool(b) => Box::new(CelBool::from(*b)),
@@ -225,13 +234,22 @@ pub fn to_val(value: &Value) -> Box<dyn Val + '_> {
         }
         Value::String(s) => Box::new(CelString::from(s.as_str())),
         Value::Array(items) => {
-            Box::new(CelList::from(items.iter().map(to_val).collect::<Vec<_>>()))
+            *largest = (*largest).max(items.len());
+            Box::new(CelList::from(
+                items
+                    .iter()
+                    .map(|item| to_val_sized(item, largest))
+                    .collect::<Vec<_>>(),
+            ))
         }
-        Value::Object(map) => Box::new(CelMap::from(
-            map.iter()
-                .map(|(k, v)| (CelMapKey::from(k.as_str()), to_val(v)))
-                .collect::<HashMap<_, _>>(),
-        )),
+        Value::Object(map) => {
+            *largest = (*largest).max(map.len());
+            Box::new(CelMap::from(
+                map.iter()
+                    .map(|(k, v)| (CelMapKey::from(k.as_str()), to_val_sized(v, largest)))
+                    .collect::<HashMap<_, _>>(),
+            ))
+        }
     }
 }
 
@@ -517,30 +535,48 @@ fn select_chain(expr: &IdedExpr) -> Option<(&str, Vec<&str>)> {
 /// [`to_val`] of the parts of `value` that `need` says are read; the rest is left out (or, for a
 /// value only tested for presence, replaced by null).
 pub fn to_val_pruned<'a>(value: &'a Value, need: &Need) -> Box<dyn Val + 'a> {
+    to_val_pruned_sized(value, need, &mut 0)
+}
+
+/// [`to_val_pruned`], raising `largest` to the size of the largest collection converted.
+fn to_val_pruned_sized<'a>(
+    value: &'a Value,
+    need: &Need,
+    largest: &mut usize,
+) -> Box<dyn Val + 'a> {
     if need.full {
-        return to_val(value);
+        return to_val_sized(value, largest);
     }
     match value {
         _ if need.presence_only() => Box::new(CelNull),
-        Value::Object(map) if need.elements.is_none() => Box::new(CelMap::from(
-            need.fields
+        Value::Object(map) if need.elements.is_none() => {
+            let fields: HashMap<_, _> = need
+                .fields
                 .iter()
                 .filter_map(|(field, need)| {
                     let (key, value) = map.get_key_value(field.as_str())?;
-                    Some((CelMapKey::from(key.as_str()), to_val_pruned(value, need)))
+                    Some((
+                        CelMapKey::from(key.as_str()),
+                        to_val_pruned_sized(value, need, largest),
+                    ))
                 })
-                .collect::<HashMap<_, _>>(),
-        )),
+                .collect();
+            *largest = (*largest).max(fields.len());
+            Box::new(CelMap::from(fields))
+        }
         Value::Array(items) if need.fields.is_empty() => match &need.elements {
-            Some(elements) => Box::new(CelList::from(
-                items
-                    .iter()
-                    .map(|item| to_val_pruned(item, elements))
-                    .collect::<Vec<_>>(),
-            )),
-            None => to_val(value),
+            Some(elements) => {
+                *largest = (*largest).max(items.len());
+                Box::new(CelList::from(
+                    items
+                        .iter()
+                        .map(|item| to_val_pruned_sized(item, elements, largest))
+                        .collect::<Vec<_>>(),
+                ))
+            }
+            None => to_val_sized(value, largest),
         },
-        _ => to_val(value),
+        _ => to_val_sized(value, largest),
     }
 }
 
@@ -559,7 +595,8 @@ struct Lazy<'a> {
     json: Option<&'a Value>,
     /// `None`: all of it.
     need: Option<&'a Need>,
-    val: OnceLock<Box<dyn Val + 'a>>,
+    /// The value, and the size of the largest collection in it.
+    val: OnceLock<(Box<dyn Val + 'a>, usize)>,
 }
 
 impl<'a> Lazy<'a> {
@@ -571,14 +608,20 @@ impl<'a> Lazy<'a> {
         }
     }
 
-    fn get(&self) -> &(dyn Val + 'a) {
-        self.val
-            .get_or_init(|| match (self.json, self.need) {
-                (Some(v), Some(need)) => to_val_pruned(v, need),
-                (Some(v), None) => to_val(v),
+    fn converted(&self) -> &(Box<dyn Val + 'a>, usize) {
+        self.val.get_or_init(|| {
+            let mut largest = 0;
+            let val = match (self.json, self.need) {
+                (Some(v), Some(need)) => to_val_pruned_sized(v, need, &mut largest),
+                (Some(v), None) => to_val_sized(v, &mut largest),
                 (None, _) => Box::new(CelNull),
-            })
-            .as_ref()
+            };
+            (val, largest)
+        })
+    }
+
+    fn get(&self) -> &(dyn Val + 'a) {
+        self.converted().0.as_ref()
     }
 }
 
@@ -612,10 +655,7 @@ impl<'a> Activation<'a> {
 
     /// These variables plus `element`, for a `forEach` guard.
     pub fn with_element<'b>(&'b self, element: &'b Value) -> ElementActivation<'b, 'a> {
-        ElementActivation {
-            base: self,
-            element: to_val(element),
-        }
+        self.with_element_need(element, None)
     }
 
     /// [`Activation::with_element`] for a guard that reads no more than `need` of `element`
@@ -625,13 +665,49 @@ impl<'a> Activation<'a> {
         element: &'b Value,
         need: Option<&Need>,
     ) -> ElementActivation<'b, 'a> {
+        let mut largest = 0;
+        let element = match need {
+            Some(need) => to_val_pruned_sized(element, need, &mut largest),
+            None => to_val_sized(element, &mut largest),
+        };
         ElementActivation {
             base: self,
-            element: match need {
-                Some(need) => to_val_pruned(element, need),
-                None => to_val(element),
-            },
+            element,
+            largest,
         }
+    }
+}
+
+/// The variables of an evaluation, and how large their collections are.
+pub trait Bindings: VariableResolver {
+    /// The size of the largest array or object among the `variables` named (as converted,
+    /// converting them if that has not happened yet).
+    fn largest_collection(&self, variables: &BTreeSet<&str>) -> usize;
+}
+
+impl Bindings for Activation<'_> {
+    fn largest_collection(&self, variables: &BTreeSet<&str>) -> usize {
+        [
+            ("object", &self.object),
+            ("oldObject", &self.old_object),
+            ("request", &self.request),
+        ]
+        .into_iter()
+        .filter(|(name, _)| variables.contains(name))
+        .map(|(_, lazy)| lazy.converted().1)
+        .max()
+        .unwrap_or(0)
+    }
+}
+
+impl Bindings for ElementActivation<'_, '_> {
+    fn largest_collection(&self, variables: &BTreeSet<&str>) -> usize {
+        let element = if variables.contains("element") {
+            self.largest
+        } else {
+            0
+        };
+        element.max(self.base.largest_collection(variables))
     }
 }
 
@@ -651,6 +727,7 @@ impl VariableResolver for Activation<'_> {
 pub struct ElementActivation<'b, 'a> {
     base: &'b Activation<'a>,
     element: Box<dyn Val + 'b>,
+    largest: usize,
 }
 
 impl VariableResolver for ElementActivation<'_, '_> {
@@ -663,8 +740,17 @@ impl VariableResolver for ElementActivation<'_, '_> {
     }
 }
 
-/// Runs `program` and insists on a bool.
-pub fn eval_bool(program: &Program, vars: &dyn VariableResolver) -> Result<bool, CelError> {
+/// Runs `program` and insists on a bool. A program whose cost depends on the request's
+/// collections is first estimated with their actual sizes, and not run past the budget.
+pub fn eval_bool(program: &Program, vars: &dyn Bindings) -> Result<bool, CelError> {
+    if super::cost::depends_on_input(program) {
+        let mut free = BTreeSet::new();
+        free_identifiers(program.expression(), &mut Vec::new(), &mut free);
+        let largest = vars.largest_collection(&free) as u64;
+        if let Some(reason) = super::cost::over_budget(program, largest) {
+            return Err(CelError::OverBudget(reason));
+        }
+    }
     let mut context = Context::with_env(Arc::clone(env()?));
     context.set_variable_resolver(vars);
     match program.execute(&context) {

@@ -56,6 +56,8 @@ impl Decision {
 pub struct Evaluated {
     pub policy: String,
     pub decision: Decision,
+    /// An expression was not evaluated: its cost budget was exceeded.
+    pub over_budget: bool,
     /// Matching plus evaluation.
     pub elapsed: Duration,
 }
@@ -147,10 +149,18 @@ struct Chain {
 impl Chain {
     fn step(&mut self, policy: &CompiledPolicy, scope: Scope<'_>) -> Result<Decision, Response> {
         let started = Instant::now();
-        let step = mutate_step(&mut self.current, policy, scope, &mut self.warnings);
+        let mut over_budget = false;
+        let step = mutate_step(
+            &mut self.current,
+            policy,
+            scope,
+            &mut self.warnings,
+            &mut over_budget,
+        );
         self.evaluated.push(Evaluated {
             policy: policy.name().to_string(),
             decision: step.as_ref().map_or(Decision::Denied, |d| *d),
+            over_budget,
             elapsed: started.elapsed(),
         });
         step
@@ -188,7 +198,8 @@ pub fn validate(req: &Request, members: &[&CompiledPolicy], scope: Scope<'_>) ->
     let mut evaluated = Vec::new();
     for policy in members {
         let started = Instant::now();
-        let decision = match offered(req, policy, scope, &mut warnings) {
+        let mut over_budget = false;
+        let decision = match offered(req, policy, scope, &mut warnings, &mut over_budget) {
             Err(denial) => {
                 denials.push(denial);
                 Decision::Denied
@@ -196,8 +207,11 @@ pub fn validate(req: &Request, members: &[&CompiledPolicy], scope: Scope<'_>) ->
             Ok(Some(decision)) => decision,
             Ok(None) => {
                 let resp = review::review(req, policy, Phase::Validating);
+                over_budget |= resp.over_budget;
                 warnings.extend(resp.warnings.iter().cloned());
-                if resp.allowed {
+                if resp.allowed && resp.ignored {
+                    Decision::Ignored
+                } else if resp.allowed {
                     Decision::Allowed
                 } else {
                     denials.push(resp);
@@ -208,6 +222,7 @@ pub fn validate(req: &Request, members: &[&CompiledPolicy], scope: Scope<'_>) ->
         evaluated.push(Evaluated {
             policy: policy.name().to_string(),
             decision,
+            over_budget,
             elapsed: started.elapsed(),
         });
     }
@@ -254,6 +269,7 @@ fn offered(
     policy: &CompiledPolicy,
     scope: Scope<'_>,
     warnings: &mut Vec<String>,
+    over_budget: &mut bool,
 ) -> Result<Option<Decision>, Response> {
     if scope.matched {
         return Ok(None);
@@ -262,6 +278,13 @@ fn offered(
         Ok(true) => Ok(None),
         Ok(false) => Ok(Some(Decision::Skipped)),
         Err(e @ (MatchError::Condition { .. } | MatchError::NamespaceUnknown { .. })) => {
+            *over_budget |= matches!(
+                e,
+                MatchError::Condition {
+                    source: super::cel::CelError::OverBudget(_),
+                    ..
+                }
+            );
             let message = format!("policy {:?}: {e}", policy.name());
             match policy.spec().failure_policy {
                 FailurePolicy::Fail => Err(Response::deny(500, "InternalError", message)),
@@ -282,11 +305,13 @@ fn mutate_step(
     policy: &CompiledPolicy,
     scope: Scope<'_>,
     warnings: &mut Vec<String>,
+    over_budget: &mut bool,
 ) -> Result<Decision, Response> {
-    if let Some(decision) = offered(current, policy, scope, warnings)? {
+    if let Some(decision) = offered(current, policy, scope, warnings, over_budget)? {
         return Ok(decision);
     }
     let resp = review::review(current, policy, Phase::Mutating);
+    *over_budget |= resp.over_budget;
     let ignored = resp.warnings.iter().any(|w| w.ends_with(IGNORED_SUFFIX));
     warnings.extend(resp.warnings.iter().cloned());
     if !resp.allowed {

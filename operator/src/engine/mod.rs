@@ -14,6 +14,7 @@
 //! * [`mark`]: the scheduling gate and label that hand a Pod to the effects loop.
 pub mod cel;
 pub mod chain;
+pub mod cost;
 pub mod diff;
 pub mod group;
 pub mod k8s_names;

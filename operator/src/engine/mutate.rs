@@ -42,6 +42,19 @@ pub enum MutateError {
     When { index: usize, source: CelError },
 }
 
+impl MutateError {
+    /// Whether the guard was not evaluated for exceeding its cost budget.
+    pub fn is_over_budget(&self) -> bool {
+        matches!(
+            self,
+            MutateError::When {
+                source: CelError::OverBudget(_),
+                ..
+            }
+        )
+    }
+}
+
 /// The mutated object and what happened on the way.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mutated {

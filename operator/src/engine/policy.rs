@@ -99,6 +99,8 @@ pub struct CompiledPolicy {
     pub(crate) reach: Option<Reach>,
     /// A match condition reads `authorizer`: see [`needs_own_entry`].
     own_entry: bool,
+    /// The largest write-time cost estimate among its expressions ([`super::cost`]).
+    heaviest: u64,
 }
 
 impl CompiledPolicy {
@@ -143,6 +145,13 @@ impl CompiledPolicy {
     /// Whether the Policy belongs in the ValidatingWebhookConfiguration.
     pub fn has_validations(&self) -> bool {
         !self.spec.validate.is_empty()
+    }
+
+    /// Whether one of its expressions may cost more than [`super::cost::HEAVY`] at the assumed
+    /// collection size: its reviews take turns on a few threads, so that cheap ones never wait
+    /// for a CPU behind them.
+    pub fn is_heavy(&self) -> bool {
+        self.heaviest > super::cost::HEAVY
     }
 }
 
@@ -228,6 +237,14 @@ pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
                     .conditions
                     .iter()
                     .any(|p| cel::reads_variable(p, AUTHORIZER)),
+                heaviest: programs
+                    .conditions
+                    .iter()
+                    .chain(programs.whens.iter().flatten())
+                    .chain(&programs.validations)
+                    .map(|p| super::cost::estimate(p, super::cost::ASSUMED_COLLECTION_SIZE))
+                    .max()
+                    .unwrap_or(0),
                 one_pass: settles_in_one_pass(&policy.spec.mutate, &when_needs),
                 reach: reach(&policy.spec.mutate, &when_needs),
                 when_needs,
@@ -474,6 +491,18 @@ fn check_expression(
                 problems.push(Problem::new(
                     path,
                     format!("unknown variable {unknown:?}{hint}"),
+                ));
+            }
+            if let Err(too_costly) = super::cost::check(&program) {
+                let shown: String = source.chars().take(120).collect();
+                let ellipsis = if shown.len() < source.len() {
+                    "…"
+                } else {
+                    ""
+                };
+                problems.push(Problem::new(
+                    path,
+                    format!("{too_costly}: {shown}{ellipsis}"),
                 ));
             }
             Some(program)
@@ -785,6 +814,44 @@ mod tests {
         let mut p = policy(spec);
         p.metadata.name = Some(name.to_string());
         p
+    }
+
+    #[test]
+    fn expressions_over_the_cost_budget_are_refused_with_their_estimate() {
+        let list: Vec<String> = (0..40).map(|i| i.to_string()).collect();
+        let l = format!("[{}]", list.join(","));
+        let four = format!("{l}.all(a, {l}.all(b, {l}.all(c, {l}.all(d, a+b+c+d >= 0))))");
+        let three = "object.spec.containers.all(a, object.spec.containers.all(b, object.spec.containers.all(c, a.name != b.name || b.name != c.name)))";
+        let two = "object.spec.containers.all(a, object.spec.containers.all(b, a.name != b.name || a == b))";
+        let p = policy(serde_json::json!({
+            "match": {"rules": rules()["rules"], "conditions": [{"name": "heavy", "expression": three}]},
+            "validate": [{"expression": four, "message": "m"}, {"expression": two, "message": "fine"}],
+            "mutate": [{"when": three, "merge": {"metadata": {"labels": {"a": "b"}}}}],
+        }));
+        let problems: Vec<String> = validate(&p).iter().map(ToString::to_string).collect();
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(
+            problems[0].starts_with("spec.match.conditions[0].expression: estimated cost"),
+            "{problems:?}"
+        );
+        assert!(
+            problems.iter().any(
+                |m| m.starts_with("spec.validate[0].expression: estimated cost")
+                    && m.contains("exceeds the budget of 1000000")
+                    && m.contains("[0,1,2")
+            ),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|m| m.starts_with("spec.mutate[0].when: estimated cost")),
+            "{problems:?}"
+        );
+        assert!(
+            !problems.iter().any(|m| m.contains("validate[1]")),
+            "{problems:?}"
+        );
     }
 
     /// A valid Policy with `match_` (which should hold `rules`) as its match.

@@ -440,6 +440,8 @@ pub struct Response {
     /// A run-time error was skipped because the failurePolicy is `Ignore` (a warning says
     /// which); not part of the wire response, for the per-Policy metrics.
     pub ignored: bool,
+    /// An expression was not evaluated because its cost budget was exceeded (for the metric).
+    pub over_budget: bool,
 }
 
 impl Response {
@@ -451,6 +453,7 @@ impl Response {
             patch: json_patch::Patch::default(),
             warnings: Vec::new(),
             ignored: false,
+            over_budget: false,
         }
     }
 
@@ -505,7 +508,10 @@ fn mutating(req: &Request, policy: &CompiledPolicy) -> Response {
         match mutations(req, policy, object) {
             Ok(resp) => resp,
             Err(e) => {
-                return Response::deny(500, "InternalError", format!("{}: {e}", prefix(policy)));
+                let mut denial =
+                    Response::deny(500, "InternalError", format!("{}: {e}", prefix(policy)));
+                denial.over_budget = e.is_over_budget();
+                return denial;
             }
         }
     } else {
@@ -540,6 +546,10 @@ fn mutations(
     // Equal to json_patch::diff(object, mutated object).
     resp.patch = outcome.patch;
     resp.ignored = !outcome.ignored.is_empty();
+    resp.over_budget = outcome
+        .ignored
+        .iter()
+        .any(mutate::MutateError::is_over_budget);
     resp.warnings = outcome
         .ignored
         .iter()
@@ -574,6 +584,7 @@ fn validating(req: &Request, policy: &CompiledPolicy) -> Response {
     );
     let (mut denials, mut failures, mut warnings) = (Vec::new(), Vec::new(), Vec::new());
     let mut ignored = false;
+    let mut over_budget = false;
     for (i, (rule, program)) in policy
         .spec()
         .validate
@@ -591,6 +602,7 @@ fn validating(req: &Request, policy: &CompiledPolicy) -> Response {
                 }
             }
             Err(e) => {
+                over_budget |= matches!(e, cel::CelError::OverBudget(_));
                 let message = format!("{}: spec.validate[{i}].expression: {e}", prefix(policy));
                 match policy.spec().failure_policy {
                     FailurePolicy::Fail => failures.push(message),
@@ -612,6 +624,7 @@ fn validating(req: &Request, policy: &CompiledPolicy) -> Response {
     };
     resp.warnings = warnings;
     resp.ignored = ignored;
+    resp.over_budget = over_budget;
     resp
 }
 

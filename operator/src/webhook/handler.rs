@@ -21,6 +21,16 @@ use crate::telemetry::{AdmissionLabels, DecisionLabels, Metrics, PolicyLabels};
 /// How long a client may take to send the whole body once the headers are in.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Evaluations running at once on the blocking pool; more wait for a slot. Every evaluation is
+/// bounded by the cost budget, so a slot is always given back.
+pub const EVALUATIONS_IN_FLIGHT: usize = 64;
+
+/// Of those, how many may involve a heavy Policy ([`CompiledPolicy::is_heavy`]): half the CPUs
+/// (at least one), so that however many heavy reviews arrive, the others always find a CPU.
+pub fn heavy_evaluations_in_flight() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+}
+
 /// What the webhook server shares between requests.
 pub struct WebhookState {
     pub policies: Arc<PolicyStore>,
@@ -29,6 +39,10 @@ pub struct WebhookState {
     pub namespaces: Namespaces,
     /// See [`BODY_READ_TIMEOUT`].
     pub body_read_timeout: Duration,
+    /// See [`EVALUATIONS_IN_FLIGHT`].
+    pub evaluations: Arc<tokio::sync::Semaphore>,
+    /// See [`heavy_evaluations_in_flight`].
+    pub heavy_evaluations: Arc<tokio::sync::Semaphore>,
 }
 
 impl WebhookState {
@@ -38,6 +52,8 @@ impl WebhookState {
             metrics,
             namespaces: Namespaces::default(),
             body_read_timeout: BODY_READ_TIMEOUT,
+            evaluations: Arc::new(tokio::sync::Semaphore::new(EVALUATIONS_IN_FLIGHT)),
+            heavy_evaluations: Arc::new(tokio::sync::Semaphore::new(heavy_evaluations_in_flight())),
         }
     }
 }
@@ -98,7 +114,7 @@ pub async fn handle(state: Arc<WebhookState>, req: Request<Incoming>) -> Respons
 }
 
 async fn review_entry(
-    state: &WebhookState,
+    state: &Arc<WebhookState>,
     phase: Phase,
     id: &str,
     body: &[u8],
@@ -135,31 +151,57 @@ async fn review_entry(
     let labels = namespace_labels(state, &request, &members, matched)
         .instrument(span.clone())
         .await;
-    let response = span.in_scope(|| {
-        let namespace = match &labels {
-            None => Namespace::Assumed,
-            Some(Ok(map)) => Namespace::Labels(map),
-            Some(Err(reason)) => Namespace::Unknown(reason),
-        };
-        let scope = Scope { namespace, matched };
-        let response = decide(state, &request, &group, &members, phase, scope);
-        tracing::Span::current()
-            .record("allowed", response.allowed())
-            .record("patched", response.patched());
-        // A line per admitted request would dominate the log (and the CPU) at API-server rates;
-        // denials are what operators look for. The span carries every decision either way.
-        if response.allowed() {
-            tracing::debug!("admitted");
-        } else {
-            tracing::info!(reason = response.message().unwrap_or_default(), "denied");
+    let heavy = members.iter().any(|p| p.is_heavy());
+    // Evaluation runs on the blocking pool, never on the threads that accept connections and
+    // serve the admin port (see the module documentation).
+    let evaluate = {
+        let (state, span) = (state.clone(), span.clone());
+        move || {
+            span.in_scope(|| {
+                let namespace = match &labels {
+                    None => Namespace::Assumed,
+                    Some(Ok(map)) => Namespace::Labels(map),
+                    Some(Err(reason)) => Namespace::Unknown(reason),
+                };
+                let scope = Scope { namespace, matched };
+                let response = decide(&state, &request, &group, &members, phase, scope);
+                tracing::Span::current()
+                    .record("allowed", response.allowed())
+                    .record("patched", response.patched());
+                // A line per admitted request would dominate the log (and the CPU) at API-server
+                // rates; denials are what operators look for. The span carries every decision.
+                if response.allowed() {
+                    tracing::debug!("admitted");
+                } else {
+                    tracing::info!(reason = response.message().unwrap_or_default(), "denied");
+                }
+                let body = engine::response_review(&request, &response);
+                (response.allowed(), body)
+            })
         }
-        response
-    });
-    let decision = if response.allowed() {
-        "allowed"
-    } else {
-        "denied"
     };
+    let _heavy_slot = if heavy {
+        match state.heavy_evaluations.acquire().await {
+            Ok(slot) => Some(slot),
+            Err(_) => return error(StatusCode::SERVICE_UNAVAILABLE, "shutting down".into()),
+        }
+    } else {
+        None
+    };
+    let Ok(_slot) = state.evaluations.acquire().await else {
+        return error(StatusCode::SERVICE_UNAVAILABLE, "shutting down".to_string());
+    };
+    let (allowed, body) = match tokio::task::spawn_blocking(evaluate).await {
+        Ok(done) => done,
+        Err(e) => {
+            warn!(error = %e, "evaluation failed");
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("evaluating the review failed: {e}"),
+            );
+        }
+    };
+    let decision = if allowed { "allowed" } else { "denied" };
     let labels = AdmissionLabels {
         entry: id.to_string(),
         phase: phase.as_str().to_string(),
@@ -175,9 +217,7 @@ async fn review_entry(
         .admission_duration
         .get_or_create(&labels)
         .observe(started.elapsed().as_secs_f64());
-    async { json(StatusCode::OK, engine::response_review(&request, &response)) }
-        .instrument(span)
-        .await
+    json(StatusCode::OK, body)
 }
 
 /// The members' answer to `request`, with what each did counted per Policy.
@@ -206,13 +246,21 @@ fn decide(
                 decision: e.decision.as_str().to_string(),
             })
             .inc();
+        let labels = PolicyLabels {
+            policy: e.policy.clone(),
+            phase,
+        };
+        if e.over_budget {
+            state
+                .metrics
+                .policy_over_budget
+                .get_or_create(&labels)
+                .inc();
+        }
         state
             .metrics
             .policy_evaluation
-            .get_or_create(&PolicyLabels {
-                policy: e.policy.clone(),
-                phase,
-            })
+            .get_or_create(&labels)
             .observe(e.elapsed.as_secs_f64());
     }
     outcome.response

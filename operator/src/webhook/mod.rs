@@ -1,12 +1,28 @@
 //! The TLS webhook server: a thin edge around the pure engine. It parses the AdmissionReview,
-//! looks the compiled Policy up in an in-memory snapshot, asks the engine, and writes the answer.
-//! Nothing here writes anywhere else, which is what makes `sideEffects: None` true.
+//! looks the entry's Policies up in an in-memory snapshot, asks the engine, and writes the
+//! answer. Nothing here writes anywhere else, which is what makes `sideEffects: None` true.
+//!
+//! **No Policy can stall admission.** Two protections, both needed:
+//! * *Bounded work*: every CEL expression has a cost budget ([`crate::engine::cost`]), checked
+//!   when the Policy is written (estimated with an assumed collection size) and again before
+//!   each evaluation with the sizes the request actually holds. Past it the expression is not
+//!   run; it fails like any run-time error and the Policy's failurePolicy decides.
+//! * *Isolation*: the async runtime's worker threads only accept connections, read bodies,
+//!   parse reviews and serve the admin port (`/readyz`, `/livez`, `/metrics`). Matching and
+//!   evaluation run on the blocking pool, at most [`EVALUATIONS_IN_FLIGHT`] at once. Reviews
+//!   for an entry with a heavy Policy (an expression estimated over
+//!   [`crate::engine::cost::HEAVY`]) also take turns on half the CPUs, so however many slow
+//!   reviews arrive, a cheap review and a probe still find a CPU (`tests/webhook_isolation.rs`:
+//!   both answer within 100 ms while 8 slow and 8 over-budget reviews are in flight).
 mod handler;
 mod namespaces;
 mod serve;
 mod store;
 
-pub use handler::{BODY_READ_TIMEOUT, Route, WebhookState, handle};
+pub use handler::{
+    BODY_READ_TIMEOUT, EVALUATIONS_IN_FLIGHT, Route, WebhookState, handle,
+    heavy_evaluations_in_flight,
+};
 pub use namespaces::Namespaces;
 pub use serve::{Handler, serve_http, serve_tls};
 pub use store::{Lookup, PolicyStore, RETIRED_GRACE};

@@ -1,0 +1,255 @@
+//! What one CEL expression may cost, so that no Policy can stall admission.
+//!
+//! **The model.** Evaluating a node of the expression costs 1; a comprehension (the macros
+//! `all`, `exists`, `exists_one`, `map`, `filter`) costs its range, plus its condition and step
+//! once per element, plus its result; so nested comprehensions multiply. Functions that walk a
+//! whole collection (`in` on a list, `join`, `sum`, `min`, `max`, `flatten`, `sort`, `distinct`,
+//! `reverse`, `indexOf`, `lastIndexOf`) cost its size. A list or map literal has its own size;
+//! what `map` or `filter` produce is no larger than their range; any other collection (one read
+//! from the request) is assumed to hold `n` elements.
+//!
+//! **At write time** ([`check`]) `n` is [`ASSUMED_COLLECTION_SIZE`], and an expression estimated
+//! over [`COST_BUDGET`] is refused with its estimate. **At run time** the same estimate is made
+//! with `n` = the size of the largest collection the request actually holds, before evaluating
+//! ([`over_budget`]): past the budget the expression fails like any run-time error (the Policy's
+//! failurePolicy decides) and never starts. Estimating before rather than counting during
+//! evaluation is what this CEL implementation allows (it has no step counter to interrupt), and
+//! the estimate is an upper bound of the work, so nothing over the budget ever runs.
+use ::cel::Program;
+use ::cel::common::ast::{EntryExpr, Expr, IdedExpr};
+
+/// Largest estimated cost of one expression. Two comprehensions nested over collections of the
+/// assumed size fit (about 10^5 for a typical body); three do not (about 10^7).
+pub const COST_BUDGET: u64 = 1_000_000;
+
+/// Estimated cost above which an expression is heavy: a comprehension over a collection nested
+/// in another (10^4 and more); a single one over a collection of the assumed size stays below.
+pub const HEAVY: u64 = 10_000;
+
+/// Assumed size of a collection whose size is unknown when a Policy is written: a Pod's
+/// containers, a label map, a Service's ports are well below it.
+pub const ASSUMED_COLLECTION_SIZE: u64 = 100;
+
+/// Functions whose cost grows with the size of the collection they are given.
+const COLLECTION_FUNCTIONS: &[&str] = &[
+    "@in",
+    "join",
+    "sum",
+    "min",
+    "max",
+    "flatten",
+    "sort",
+    "sortBy",
+    "distinct",
+    "reverse",
+    "indexOf",
+    "lastIndexOf",
+];
+
+/// The worst-case cost of `program` when no collection from the request holds more than `n`
+/// elements.
+pub fn estimate(program: &Program, n: u64) -> u64 {
+    walk(program.expression(), n).cost
+}
+
+/// Whether the cost of `program` depends on the size of collections it reads from the request
+/// (it has a comprehension or a collection function over one).
+pub fn depends_on_input(program: &Program) -> bool {
+    estimate(program, 1) != estimate(program, 2)
+}
+
+/// Why an expression is refused when the Policy is written.
+pub fn check(program: &Program) -> Result<(), String> {
+    let cost = estimate(program, ASSUMED_COLLECTION_SIZE);
+    if cost > COST_BUDGET {
+        return Err(format!(
+            "estimated cost {cost} exceeds the budget of {COST_BUDGET} (nested comprehensions \
+             multiply; a collection of unknown size is assumed to hold \
+             {ASSUMED_COLLECTION_SIZE} elements)"
+        ));
+    }
+    Ok(())
+}
+
+/// At run time, with the largest collection of the request holding `largest` elements: the
+/// reason `program` must not run, if its estimate exceeds the budget.
+pub fn over_budget(program: &Program, largest: u64) -> Option<String> {
+    if largest <= ASSUMED_COLLECTION_SIZE {
+        // Within what the write-time check allowed.
+        return None;
+    }
+    let cost = estimate(program, largest);
+    (cost > COST_BUDGET).then(|| {
+        format!(
+            "cost budget exceeded: with collections of up to {largest} elements the estimated \
+             cost is {cost}, over the budget of {COST_BUDGET}; not evaluated"
+        )
+    })
+}
+
+/// A node's cost, and the size of the collection it yields when that is known.
+struct Walked {
+    cost: u64,
+    size: Option<u64>,
+}
+
+fn walk(expr: &IdedExpr, n: u64) -> Walked {
+    let unknown = |cost| Walked { cost, size: None };
+    match &expr.expr {
+        Expr::Literal(_) | Expr::Ident(_) | Expr::Unspecified => unknown(1),
+        Expr::Select(select) => unknown(walk(&select.operand, n).cost.saturating_add(1)),
+        Expr::List(list) => Walked {
+            cost: list
+                .elements
+                .iter()
+                .fold(1u64, |acc, e| acc.saturating_add(walk(e, n).cost)),
+            size: Some(list.elements.len() as u64),
+        },
+        Expr::Map(map) => Walked {
+            cost: entries(&map.entries, n),
+            size: Some(map.entries.len() as u64),
+        },
+        Expr::Struct(s) => unknown(entries(&s.entries, n)),
+        Expr::Call(call) => {
+            let mut cost: u64 = 1;
+            let mut largest: u64 = 0;
+            for operand in call.target.iter().map(|t| t.as_ref()).chain(&call.args) {
+                let w = walk(operand, n);
+                cost = cost.saturating_add(w.cost);
+                largest = largest.max(w.size.unwrap_or(n));
+            }
+            if COLLECTION_FUNCTIONS.contains(&call.func_name.as_str()) {
+                cost = cost.saturating_add(largest);
+            }
+            unknown(cost)
+        }
+        Expr::Comprehension(c) => {
+            let range = walk(&c.iter_range, n);
+            let elements = range.size.unwrap_or(n);
+            let per_element = walk(&c.loop_cond, n)
+                .cost
+                .saturating_add(walk(&c.loop_step, n).cost);
+            let cost = range
+                .cost
+                .saturating_add(walk(&c.accu_init, n).cost)
+                .saturating_add(elements.saturating_mul(per_element))
+                .saturating_add(walk(&c.result, n).cost);
+            // `map` and `filter` yield at most one element per element of their range.
+            Walked {
+                cost,
+                size: Some(elements),
+            }
+        }
+    }
+}
+
+fn entries(entries: &[::cel::common::ast::IdedEntryExpr], n: u64) -> u64 {
+    entries.iter().fold(1u64, |acc, entry| match &entry.expr {
+        EntryExpr::StructField(f) => acc.saturating_add(walk(&f.value, n).cost),
+        EntryExpr::MapEntry(m) => acc
+            .saturating_add(walk(&m.key, n).cost)
+            .saturating_add(walk(&m.value, n).cost),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cel::compile;
+
+    fn at(src: &str, n: u64) -> u64 {
+        estimate(&compile(src).unwrap(), n)
+    }
+
+    #[test]
+    fn nested_comprehensions_multiply() {
+        let one = at("object.items.all(a, a > 0)", 100);
+        let two = at("object.items.all(a, object.items.all(b, a + b > 0))", 100);
+        let three = at(
+            "object.items.all(a, object.items.all(b, object.items.all(c, a + b + c > 0)))",
+            100,
+        );
+        assert!((100..1_000).contains(&one), "{one}");
+        assert!((10_000..100_000).contains(&two), "{two}");
+        assert!(three > 1_000_000, "{three}");
+        assert!(
+            check(&compile("object.items.all(a, object.items.all(b, a + b > 0))").unwrap()).is_ok()
+        );
+        let err = check(
+            &compile(
+                "object.items.all(a, object.items.all(b, object.items.all(c, a + b + c > 0)))",
+            )
+            .unwrap(),
+        )
+        .unwrap_err();
+        assert!(err.contains("exceeds the budget of 1000000"), "{err}");
+    }
+
+    #[test]
+    fn literal_ranges_count_their_own_length() {
+        // The issue's example: four nested all() over a 40-element literal, 2.56 million steps.
+        let list: Vec<String> = (0..40).map(|i| i.to_string()).collect();
+        let l = format!("[{}]", list.join(","));
+        let src = format!("{l}.all(a, {l}.all(b, {l}.all(c, {l}.all(d, a+b+c+d >= 0))))");
+        let p = compile(&src).unwrap();
+        let cost = estimate(&p, 1);
+        assert!(cost > 2_560_000, "{cost}");
+        assert_eq!(
+            cost,
+            estimate(&p, 1_000),
+            "literal sizes do not depend on the input"
+        );
+        assert!(!depends_on_input(&p));
+        assert!(check(&p).unwrap_err().contains("estimated cost"));
+        assert!(at("[1, 2, 3].all(x, x > 0)", 100) < 50);
+    }
+
+    #[test]
+    fn macros_and_what_they_yield() {
+        // map's output is no larger than its range: iterating it again adds, not multiplies.
+        let chained = at("object.items.map(x, x * 2).all(y, y > 0)", 100);
+        let nested = at("object.items.all(x, object.items.all(y, x > y))", 100);
+        assert!(chained * 10 < nested, "{chained} vs {nested}");
+        for src in [
+            "object.items.exists(x, x == 1)",
+            "object.items.exists_one(x, x == 1)",
+            "object.items.filter(x, x > 1).size() > 0",
+            "object.metadata.labels.all(k, k.startsWith('a'))",
+        ] {
+            let p = compile(src).unwrap();
+            assert!(depends_on_input(&p), "{src}");
+            assert!(estimate(&p, 1_000) > 10 * estimate(&p, 10), "{src}");
+        }
+    }
+
+    #[test]
+    fn string_and_collection_functions() {
+        let simple = at(
+            "object.metadata.name.startsWith('web-') && object.metadata.name.matches('^[a-z]+$')",
+            100,
+        );
+        assert!(simple < 20, "string functions are one step each: {simple}");
+        assert!(!depends_on_input(
+            &compile("object.metadata.name.contains('x')").unwrap()
+        ));
+        let joined = at("object.items.join(',') == ''", 100);
+        assert!(joined > 100, "join walks the list: {joined}");
+        let membership = at("'a' in object.items", 1_000);
+        assert!(membership > 1_000, "in walks the list: {membership}");
+    }
+
+    #[test]
+    fn at_run_time_only_large_collections_are_judged_again() {
+        let p = compile("object.items.all(a, object.items.all(b, a + b > 0))").unwrap();
+        assert_eq!(over_budget(&p, 100), None);
+        let reason = over_budget(&p, 1_000).unwrap();
+        assert!(
+            reason.contains("cost budget exceeded") && reason.contains("1000 elements"),
+            "{reason}"
+        );
+        assert_eq!(
+            over_budget(&compile("object.items.all(a, a > 0)").unwrap(), 10_000),
+            None
+        );
+    }
+}
