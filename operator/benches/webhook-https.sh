@@ -136,7 +136,7 @@ if [[ "${GROUP:-1}" == 1 ]]; then
     [[ "$resp" == *'"allowed":true'* && "$resp" == *'"patchType":"JSONPatch"'* ]] \
         || die "group $group_path did not return an allowed JSONPatch: $resp"
     patch="$(sed -n 's/.*"patch":"\([^"]*\)".*/\1/p' <<<"$resp" | base64 -d)"
-    for want in cost-center mesh.internal proxy BPF seccompProfile dedicated TZ; do
+    for want in cost-center mesh.internal proxy BPF runAsNonRoot TZ; do
         [[ "$patch" == *"$want"* ]] || die "group patch lacks $want (not all eight Policies ran): $patch"
     done
     say "group $group_path: allowed, one JSONPatch with $(grep -o '"op"' <<<"$patch" | wc -l) operations from eight Policies"

@@ -289,6 +289,7 @@ fn an_if_needed_group_reruns_members_until_the_chain_settles() {
     // Called again with its own output (the API server's reinvocation): nothing to do.
     let mut again = req.clone();
     again.object = if_needed.object.clone();
+    assert!(again.object.is_some());
     let twice = chain::mutate(&again, &[&a, &b], ReinvocationPolicy::IfNeeded, ASSUMED);
     assert!(
         twice.response.patch.0.is_empty(),

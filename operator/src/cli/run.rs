@@ -93,9 +93,21 @@ pub struct RunArgs {
     #[arg(long, env = "GATEHOUSE_GC_GRACE", default_value = "30s", value_parser = super::duration::parse)]
     pub gc_grace: Duration,
 
-    /// Log as JSON lines instead of text.
-    #[arg(long, env = "GATEHOUSE_LOG_JSON")]
-    pub log_json: bool,
+    /// Log format: `plain` text or `json` lines. The level comes from RUST_LOG (default info).
+    #[arg(long, env = "GATEHOUSE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    pub log_format: LogFormat,
+
+    /// The ClusterRole of the installation, made owner of the webhook configurations so that
+    /// uninstalling removes them; empty for none.
+    #[arg(long, env = "GATEHOUSE_OWNER_CLUSTER_ROLE", default_value = "gatehouse")]
+    pub owner_cluster_role: String,
+}
+
+/// How `gatehouse run` logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Plain,
+    Json,
 }
 
 impl RunArgs {
@@ -176,11 +188,13 @@ impl RunArgs {
 
 /// Runs the operator until SIGTERM or SIGINT.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    telemetry::init_logging(args.log_json);
+    telemetry::init_logging(args.log_format == LogFormat::Json);
     let (endpoint, sans) = args.endpoint()?;
     let wiring = Wiring {
         endpoint,
         excluded_namespaces: args.excluded_namespaces(),
+        owner_cluster_role: Some(args.owner_cluster_role.clone()).filter(|n| !n.is_empty()),
+        owner: None,
     };
     let client = kube::Client::try_default()
         .await

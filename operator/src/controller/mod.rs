@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -140,6 +141,8 @@ struct Applied {
     rejected: HashMap<String, (Option<String>, Option<i64>, String)>,
     /// Policies whose match conditions the API server accepted, by name: (uid, generation).
     conditions_checked: HashMap<String, (Option<String>, Option<i64>)>,
+    /// The owner of the configurations, once read.
+    owner: Option<OwnerReference>,
 }
 
 /// The caches a pass reads.
@@ -381,13 +384,14 @@ async fn wire(
             p.name_any() == *name && p.metadata.uid == *uid && p.metadata.generation == *generation
         })
     });
-    check_conditions(ctx, valid, bundle, applied).await?;
+    let wiring = owned_wiring(ctx, applied).await;
+    check_conditions(ctx, &wiring, valid, bundle, applied).await?;
     let candidates: Vec<&Policy> = valid
         .iter()
         .map(|p| p.as_ref())
         .filter(|p| !applied.rejected.contains_key(&p.name_any()))
         .collect();
-    let desired = wiring::desired(&candidates, &ctx.wiring, bundle);
+    let desired = wiring::desired(&candidates, &wiring, bundle);
     let first = apply_both(ctx, caches, desired, applied, leader).await;
     if !matches!(&first, Err(ReconcileError::ApplyConfiguration { source: kube::Error::Api(e), .. }) if e.code == 422)
     {
@@ -397,7 +401,7 @@ async fn wire(
         warn!(error = %e, "the API server refused the configurations; finding the Policy to blame");
     }
     let (_, refused) = isolate::refused(candidates, |subset: Vec<&Policy>| {
-        let desired = wiring::desired(&subset, &ctx.wiring, bundle);
+        let desired = wiring::desired(&subset, &wiring, bundle);
         dry_run_both(ctx, desired)
     })
     .await
@@ -421,8 +425,33 @@ async fn wire(
         .map(|p| p.as_ref())
         .filter(|p| !applied.rejected.contains_key(&p.name_any()))
         .collect();
-    let desired = wiring::desired(&kept, &ctx.wiring, bundle);
+    let desired = wiring::desired(&kept, &wiring, bundle);
     apply_both(ctx, caches, desired, applied, leader).await
+}
+
+/// The wiring with its owner: the installation's ClusterRole, read once (and again each pass
+/// until it is found). Without it (not installed with `config/default`, or not readable) the
+/// configurations have no owner.
+async fn owned_wiring(ctx: &Context, applied: &mut Applied) -> Wiring {
+    let mut wiring = ctx.wiring.clone();
+    if applied.owner.is_none()
+        && let Some(name) = &wiring.owner_cluster_role
+    {
+        let api: Api<ClusterRole> = Api::all(ctx.client.clone());
+        match api.get_opt(name).await {
+            Ok(Some(role)) => {
+                applied.owner = role.controller_owner_ref(&()).map(|mut o| {
+                    // An owner, not a controller: nothing else manages the configurations.
+                    o.controller = None;
+                    o
+                });
+            }
+            Ok(None) => debug!(%name, "owner ClusterRole not found; configurations have no owner"),
+            Err(e) => debug!(%name, error = %e, "owner ClusterRole not readable; configurations have no owner"),
+        }
+    }
+    wiring.owner = applied.owner.clone();
+    wiring
 }
 
 /// Has the API server judge the match conditions of every Policy it has not judged yet (in this
@@ -430,6 +459,7 @@ async fn wire(
 /// Policies join `applied.rejected` with the API server's message.
 async fn check_conditions(
     ctx: &Context,
+    wiring: &Wiring,
     valid: &[Arc<Policy>],
     bundle: &str,
     applied: &mut Applied,
@@ -449,7 +479,7 @@ async fn check_conditions(
         return Ok(());
     }
     let accepted = |subset: Vec<&Policy>| {
-        let check = wiring::condition_check(&subset, &ctx.wiring, bundle);
+        let check = wiring::condition_check(&subset, wiring, bundle);
         dry_run(ctx, check, wiring::CONDITION_CHECK_NAME)
     };
     let (good, refused) = match accepted(unchecked.clone()).await? {

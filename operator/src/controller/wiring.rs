@@ -16,7 +16,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ServiceReference, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+    LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
 };
 
 use crate::api::v1alpha1::{GROUP, Policy, Rule};
@@ -88,6 +88,12 @@ pub struct Wiring {
     pub endpoint: Endpoint,
     /// Namespaces no Policy ever touches: kube-system and friends plus Gatehouse's own.
     pub excluded_namespaces: Vec<String>,
+    /// Name of the installation's ClusterRole, which owns both configurations: deleting the
+    /// installation lets the garbage collector remove them, so an uninstalled Gatehouse leaves
+    /// no webhook behind to lock the cluster out.
+    pub owner_cluster_role: Option<String>,
+    /// That ClusterRole as an owner reference, once read.
+    pub owner: Option<OwnerReference>,
 }
 
 /// The desired pair of configurations.
@@ -123,20 +129,22 @@ pub fn desired(policies: &[&Policy], wiring: &Wiring, ca_bundle: &str) -> Desire
     let all: Vec<&Group> = groups.iter().collect();
     // Plain structs of strings always serialise.
     let annotation = serde_json::to_string(&all).unwrap_or_default();
+    let metadata = owned_meta(&annotation, wiring.owner.as_ref());
     Desired {
         mutating: MutatingWebhookConfiguration {
-            metadata: owned_meta(&annotation),
+            metadata: metadata.clone(),
             webhooks: Some(mutating),
         },
         validating: ValidatingWebhookConfiguration {
-            metadata: owned_meta(&annotation),
+            metadata,
             webhooks: Some(validating),
         },
     }
 }
 
-fn owned_meta(groups: &str) -> ObjectMeta {
+fn owned_meta(groups: &str, owner: Option<&OwnerReference>) -> ObjectMeta {
     ObjectMeta {
+        owner_references: owner.map(|o| vec![o.clone()]),
         name: Some(CONFIGURATION_NAME.to_string()),
         labels: Some(BTreeMap::from([(
             MANAGED_BY_LABEL.0.to_string(),
@@ -171,7 +179,7 @@ pub fn condition_check(
             validating_entry(&Entry::new(&g, &[p], wiring, ca_bundle))
         })
         .collect();
-    let mut metadata = owned_meta("[]");
+    let mut metadata = owned_meta("[]", None);
     metadata.name = Some(CONDITION_CHECK_NAME.to_string());
     ValidatingWebhookConfiguration {
         metadata,
@@ -468,6 +476,8 @@ mod tests {
                 "kube-node-lease".into(),
                 "gatehouse-system".into(),
             ],
+            owner_cluster_role: None,
+            owner: None,
         }
     }
 
@@ -615,6 +625,8 @@ mod tests {
                 base: "https://127.0.0.1:9443/".into(),
             },
             excluded_namespaces: vec![],
+            owner_cluster_role: None,
+            owner: None,
         };
         let p = policy("p", 1, true, false);
         let d = desired(&[&p], &w, "CA");

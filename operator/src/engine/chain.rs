@@ -15,13 +15,14 @@
 //!
 //! Pure: [`Evaluated`] reports what each member did and how long it took, for the caller's
 //! per-Policy metrics.
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use super::matcher::{self, MatchError, Namespace};
 use super::review::{self, Phase, Request, Response};
-use super::{CompiledPolicy, diff};
+use super::CompiledPolicy;
 use crate::api::v1alpha1::{FailurePolicy, ReinvocationPolicy};
 
 /// What one member did with the request.
@@ -66,7 +67,7 @@ pub struct Evaluated {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Outcome {
     pub response: Response,
-    /// The object after the chain (mutating), or as judged (validating).
+    /// The object after the chain, when a member changed it (`None`: unchanged).
     pub object: Option<Value>,
     pub evaluated: Vec<Evaluated>,
 }
@@ -87,11 +88,7 @@ pub fn mutate(
     reinvocation: ReinvocationPolicy,
     scope: Scope<'_>,
 ) -> Outcome {
-    let mut chain = Chain {
-        current: req.clone(),
-        warnings: Vec::new(),
-        evaluated: Vec::new(),
-    };
+    let mut chain = Chain::new(req);
     // When (by step count) each member last ran, and when the object last changed.
     let mut last_ran: Vec<Option<usize>> = vec![None; members.len()];
     let mut last_change = 0;
@@ -122,7 +119,7 @@ pub fn mutate(
             .filter(|&i| last_ran[i].is_some_and(|t| t < last_change))
             .collect();
         if order.is_empty() {
-            return chain.finish(req);
+            return chain.finish();
         }
     }
     if reinvocation == ReinvocationPolicy::IfNeeded {
@@ -136,27 +133,33 @@ pub fn mutate(
                 .join(", ")
         ));
     }
-    chain.finish(req)
+    chain.finish()
 }
 
-/// The working copy of a mutating group request.
-struct Chain {
-    current: Request,
+/// The working copy of a mutating group request: borrowed until a member changes it.
+struct Chain<'r> {
+    current: Cow<'r, Request>,
+    /// Every member's patch, in order: applied to the original one after the other (as the API
+    /// server applies a JSONPatch), they give `current`. No final diff of the whole object.
+    patch: Vec<json_patch::PatchOperation>,
     warnings: Vec<String>,
     evaluated: Vec<Evaluated>,
 }
 
-impl Chain {
+impl<'r> Chain<'r> {
+    fn new(req: &'r Request) -> Self {
+        Chain {
+            current: Cow::Borrowed(req),
+            patch: Vec::new(),
+            warnings: Vec::new(),
+            evaluated: Vec::new(),
+        }
+    }
+
     fn step(&mut self, policy: &CompiledPolicy, scope: Scope<'_>) -> Result<Decision, Response> {
         let started = Instant::now();
         let mut over_budget = false;
-        let step = mutate_step(
-            &mut self.current,
-            policy,
-            scope,
-            &mut self.warnings,
-            &mut over_budget,
-        );
+        let step = mutate_step(self, policy, scope, &mut over_budget);
         self.evaluated.push(Evaluated {
             policy: policy.name().to_string(),
             decision: step.as_ref().map_or(Decision::Denied, |d| *d),
@@ -166,27 +169,42 @@ impl Chain {
         step
     }
 
+    /// Applies `patch` to the working copy and records it.
+    fn apply(&mut self, patch: json_patch::Patch) -> Result<(), json_patch::PatchError> {
+        if let Some(object) = self.current.to_mut().object.as_mut() {
+            json_patch::patch(object, &patch)?;
+            self.patch.extend(patch.0);
+        }
+        Ok(())
+    }
+
+    fn object(self) -> Option<Value> {
+        match self.current {
+            Cow::Owned(r) => r.object,
+            Cow::Borrowed(_) => None,
+        }
+    }
+
     fn denied(self, denial: Response) -> Outcome {
         Outcome {
             response: Response {
                 warnings: distinct(self.warnings),
                 ..denial
             },
-            object: self.current.object,
+            object: None,
             evaluated: self.evaluated,
         }
     }
 
-    fn finish(self, original: &Request) -> Outcome {
+    fn finish(mut self) -> Outcome {
         let mut response = Response::allow();
-        if let (Some(before), Some(after)) = (&original.object, &self.current.object) {
-            response.patch = diff::diff(before, after);
-        }
-        response.warnings = distinct(self.warnings);
+        response.patch = json_patch::Patch(std::mem::take(&mut self.patch));
+        response.warnings = distinct(std::mem::take(&mut self.warnings));
+        let evaluated = std::mem::take(&mut self.evaluated);
         Outcome {
             response,
-            object: self.current.object,
-            evaluated: self.evaluated,
+            object: self.object(),
+            evaluated,
         }
     }
 }
@@ -230,7 +248,7 @@ pub fn validate(req: &Request, members: &[&CompiledPolicy], scope: Scope<'_>) ->
     response.warnings = distinct(warnings);
     Outcome {
         response,
-        object: req.object.clone(),
+        object: None,
         evaluated,
     }
 }
@@ -299,35 +317,31 @@ fn offered(
     }
 }
 
-/// Offers `current` to one mutating member and applies its patch, as the API server does.
+/// Offers the working copy to one mutating member and applies its patch, as the API server
+/// does.
 fn mutate_step(
-    current: &mut Request,
+    chain: &mut Chain<'_>,
     policy: &CompiledPolicy,
     scope: Scope<'_>,
-    warnings: &mut Vec<String>,
     over_budget: &mut bool,
 ) -> Result<Decision, Response> {
-    if let Some(decision) = offered(current, policy, scope, warnings, over_budget)? {
+    if let Some(decision) = offered(&chain.current, policy, scope, &mut chain.warnings, over_budget)? {
         return Ok(decision);
     }
-    let resp = review::review(current, policy, Phase::Mutating);
+    let resp = review::review(&chain.current, policy, Phase::Mutating);
     *over_budget |= resp.over_budget;
-    let ignored = resp.warnings.iter().any(|w| w.ends_with(IGNORED_SUFFIX));
-    warnings.extend(resp.warnings.iter().cloned());
+    chain.warnings.extend(resp.warnings.iter().cloned());
     if !resp.allowed {
         return Err(resp);
     }
     if !resp.patched() {
-        return Ok(if ignored {
+        return Ok(if resp.ignored {
             Decision::Ignored
         } else {
             Decision::Allowed
         });
     }
-    let Some(object) = current.object.as_mut() else {
-        return Ok(Decision::Allowed);
-    };
-    json_patch::patch(object, &resp.patch).map_err(|e| {
+    chain.apply(resp.patch).map_err(|e| {
         Response::deny(
             500,
             "InternalError",
@@ -336,9 +350,6 @@ fn mutate_step(
     })?;
     Ok(Decision::Patched)
 }
-
-/// How [`review::review`] ends the warning of a mutation skipped under `Ignore`.
-const IGNORED_SUFFIX: &str = "(skipped: failurePolicy is Ignore)";
 
 /// The whole admission chain for `policies`, as the API server runs their entries: the mutating
 /// groups in order, each entry once, then once more for an `IfNeeded` entry that ran before a
@@ -360,11 +371,7 @@ pub fn admit(req: &Request, policies: &[&CompiledPolicy], namespace: Namespace<'
         namespace,
         matched: false,
     };
-    let mut chain = Chain {
-        current: req.clone(),
-        warnings: Vec::new(),
-        evaluated: Vec::new(),
-    };
+    let mut chain = Chain::new(req);
     let mut invoked: Vec<usize> = Vec::new();
     let mut again = vec![false; groups.mutating.len()];
     let entry = |chain: &mut Chain, g: &super::group::Group| -> Result<(bool, bool), Response> {
@@ -379,8 +386,9 @@ pub fn admit(req: &Request, policies: &[&CompiledPolicy], namespace: Namespace<'
             return Err(out.response);
         }
         let changed = out.response.patched();
-        if changed {
-            chain.current.object = out.object;
+        if let Some(object) = out.object {
+            chain.current.to_mut().object = Some(object);
+            chain.patch.extend(out.response.patch.0);
         }
         Ok((ran, changed))
     };
@@ -415,6 +423,6 @@ pub fn admit(req: &Request, policies: &[&CompiledPolicy], namespace: Namespace<'
     }
     match combine(denials) {
         Some(denial) => chain.denied(denial),
-        None => chain.finish(req),
+        None => chain.finish(),
     }
 }

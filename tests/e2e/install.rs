@@ -1,0 +1,172 @@
+//! The installation's RBAC and uninstall, on the plain control plane: Gatehouse runs under the
+//! ServiceAccount of `config/rbac` (a TokenRequest token, so the API server enforces exactly the
+//! manifests' rules), does everything it does, is refused what it should not do, and deleting
+//! the installation's ClusterRole removes its webhook configurations.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, ensure};
+use gatehouse_e2e::gatehouse::{self, Gatehouse, Options, remove_pool};
+use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
+use serde_json::{Value, json};
+
+use crate::operator::{WAIT, apply, await_ready, container_names, get_json, pod, stderr, unique};
+
+/// `config/rbac` rendered by kustomize, bound in `namespace` instead of gatehouse-system.
+async fn install_rbac(cluster: &Cluster, namespace: &str) -> anyhow::Result<()> {
+    let dir = cluster.repo_root().join("config/rbac");
+    let rendered = cluster
+        .kubectl_ok(["kustomize", &dir.to_string_lossy()], None)
+        .await?;
+    let rendered = rendered.replace("namespace: gatehouse-system", &format!("namespace: {namespace}"));
+    cluster
+        .kubectl_ok(["apply", "-n", namespace, "-f", "-"], Some(&rendered))
+        .await?;
+    Ok(())
+}
+
+/// A kubeconfig for the API server of `admin` that authenticates with `token`.
+fn token_kubeconfig(admin: &Path, token: &str, out: PathBuf) -> anyhow::Result<PathBuf> {
+    let text = std::fs::read_to_string(admin).with_context(|| format!("reading {}", admin.display()))?;
+    let mut config: Value = serde_yaml::from_str(&text)?;
+    let users = config["users"].as_array_mut().context("kubeconfig users")?;
+    for user in users {
+        user["user"] = json!({"token": token});
+    }
+    std::fs::write(&out, serde_yaml::to_string(&config)?)?;
+    Ok(out)
+}
+
+/// kubectl as the ServiceAccount.
+async fn as_gatehouse(
+    cluster: &Cluster,
+    kubeconfig: &Path,
+    args: &[&str],
+) -> anyhow::Result<std::process::Output> {
+    let mut full = vec!["--kubeconfig", kubeconfig.to_str().context("kubeconfig path")?];
+    full.extend_from_slice(args);
+    cluster.kubectl_output(full, None).await
+}
+
+#[tokio::test]
+async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
+    run_test(|cluster| async move {
+        let _serial = gatehouse::exclusive().await;
+        let home = TestNamespace::new(cluster, "gh-rbac-home").await?;
+        let ns = TestNamespace::new(cluster, "gh-rbac").await?;
+        let id = unique(&ns);
+        let _role = cluster.delete_on_drop("clusterrole", "gatehouse", None);
+        let _binding = cluster.delete_on_drop("clusterrolebinding", "gatehouse", None);
+        install_rbac(cluster, home.name()).await?;
+        let token = cluster
+            .kubectl_ok(["create", "token", "gatehouse", "-n", home.name(), "--duration=1h"], None)
+            .await?;
+        let kubeconfig = token_kubeconfig(
+            cluster.kubeconfig(),
+            token.trim(),
+            cluster.state_dir().join(format!("kubeconfig-sa-{id}")),
+        )?;
+        let mut gh = Gatehouse::start(
+            cluster,
+            home.name(),
+            Options::url().kubeconfig(kubeconfig.clone()),
+        )
+        .await?;
+        let (inject, ipam, pool) = (format!("inject-{id}"), format!("ipam-{id}"), format!("pool-{id}"));
+        let result = async {
+            // Everything Gatehouse does, under the ServiceAccount: TLS Secret and Leases in its
+            // namespace, configurations, Policy status, the Namespace watch, Pods and IPAM.
+            let rules = json!([{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}]);
+            let selector = json!({"matchLabels": {"kubernetes.io/metadata.name": ns.name()}});
+            for doc in [
+                json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "IPPool", "metadata": {"name": pool}, "spec": {"cidr": "10.77.0.0/24"}}),
+                json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": inject}, "spec": {
+                    "match": {"rules": rules, "namespaceSelector": selector},
+                    "mutate": [{"merge": {"spec": {"containers": [{"name": "proxy", "image": "example.com/proxy:1"}]}}}],
+                }}),
+                json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": ipam}, "spec": {
+                    "match": {"rules": rules, "namespaceSelector": selector},
+                    "effects": [{"ipam": {"pool": pool}}],
+                }}),
+            ] {
+                apply(cluster, &doc.to_string()).await?;
+            }
+            await_ready(cluster, &inject, "True").await?;
+            await_ready(cluster, &ipam, "True").await?;
+            let placed = await_condition("a mutated Pod with an address", WAIT, || async {
+                let _ = cluster.kubectl_output(["create", "-f", "-"], Some(&pod("web", ns.name()))).await?;
+                let p = get_json(cluster, &["pod", "web", "-n", ns.name()]).await?;
+                Ok(p.filter(|p| {
+                    container_names(p) == ["app", "proxy"]
+                        && p["metadata"]["annotations"]["gatehouse.dev/ip"].is_string()
+                }))
+            })
+            .await?;
+            eprintln!("placed at {}", placed["metadata"]["annotations"]["gatehouse.dev/ip"]);
+            let secret = get_json(cluster, &["secret", "gatehouse-tls", "-n", home.name()]).await?;
+            ensure!(secret.is_some(), "no TLS Secret");
+
+            // Owned by the installation's ClusterRole.
+            let role = get_json(cluster, &["clusterrole", "gatehouse"]).await?.context("role")?;
+            for kind in ["mutatingwebhookconfiguration", "validatingwebhookconfiguration"] {
+                let cfg = get_json(cluster, &[kind, "gatehouse"]).await?.context("configuration")?;
+                let owner = &cfg["metadata"]["ownerReferences"][0];
+                ensure!(
+                    owner["kind"] == "ClusterRole" && owner["uid"] == role["metadata"]["uid"],
+                    "{kind} is not owned by the ClusterRole: {}",
+                    cfg["metadata"]
+                );
+            }
+
+            // Nothing more: what it must not do is forbidden for its identity.
+            let foreign = format!("e2e-foreign-{id}");
+            let _foreign = cluster.delete_on_drop("validatingwebhookconfiguration", &foreign, None);
+            apply(cluster, &json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration", "metadata": {"name": foreign}, "webhooks": []}).to_string()).await?;
+            for (what, args) in [
+                ("reading Secrets of another namespace", vec!["get", "secrets", "-n", "kube-system"]),
+                ("reading a Secret of its own namespace but not its own", vec!["get", "secret", "other", "-n", home.name()]),
+                ("patching a webhook configuration it does not own", vec!["patch", "validatingwebhookconfiguration", &foreign, "--type=merge", "-p", r#"{"metadata":{"labels":{"taken":"yes"}}}"#]),
+                ("deleting a Pod", vec!["delete", "pod", "web", "-n", ns.name()]),
+                ("editing a Policy", vec!["label", "policy", &inject, "taken=yes"]),
+            ] {
+                let out = as_gatehouse(cluster, &kubeconfig, &args).await?;
+                ensure!(
+                    !out.status.success() && stderr(&out).contains("Forbidden"),
+                    "{what} was not forbidden: {}",
+                    stderr(&out)
+                );
+            }
+
+            // The IPAM pool goes while Gatehouse can still release it.
+            cluster.kubectl_ok(["delete", "pod", "web", "-n", ns.name(), "--wait=true"], None).await?;
+            remove_pool(cluster, &pool, &ipam).await?;
+
+            // Uninstall without Gatehouse's help: it dies (a Fail entry stays behind), then the
+            // installation's ClusterRole goes, as `kubectl delete -k config/default` does.
+            gh.kill().await?;
+            cluster.kubectl_ok(["delete", "clusterrole", "gatehouse"], None).await?;
+            await_condition("configurations collected", Duration::from_secs(60), || async {
+                let m = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"]).await?;
+                let v = get_json(cluster, &["validatingwebhookconfiguration", "gatehouse"]).await?;
+                Ok((m.is_none() && v.is_none()).then_some(()))
+            })
+            .await?;
+            let out = cluster.kubectl_output(["create", "-f", "-", "-o", "json"], Some(&pod("after", ns.name()))).await?;
+            ensure!(out.status.success(), "a Pod after uninstalling: {}", stderr(&out));
+            let after: Value = serde_json::from_slice(&out.stdout)?;
+            ensure!(container_names(&after) == ["app"], "mutated after uninstalling: {after}");
+            Ok(())
+        }
+        .await;
+        cluster
+            .kubectl_ok(["delete", "policy", &inject, &ipam, "--ignore-not-found", "--wait=false"], None)
+            .await?;
+        remove_pool(cluster, &pool, &ipam).await.ok();
+        gh.shutdown().await.ok();
+        ns.cleanup().await?;
+        home.cleanup().await?;
+        result
+    })
+    .await;
+}
