@@ -5,6 +5,9 @@ COPY Cargo.toml Cargo.lock rustfmt.toml ./
 COPY operator ./operator
 COPY tests ./tests
 COPY crds ./crds
+# A container build has no .git: pass the revision for `gatehouse --version`.
+ARG GATEHOUSE_REVISION=unknown
+ENV GATEHOUSE_REVISION=${GATEHOUSE_REVISION}
 RUN cargo build --release --locked -p gatehouse --bin gatehouse
 
 FROM gcr.io/distroless/cc-debian12:nonroot

@@ -19,7 +19,10 @@ async fn install_rbac(cluster: &Cluster, namespace: &str) -> anyhow::Result<()> 
     let rendered = cluster
         .kubectl_ok(["kustomize", &dir.to_string_lossy()], None)
         .await?;
-    let rendered = rendered.replace("namespace: gatehouse-system", &format!("namespace: {namespace}"));
+    let rendered = rendered.replace(
+        "namespace: gatehouse-system",
+        &format!("namespace: {namespace}"),
+    );
     cluster
         .kubectl_ok(["apply", "-n", namespace, "-f", "-"], Some(&rendered))
         .await?;
@@ -28,7 +31,8 @@ async fn install_rbac(cluster: &Cluster, namespace: &str) -> anyhow::Result<()> 
 
 /// A kubeconfig for the API server of `admin` that authenticates with `token`.
 fn token_kubeconfig(admin: &Path, token: &str, out: PathBuf) -> anyhow::Result<PathBuf> {
-    let text = std::fs::read_to_string(admin).with_context(|| format!("reading {}", admin.display()))?;
+    let text =
+        std::fs::read_to_string(admin).with_context(|| format!("reading {}", admin.display()))?;
     let mut config: Value = serde_yaml::from_str(&text)?;
     let users = config["users"].as_array_mut().context("kubeconfig users")?;
     for user in users {
@@ -44,7 +48,10 @@ async fn as_gatehouse(
     kubeconfig: &Path,
     args: &[&str],
 ) -> anyhow::Result<std::process::Output> {
-    let mut full = vec!["--kubeconfig", kubeconfig.to_str().context("kubeconfig path")?];
+    let mut full = vec![
+        "--kubeconfig",
+        kubeconfig.to_str().context("kubeconfig path")?,
+    ];
     full.extend_from_slice(args);
     cluster.kubectl_output(full, None).await
 }

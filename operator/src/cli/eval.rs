@@ -440,9 +440,10 @@ pub fn plural(kind: &str) -> String {
 pub fn admit(request: &Request, policies: &[CompiledPolicy]) -> Admission {
     let policies: Vec<&CompiledPolicy> = policies.iter().collect();
     let outcome = chain::admit(request, &policies, Namespace::Assumed);
+    let object = outcome.object(request);
     Admission {
         request: request.clone(),
         response: outcome.response,
-        object: outcome.object,
+        object,
     }
 }

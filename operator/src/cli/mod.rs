@@ -6,9 +6,17 @@ pub mod run;
 
 use clap::{Parser, Subcommand};
 
+/// `gatehouse --version`: the crate version and the git revision it was built from.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("GATEHOUSE_REVISION"),
+    ")"
+);
+
 /// Gatehouse: admission webhooks from Policy resources, with side effects done right.
 #[derive(Parser, Debug)]
-#[command(name = "gatehouse", version, about)]
+#[command(name = "gatehouse", version = VERSION, about)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -46,5 +54,47 @@ pub async fn main(cli: Cli) -> i32 {
                 1
             }
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_version_names_the_crate_version_and_the_revision() {
+        let long = Cli::command().render_version();
+        assert!(
+            long.starts_with(&format!("gatehouse {} (", env!("CARGO_PKG_VERSION"))),
+            "{long}"
+        );
+        let revision = long
+            .trim()
+            .trim_end_matches(')')
+            .rsplit('(')
+            .next()
+            .unwrap_or_default();
+        assert!(!revision.is_empty(), "{long}");
+    }
+
+    #[test]
+    fn every_run_flag_is_also_an_environment_variable_and_help_shows_it() {
+        let mut cli = Cli::command();
+        let run = cli.find_subcommand_mut("run").expect("run");
+        let help = run.render_long_help().to_string();
+        for arg in run.get_arguments() {
+            if arg.is_positional() || ["help", "version"].contains(&arg.get_id().as_str()) {
+                continue;
+            }
+            let env = arg
+                .get_env()
+                .unwrap_or_else(|| panic!("--{} has no environment variable", arg.get_id()));
+            let env = env.to_string_lossy();
+            assert!(
+                help.contains(&format!("[env: {env}")),
+                "help does not show {env}"
+            );
+        }
     }
 }

@@ -99,7 +99,11 @@ pub struct RunArgs {
 
     /// The ClusterRole of the installation, made owner of the webhook configurations so that
     /// uninstalling removes them; empty for none.
-    #[arg(long, env = "GATEHOUSE_OWNER_CLUSTER_ROLE", default_value = "gatehouse")]
+    #[arg(
+        long,
+        env = "GATEHOUSE_OWNER_CLUSTER_ROLE",
+        default_value = "gatehouse"
+    )]
     pub owner_cluster_role: String,
 }
 
@@ -310,9 +314,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.drain_timeout,
     );
 
-    // The admin server.
-    let admin_listener = TcpListener::bind(args.admin_listen)
-        .await
+    // The admin server, on a thread of its own: probes never wait for a busy worker.
+    let admin_listener = std::net::TcpListener::bind(args.admin_listen)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
         .with_context(|| format!("binding the admin server to {}", args.admin_listen))?;
     let admin_state = Arc::new(AdminState {
         readiness: readiness.clone(),
@@ -322,12 +326,21 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         let resp = admin::handle(&admin_state, &req);
         Box::pin(async move { resp })
     });
-    let admin_task = webhook::serve_http(
-        admin_listener,
-        admin_handler,
-        stopped(),
-        Duration::from_secs(1),
-    );
+    let admin_stopped = stopped();
+    let admin_task = webhook::on_own_thread("gatehouse-admin", move || async move {
+        match TcpListener::from_std(admin_listener) {
+            Ok(listener) => {
+                webhook::serve_http(
+                    listener,
+                    admin_handler,
+                    admin_stopped,
+                    Duration::from_secs(1),
+                )
+                .await;
+            }
+            Err(e) => error!(error = %e, "the admin server cannot use its socket"),
+        }
+    });
 
     let ctx = Arc::new(Context::new(
         client.clone(),

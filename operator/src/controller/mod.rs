@@ -447,7 +447,9 @@ async fn owned_wiring(ctx: &Context, applied: &mut Applied) -> Wiring {
                 });
             }
             Ok(None) => debug!(%name, "owner ClusterRole not found; configurations have no owner"),
-            Err(e) => debug!(%name, error = %e, "owner ClusterRole not readable; configurations have no owner"),
+            Err(e) => {
+                debug!(%name, error = %e, "owner ClusterRole not readable; configurations have no owner")
+            }
         }
     }
     wiring.owner = applied.owner.clone();

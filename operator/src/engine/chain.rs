@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::CompiledPolicy;
 use super::matcher::{self, MatchError, Namespace};
 use super::review::{self, Phase, Request, Response};
-use super::CompiledPolicy;
 use crate::api::v1alpha1::{FailurePolicy, ReinvocationPolicy};
 
 /// What one member did with the request.
@@ -67,9 +67,18 @@ pub struct Evaluated {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Outcome {
     pub response: Response,
-    /// The object after the chain, when a member changed it (`None`: unchanged).
-    pub object: Option<Value>,
     pub evaluated: Vec<Evaluated>,
+}
+
+impl Outcome {
+    /// The object of `req` after the chain: its patch applied (an unchanged copy without one).
+    pub fn object(&self, req: &Request) -> Option<Value> {
+        let mut object = req.object.clone()?;
+        if self.response.patched() {
+            json_patch::patch(&mut object, &self.response.patch).ok()?;
+        }
+        Some(object)
+    }
 }
 
 /// How the members are offered the request.
@@ -136,12 +145,16 @@ pub fn mutate(
     chain.finish()
 }
 
-/// The working copy of a mutating group request: borrowed until a member changes it.
+/// The working copy of a mutating group request: borrowed until a member changes it, and
+/// brought up to date only when another member is about to read it.
 struct Chain<'r> {
     current: Cow<'r, Request>,
     /// Every member's patch, in order: applied to the original one after the other (as the API
-    /// server applies a JSONPatch), they give `current`. No final diff of the whole object.
+    /// server applies a JSONPatch), they give the final object. No final diff of the whole object.
     patch: Vec<json_patch::PatchOperation>,
+    /// How many operations of `patch` `current` holds already. The last member's patch is never
+    /// applied here, so a lone Policy's review copies nothing.
+    applied: usize,
     warnings: Vec<String>,
     evaluated: Vec<Evaluated>,
 }
@@ -151,9 +164,21 @@ impl<'r> Chain<'r> {
         Chain {
             current: Cow::Borrowed(req),
             patch: Vec::new(),
+            applied: 0,
             warnings: Vec::new(),
             evaluated: Vec::new(),
         }
+    }
+
+    /// Brings the working copy up to date with every recorded operation.
+    fn flush(&mut self) -> Result<(), json_patch::PatchError> {
+        if self.applied < self.patch.len() {
+            if let Some(object) = self.current.to_mut().object.as_mut() {
+                json_patch::patch(object, &self.patch[self.applied..])?;
+            }
+            self.applied = self.patch.len();
+        }
+        Ok(())
     }
 
     fn step(&mut self, policy: &CompiledPolicy, scope: Scope<'_>) -> Result<Decision, Response> {
@@ -169,42 +194,23 @@ impl<'r> Chain<'r> {
         step
     }
 
-    /// Applies `patch` to the working copy and records it.
-    fn apply(&mut self, patch: json_patch::Patch) -> Result<(), json_patch::PatchError> {
-        if let Some(object) = self.current.to_mut().object.as_mut() {
-            json_patch::patch(object, &patch)?;
-            self.patch.extend(patch.0);
-        }
-        Ok(())
-    }
-
-    fn object(self) -> Option<Value> {
-        match self.current {
-            Cow::Owned(r) => r.object,
-            Cow::Borrowed(_) => None,
-        }
-    }
-
     fn denied(self, denial: Response) -> Outcome {
         Outcome {
             response: Response {
                 warnings: distinct(self.warnings),
                 ..denial
             },
-            object: None,
             evaluated: self.evaluated,
         }
     }
 
-    fn finish(mut self) -> Outcome {
+    fn finish(self) -> Outcome {
         let mut response = Response::allow();
-        response.patch = json_patch::Patch(std::mem::take(&mut self.patch));
-        response.warnings = distinct(std::mem::take(&mut self.warnings));
-        let evaluated = std::mem::take(&mut self.evaluated);
+        response.patch = json_patch::Patch(self.patch);
+        response.warnings = distinct(self.warnings);
         Outcome {
             response,
-            object: self.object(),
-            evaluated,
+            evaluated: self.evaluated,
         }
     }
 }
@@ -248,7 +254,6 @@ pub fn validate(req: &Request, members: &[&CompiledPolicy], scope: Scope<'_>) ->
     response.warnings = distinct(warnings);
     Outcome {
         response,
-        object: None,
         evaluated,
     }
 }
@@ -325,7 +330,20 @@ fn mutate_step(
     scope: Scope<'_>,
     over_budget: &mut bool,
 ) -> Result<Decision, Response> {
-    if let Some(decision) = offered(&chain.current, policy, scope, &mut chain.warnings, over_budget)? {
+    chain.flush().map_err(|e| {
+        Response::deny(
+            500,
+            "InternalError",
+            format!("a patch of an earlier Policy does not apply: {e}"),
+        )
+    })?;
+    if let Some(decision) = offered(
+        &chain.current,
+        policy,
+        scope,
+        &mut chain.warnings,
+        over_budget,
+    )? {
         return Ok(decision);
     }
     let resp = review::review(&chain.current, policy, Phase::Mutating);
@@ -341,13 +359,7 @@ fn mutate_step(
             Decision::Allowed
         });
     }
-    chain.apply(resp.patch).map_err(|e| {
-        Response::deny(
-            500,
-            "InternalError",
-            format!("policy {:?}: its patch does not apply: {e}", policy.name()),
-        )
-    })?;
+    chain.patch.extend(resp.patch.0);
     Ok(Decision::Patched)
 }
 
@@ -375,6 +387,9 @@ pub fn admit(req: &Request, policies: &[&CompiledPolicy], namespace: Namespace<'
     let mut invoked: Vec<usize> = Vec::new();
     let mut again = vec![false; groups.mutating.len()];
     let entry = |chain: &mut Chain, g: &super::group::Group| -> Result<(bool, bool), Response> {
+        chain.flush().map_err(|e| {
+            Response::deny(500, "InternalError", format!("a patch does not apply: {e}"))
+        })?;
         let out = mutate(&chain.current, &members_of(g), g.reinvocation_policy, scope);
         let ran = out
             .evaluated
@@ -386,10 +401,7 @@ pub fn admit(req: &Request, policies: &[&CompiledPolicy], namespace: Namespace<'
             return Err(out.response);
         }
         let changed = out.response.patched();
-        if let Some(object) = out.object {
-            chain.current.to_mut().object = Some(object);
-            chain.patch.extend(out.response.patch.0);
-        }
+        chain.patch.extend(out.response.patch.0);
         Ok((ran, changed))
     };
     for (i, g) in groups.mutating.iter().enumerate() {
@@ -412,6 +424,10 @@ pub fn admit(req: &Request, policies: &[&CompiledPolicy], namespace: Namespace<'
         }
     }
 
+    if let Err(e) = chain.flush() {
+        let denial = Response::deny(500, "InternalError", format!("a patch does not apply: {e}"));
+        return chain.denied(denial);
+    }
     let mut denials = Vec::new();
     for g in &groups.validating {
         let out = validate(&chain.current, &members_of(g), scope);

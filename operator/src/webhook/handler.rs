@@ -21,12 +21,10 @@ use crate::telemetry::{AdmissionLabels, DecisionLabels, Metrics, PolicyLabels};
 /// How long a client may take to send the whole body once the headers are in.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Evaluations running at once on the blocking pool; more wait for a slot. Every evaluation is
-/// bounded by the cost budget, so a slot is always given back.
-pub const EVALUATIONS_IN_FLIGHT: usize = 64;
-
-/// Of those, how many may involve a heavy Policy ([`CompiledPolicy::is_heavy`]): half the CPUs
-/// (at least one), so that however many heavy reviews arrive, the others always find a CPU.
+/// How many reviews involving a heavy Policy ([`CompiledPolicy::is_heavy`]) are evaluated at
+/// once, on the blocking pool: half the CPUs (at least one), so that however many heavy reviews
+/// arrive, the others always find a CPU. Every evaluation is bounded by the cost budget, so a
+/// slot is always given back.
 pub fn heavy_evaluations_in_flight() -> usize {
     std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
 }
@@ -39,8 +37,6 @@ pub struct WebhookState {
     pub namespaces: Namespaces,
     /// See [`BODY_READ_TIMEOUT`].
     pub body_read_timeout: Duration,
-    /// See [`EVALUATIONS_IN_FLIGHT`].
-    pub evaluations: Arc<tokio::sync::Semaphore>,
     /// See [`heavy_evaluations_in_flight`].
     pub heavy_evaluations: Arc<tokio::sync::Semaphore>,
 }
@@ -52,7 +48,6 @@ impl WebhookState {
             metrics,
             namespaces: Namespaces::default(),
             body_read_timeout: BODY_READ_TIMEOUT,
-            evaluations: Arc::new(tokio::sync::Semaphore::new(EVALUATIONS_IN_FLIGHT)),
             heavy_evaluations: Arc::new(tokio::sync::Semaphore::new(heavy_evaluations_in_flight())),
         }
     }
@@ -180,26 +175,23 @@ async fn review_entry(
             })
         }
     };
-    let _heavy_slot = if heavy {
-        match state.heavy_evaluations.acquire().await {
-            Ok(slot) => Some(slot),
-            Err(_) => return error(StatusCode::SERVICE_UNAVAILABLE, "shutting down".into()),
+    let (allowed, body) = if heavy {
+        // A heavy Policy's review takes turns on half the CPUs, on the blocking pool.
+        let Ok(_slot) = state.heavy_evaluations.acquire().await else {
+            return error(StatusCode::SERVICE_UNAVAILABLE, "shutting down".into());
+        };
+        match tokio::task::spawn_blocking(evaluate).await {
+            Ok(done) => done,
+            Err(e) => {
+                warn!(error = %e, "evaluation failed");
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("evaluating the review failed: {e}"),
+                );
+            }
         }
     } else {
-        None
-    };
-    let Ok(_slot) = state.evaluations.acquire().await else {
-        return error(StatusCode::SERVICE_UNAVAILABLE, "shutting down".to_string());
-    };
-    let (allowed, body) = match tokio::task::spawn_blocking(evaluate).await {
-        Ok(done) => done,
-        Err(e) => {
-            warn!(error = %e, "evaluation failed");
-            return error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("evaluating the review failed: {e}"),
-            );
-        }
+        evaluate()
     };
     let decision = if allowed { "allowed" } else { "denied" };
     let labels = AdmissionLabels {

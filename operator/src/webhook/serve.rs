@@ -65,6 +65,35 @@ pub async fn serve_tls(
     .await;
 }
 
+/// Runs the future `make` builds on a thread of its own, with a single-threaded runtime of its
+/// own (sockets must be registered inside it: build them in `make`), so that nothing the main
+/// runtime's workers do can delay it. Resolves when it ends.
+pub fn on_own_thread<F, Fut>(name: &str, make: F) -> impl Future<Output = ()> + Send + use<F, Fut>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    let (done, ended) = tokio::sync::oneshot::channel::<()>();
+    let spawned = std::thread::Builder::new()
+        .name(name.to_string())
+        .spawn(move || {
+            match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime.block_on(make()),
+                Err(e) => warn!(error = %e, "building a runtime failed"),
+            }
+            let _ = done.send(());
+        });
+    if let Err(e) = &spawned {
+        warn!(error = %e, "starting a thread failed");
+    }
+    async move {
+        let _ = ended.await;
+    }
+}
+
 /// Serves `handler` over plain HTTP (the admin port) until `shutdown`, then drains.
 pub async fn serve_http(
     listener: TcpListener,
