@@ -287,9 +287,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     };
 
-    // The webhook server.
-    let webhook_listener = TcpListener::bind(args.listen)
-        .await
+    // The webhook server: its accept loop on a thread of its own, its connections on the
+    // workers.
+    let webhook_listener = std::net::TcpListener::bind(args.listen)
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
         .with_context(|| format!("binding the webhook server to {}", args.listen))?;
     let server_config = Arc::new(tls::server_config(resolver.clone())?);
     let (namespaces, namespaces_watch) = webhook::Namespaces::watch(client.clone());
@@ -306,13 +307,24 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         let state = state.clone();
         Box::pin(async move { webhook::handle(state, req).await })
     });
-    let webhook_task = webhook::serve_tls(
-        webhook_listener,
-        server_config,
-        webhook_handler,
-        stopped(),
-        args.drain_timeout,
-    );
+    let (webhook_stopped, drain) = (stopped(), args.drain_timeout);
+    let workers = tokio::runtime::Handle::current();
+    let webhook_task = webhook::on_own_thread("gatehouse-accept", move || async move {
+        match TcpListener::from_std(webhook_listener) {
+            Ok(listener) => {
+                webhook::serve_tls_on(
+                    Some(workers),
+                    listener,
+                    server_config,
+                    webhook_handler,
+                    webhook_stopped,
+                    drain,
+                )
+                .await;
+            }
+            Err(e) => error!(error = %e, "the webhook server cannot use its socket"),
+        }
+    });
 
     // The admin server, on a thread of its own: probes never wait for a busy worker.
     let admin_listener = std::net::TcpListener::bind(args.admin_listen)

@@ -7,14 +7,16 @@
 //!   when the Policy is written (estimated with an assumed collection size) and again before
 //!   each evaluation with the sizes the request actually holds. Past it the expression is not
 //!   run; it fails like any run-time error and the Policy's failurePolicy decides.
-//! * *Isolation*: the admin port (`/readyz`, `/livez`, `/metrics`) runs on a thread and runtime
-//!   of its own ([`on_own_thread`]). A review for an entry with a heavy Policy (an expression
+//! * *Isolation*: the admin port (`/readyz`, `/livez`, `/metrics`) and the webhook port's accept
+//!   loop run on threads and runtimes of their own ([`on_own_thread`]); accepted connections are
+//!   handed to the main runtime's workers. A review for an entry with a heavy Policy (an expression
 //!   estimated over [`crate::engine::cost::HEAVY`] at the assumed collection size) is evaluated
 //!   on the blocking pool, taking turns on half the CPUs, never on the async workers that
 //!   accept connections; so however many slow reviews arrive, a cheap review and a probe still
 //!   find a CPU (`tests/webhook_isolation.rs`: both answer within 100 ms while 8 slow and 8
 //!   over-budget reviews are in flight). A review with only cheap Policies (each expression
-//!   below `HEAVY`, so at most a few hundred microseconds) is evaluated where it was parsed:
+//!   below `HEAVY`, so at most a few hundred microseconds) is evaluated on the worker that
+//!   parsed it, never on the accepting or admin threads:
 //!   handing every review to the blocking pool cost 60–100 µs of CPU per review in
 //!   `benches/webhook-https.sh` (group of eight: 451 against 341 µs per request, throughput
 //!   0.27 against 0.38 of the fixed-allow baseline).
@@ -25,7 +27,7 @@ mod store;
 
 pub use handler::{BODY_READ_TIMEOUT, Route, WebhookState, handle, heavy_evaluations_in_flight};
 pub use namespaces::Namespaces;
-pub use serve::{Handler, on_own_thread, serve_http, serve_tls};
+pub use serve::{Handler, on_own_thread, serve_http, serve_tls, serve_tls_on};
 pub use store::{Lookup, PolicyStore, RETIRED_GRACE};
 
 /// Largest AdmissionReview body accepted. The API server caps request objects at 3 MiB; 8 MiB

@@ -39,8 +39,23 @@ pub async fn serve_tls(
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) {
+    serve_tls_on(None, listener, tls, handler, shutdown, drain).await;
+}
+
+/// [`serve_tls`], with each accepted connection handed to the runtime of `connections` when
+/// given: the accept loop can then run on a thread of its own ([`on_own_thread`]) while the
+/// connections (handshakes, reviews) run on the main runtime's workers.
+pub async fn serve_tls_on(
+    connections: Option<tokio::runtime::Handle>,
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    handler: Handler,
+    shutdown: impl Future<Output = ()>,
+    drain: Duration,
+) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     accept_loop(
+        connections,
         listener,
         move |stream: TcpStream, peer: SocketAddr| {
             let acceptor = acceptor.clone();
@@ -102,6 +117,7 @@ pub async fn serve_http(
     drain: Duration,
 ) {
     accept_loop(
+        None,
         listener,
         |stream: TcpStream, _peer: SocketAddr| async move { Some(stream) },
         handler,
@@ -111,7 +127,14 @@ pub async fn serve_http(
     .await;
 }
 
+/// An accepted socket, still registered where it was accepted or ready to move.
+enum Moved {
+    Tokio(TcpStream),
+    Std(std::net::TcpStream),
+}
+
 async fn accept_loop<IO, Fut>(
+    connections: Option<tokio::runtime::Handle>,
     listener: TcpListener,
     wrap: impl Fn(TcpStream, SocketAddr) -> Fut + Send + Sync + 'static,
     handler: Handler,
@@ -153,7 +176,28 @@ async fn accept_loop<IO, Fut>(
         let handler = handler.clone();
         let builder = builder.clone();
         let wrap = wrap.clone();
-        tokio::spawn(async move {
+        // On another runtime the socket must be registered with that runtime's reactor.
+        let (stream, runtime) = match &connections {
+            Some(handle) => match stream.into_std() {
+                Ok(std) => (Moved::Std(std), handle.clone()),
+                Err(e) => {
+                    debug!(%peer, error = %e, "handing the connection over failed");
+                    continue;
+                }
+            },
+            None => (Moved::Tokio(stream), tokio::runtime::Handle::current()),
+        };
+        runtime.spawn(async move {
+            let stream = match stream {
+                Moved::Tokio(stream) => stream,
+                Moved::Std(std) => match TcpStream::from_std(std) {
+                    Ok(stream) => stream,
+                    Err(e) => {
+                        debug!(%peer, error = %e, "taking the connection over failed");
+                        return;
+                    }
+                },
+            };
             let Some(io) = wrap(stream, peer).await else {
                 return;
             };
