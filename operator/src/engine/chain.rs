@@ -146,7 +146,11 @@ pub fn mutate(
 }
 
 /// The working copy of a mutating group request: borrowed until a member changes it, and
-/// brought up to date only when another member is about to read it.
+/// brought up to date only when another member is about to read it; the answer is the
+/// members' patches one after the other, not a diff of the whole object. Against a copy of
+/// the request made up front and a final diff, a single-Policy review went from 152 to 122 µs
+/// of server CPU and throughput from 0.56 to 0.66 of the fixed-allow baseline
+/// (`benches/webhook-https.sh`, 749af71 against 8c954a9).
 struct Chain<'r> {
     current: Cow<'r, Request>,
     /// Every member's patch, in order: applied to the original one after the other (as the API
