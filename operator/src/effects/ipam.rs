@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
@@ -360,6 +360,7 @@ async fn pass(
     let mut waiting: HashMap<String, usize> = HashMap::new();
     let mut releases: Vec<Held> = Vec::new();
     let mut places: Vec<Place> = Vec::new();
+    let mut tells: Vec<(ObjectReference, Event)> = Vec::new();
     for pod in &pods {
         let Some(uid) = pod.metadata.uid.clone() else {
             continue;
@@ -386,7 +387,7 @@ async fn pass(
                         .cloned()
                         .unwrap_or_else(|| "no such IPPool".to_string());
                     let note = format!("IPPool {pool_name} cannot allocate: {reason}");
-                    tell(ctx, pod, memory, "PoolNotReady", note).await;
+                    tells.extend(tell(pod, memory, "PoolNotReady", note));
                     continue;
                 }
                 match index.pick(&pool_name) {
@@ -396,7 +397,7 @@ async fn pass(
                         let note = format!(
                             "IPPool {pool_name} has no free address; the Pod waits for one"
                         );
-                        tell(ctx, pod, memory, "PoolExhausted", note).await;
+                        tells.extend(tell(pod, memory, "PoolExhausted", note));
                         continue;
                     }
                 }
@@ -464,10 +465,15 @@ async fn pass(
         }
     }
     memory.pods = seen;
+    // Pool status reflects the index whatever a single write did; Events go with it.
+    let (written, ()) = tokio::join!(
+        write_pools(ctx, &pools, &valid, &invalid, index, &waiting, leader),
+        publish(ctx, tells),
+    );
     if let Some(e) = first_error {
         return Err(e);
     }
-    write_pools(ctx, &pools, &valid, &invalid, index, &waiting, leader).await?;
+    written?;
     Ok(again)
 }
 
@@ -633,10 +639,16 @@ async fn delete_allocation(
 }
 
 /// One Event per Pod per wait: why it is still gated.
-async fn tell(ctx: &Context, pod: &Pod, memory: &mut Memory, reason: &str, note: String) {
+/// The Event telling a waiting Pod why, once per wait.
+fn tell(
+    pod: &Pod,
+    memory: &mut Memory,
+    reason: &str,
+    note: String,
+) -> Option<(ObjectReference, Event)> {
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     if !memory.told_exhausted.insert(uid) {
-        return;
+        return None;
     }
     let event = Event {
         type_: EventType::Warning,
@@ -645,9 +657,19 @@ async fn tell(ctx: &Context, pod: &Pod, memory: &mut Memory, reason: &str, note:
         action: "Allocate".into(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &pod.object_ref(&())).await {
-        warn!(error = %e, "recording event failed");
-    }
+    Some((pod.object_ref(&()), event))
+}
+
+/// Publishes Events many at a time. An Event is a courtesy: a failure is logged, and a slow
+/// API server (hundreds of Pods waiting for a pool that is gone) must not hold up the pass.
+async fn publish(ctx: &Context, events: Vec<(ObjectReference, Event)>) {
+    futures::stream::iter(events)
+        .for_each_concurrent(WRITES_IN_FLIGHT, |(regarding, event)| async move {
+            if let Err(e) = ctx.recorder.publish(&event, &regarding).await {
+                warn!(error = %e, "recording event failed");
+            }
+        })
+        .await;
 }
 
 async fn write_pools(
