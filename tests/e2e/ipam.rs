@@ -560,6 +560,10 @@ async fn pools_report_problems_and_are_held_until_their_addresses_are_free() {
             pool_and_policy(cluster, &id, scene.ns(), "10.24.0.0/28", &[], "Fail").await?;
         let (overlapping, malformed) = (format!("overlap-{id}"), format!("malformed-{id}"));
         let result = async {
+            // Creation times have a resolution of one second, and "younger" must be true: two
+            // pools created within the same second tie (broken by name, which would make this
+            // overlapping pool the older one). CI hit that tie.
+            tokio::time::sleep(Duration::from_millis(1100)).await;
             for (name, cidr) in [(&overlapping, "10.24.0.0/29"), (&malformed, "10.24.1.5/24")] {
                 let yaml = json!({
                     "apiVersion": "gatehouse.dev/v1alpha1", "kind": "IPPool",
