@@ -266,6 +266,37 @@ async fn oversized_bodies_are_refused() {
     assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
 }
 
+/// A real client streaming a file larger than the limit (with `Expect: 100-continue` and a
+/// Content-Length, as curl sends it) receives the 413 instead of a reset connection.
+#[tokio::test]
+async fn a_client_streaming_an_oversized_file_reads_the_413() {
+    let server = start(Duration::from_secs(10)).await;
+    let dir = std::env::temp_dir().join(format!("gatehouse-413-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("9MiB.json");
+    std::fs::write(&file, vec![b' '; 9 << 20]).unwrap();
+    let url = format!("https://127.0.0.1:{}/validate/limits", server.port);
+    for chunked in [false, true] {
+        let mut curl = tokio::process::Command::new("curl");
+        curl.args(["-sS", "-k", "-o", "/dev/null", "-w", "%{http_code}"])
+            .args(["-H", "content-type: application/json"])
+            .arg("--data-binary")
+            .arg(format!("@{}", file.display()))
+            .arg(&url);
+        if chunked {
+            curl.args(["-H", "transfer-encoding: chunked"]);
+        }
+        let out = curl.output().await.expect("curl runs");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "413",
+            "chunked={chunked}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[tokio::test]
 async fn a_body_that_never_arrives_times_out() {
     let server = start(Duration::from_millis(300)).await;

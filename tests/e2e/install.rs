@@ -3,7 +3,6 @@
 //! manifests' rules), does everything it does, is refused what it should not do, and deleting
 //! the installation's ClusterRole removes its webhook configurations.
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
@@ -29,33 +28,6 @@ async fn install_rbac(cluster: &Cluster, namespace: &str) -> anyhow::Result<()> 
     Ok(())
 }
 
-/// A kubeconfig for the API server of `admin` that authenticates with `token`.
-fn token_kubeconfig(admin: &Path, token: &str, out: PathBuf) -> anyhow::Result<PathBuf> {
-    let text =
-        std::fs::read_to_string(admin).with_context(|| format!("reading {}", admin.display()))?;
-    let mut config: Value = serde_yaml::from_str(&text)?;
-    let users = config["users"].as_array_mut().context("kubeconfig users")?;
-    for user in users {
-        user["user"] = json!({"token": token});
-    }
-    std::fs::write(&out, serde_yaml::to_string(&config)?)?;
-    Ok(out)
-}
-
-/// kubectl as the ServiceAccount.
-async fn as_gatehouse(
-    cluster: &Cluster,
-    kubeconfig: &Path,
-    args: &[&str],
-) -> anyhow::Result<std::process::Output> {
-    let mut full = vec![
-        "--kubeconfig",
-        kubeconfig.to_str().context("kubeconfig path")?,
-    ];
-    full.extend_from_slice(args);
-    cluster.kubectl_output(full, None).await
-}
-
 #[tokio::test]
 async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
     run_test(|cluster| async move {
@@ -66,14 +38,9 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
         let _role = cluster.delete_on_drop("clusterrole", "gatehouse", None);
         let _binding = cluster.delete_on_drop("clusterrolebinding", "gatehouse", None);
         install_rbac(cluster, home.name()).await?;
-        let token = cluster
-            .kubectl_ok(["create", "token", "gatehouse", "-n", home.name(), "--duration=1h"], None)
+        let kubeconfig = cluster
+            .service_account_kubeconfig(home.name(), "gatehouse", &format!("kubeconfig-sa-{id}"))
             .await?;
-        let kubeconfig = token_kubeconfig(
-            cluster.kubeconfig(),
-            token.trim(),
-            cluster.state_dir().join(format!("kubeconfig-sa-{id}")),
-        )?;
         let mut gh = Gatehouse::start(
             cluster,
             home.name(),
@@ -137,7 +104,7 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
                 ("deleting a Pod", vec!["delete", "pod", "web", "-n", ns.name()]),
                 ("editing a Policy", vec!["label", "policy", &inject, "taken=yes"]),
             ] {
-                let out = as_gatehouse(cluster, &kubeconfig, &args).await?;
+                let out = cluster.kubectl_as(&kubeconfig, &args).await?;
                 ensure!(
                     !out.status.success() && stderr(&out).contains("Forbidden"),
                     "{what} was not forbidden: {}",

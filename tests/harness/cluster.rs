@@ -264,6 +264,44 @@ impl Cluster {
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 
+    /// A kubeconfig for this cluster that authenticates as the ServiceAccount `namespace/name`
+    /// with a TokenRequest token (an hour long), written to `file` in the state directory: the
+    /// API server then enforces exactly that account's RBAC.
+    pub async fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+        file: &str,
+    ) -> anyhow::Result<PathBuf> {
+        let token = self
+            .kubectl_ok(
+                ["create", "token", name, "-n", namespace, "--duration=1h"],
+                None,
+            )
+            .await?;
+        let text = fs::read_to_string(&self.kubeconfig)
+            .with_context(|| format!("reading {}", self.kubeconfig.display()))?;
+        let mut config: serde_json::Value = serde_yaml::from_str(&text)?;
+        let users = config["users"]
+            .as_array_mut()
+            .context("the kubeconfig has no users")?;
+        for user in users {
+            user["user"] = serde_json::json!({"token": token.trim()});
+        }
+        let out = self.state_dir.join(file);
+        fs::write(&out, serde_yaml::to_string(&config)?)
+            .with_context(|| format!("writing {}", out.display()))?;
+        Ok(out)
+    }
+
+    /// kubectl with another kubeconfig (e.g. [`Cluster::service_account_kubeconfig`]'s).
+    pub async fn kubectl_as(&self, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<Output> {
+        // The later --kubeconfig wins over the admin one that kubectl() sets.
+        let mut full = vec![OsStr::new("--kubeconfig"), kubeconfig.as_os_str()];
+        full.extend(args.iter().map(OsStr::new));
+        self.kubectl_output(full, None).await
+    }
+
     /// A guard that deletes the named object with kubectl when dropped (best effort, without
     /// waiting), unless [`DeleteGuard::delete`] ran first.
     pub fn delete_on_drop(

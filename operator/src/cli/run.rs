@@ -73,6 +73,12 @@ pub struct RunArgs {
     #[arg(long, env = "GATEHOUSE_BUNDLE_PROPAGATION", default_value = "10s", value_parser = super::duration::parse)]
     pub bundle_propagation: Duration,
 
+    /// On SIGTERM, how long to keep serving with /readyz failing before the webhook port stops
+    /// accepting: the time the Service's endpoints need to drop this replica, so the API server
+    /// never dials a closed port (in a Deployment: a few seconds).
+    #[arg(long, env = "GATEHOUSE_SHUTDOWN_DELAY", default_value = "0s", value_parser = super::duration::parse)]
+    pub shutdown_delay: Duration,
+
     /// On shutdown, how long in-flight reviews may take to finish.
     #[arg(long, env = "GATEHOUSE_DRAIN_TIMEOUT", default_value = "20s", value_parser = super::duration::parse)]
     pub drain_timeout: Duration,
@@ -354,6 +360,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     });
 
+    let readiness_for_shutdown = readiness.clone();
     let ctx = Arc::new(Context::new(
         client.clone(),
         metrics.clone(),
@@ -387,8 +394,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let ipam_task = ipam::run(ipam, leader_rx.clone(), stopped());
     let controller_task = controller::run(ctx, bundle_rx, leader_rx, stopped());
 
+    let (shutdown_delay, shutdown_readiness) = (args.shutdown_delay, readiness_for_shutdown);
     let signals = async move {
         wait_for_signal().await;
+        shutdown_readiness
+            .shutting_down
+            .store(true, std::sync::atomic::Ordering::Release);
+        if !shutdown_delay.is_zero() {
+            info!(delay = ?shutdown_delay, "shutdown requested; not ready, still serving");
+            tokio::time::sleep(shutdown_delay).await;
+        }
         info!("shutdown requested; draining");
         let _ = stop_tx.send(true);
     };

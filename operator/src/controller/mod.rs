@@ -87,12 +87,16 @@ pub struct Readiness {
     /// new replica never answers 404 for a Policy the API server already calls.
     pub policies_loaded: AtomicBool,
     pub certificate_loaded: AtomicBool,
+    /// Set on SIGTERM: the replica reports not ready so that its Service endpoint is withdrawn
+    /// while it still serves (`--shutdown-delay`).
+    pub shutting_down: AtomicBool,
 }
 
 impl Readiness {
     pub fn is_ready(&self) -> bool {
         self.policies_loaded.load(Ordering::Acquire)
             && self.certificate_loaded.load(Ordering::Acquire)
+            && !self.shutting_down.load(Ordering::Acquire)
     }
 }
 

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use tracing::{Instrument, info_span, warn};
@@ -97,6 +97,12 @@ pub async fn handle(state: Arc<WebhookState>, req: Request<Incoming>) -> Respons
         resp.headers_mut()
             .insert(header::ALLOW, header::HeaderValue::from_static("POST"));
         return resp;
+    }
+    if let Some(wrong) = unsupported_content_type(&req) {
+        return error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("content type {wrong:?} is not supported; webhooks take application/json"),
+        );
     }
     let body = match read_body(req, state.body_read_timeout).await {
         Ok(body) => body,
@@ -290,32 +296,51 @@ fn validate_policy_object(body: &[u8]) -> Response<Full<Bytes>> {
     json(StatusCode::OK, engine::response_review(&request, &response))
 }
 
+/// The request's content type when it names something other than JSON (the API server always
+/// sends `application/json`; a request without one is read as JSON).
+fn unsupported_content_type(req: &Request<Incoming>) -> Option<String> {
+    let value = req.headers().get(header::CONTENT_TYPE)?;
+    let text = String::from_utf8_lossy(value.as_bytes()).into_owned();
+    let essence = text.split(';').next().unwrap_or_default().trim();
+    (!essence.eq_ignore_ascii_case("application/json")).then_some(text)
+}
+
+/// How much of an oversized body is read and thrown away before the 413 goes out. Closing a
+/// connection with unread data makes the kernel reset it, and a client still sending (`curl
+/// --data-binary @9MB`) then loses the answer; past this much the client is not worth it.
+const OVERSIZED_DISCARD_BYTES: usize = 4 * MAX_BODY_BYTES;
+/// How long the rest of an oversized body is waited for.
+const OVERSIZED_DISCARD_TIME: Duration = Duration::from_secs(3);
+
 async fn read_body(
     req: Request<Incoming>,
     timeout: Duration,
 ) -> Result<Bytes, Response<Full<Bytes>>> {
-    let too_large = || {
-        error(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("body exceeds {MAX_BODY_BYTES} bytes"),
-        )
-    };
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
-        return Err(too_large());
-    }
-    let limited = Limited::new(req.into_body(), MAX_BODY_BYTES);
-    match tokio::time::timeout(timeout, limited.collect()).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Ok(Err(e)) => Err(error(
-            StatusCode::BAD_REQUEST,
-            format!("reading the body: {e}"),
-        )),
+    let mut body = req.into_body();
+    let read = async {
+        if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+            return Err(too_large(&mut body).await);
+        }
+        let mut collected = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame
+                .map_err(|e| error(StatusCode::BAD_REQUEST, format!("reading the body: {e}")))?;
+            if let Some(data) = frame.data_ref() {
+                if collected.len() + data.len() > MAX_BODY_BYTES {
+                    return Err(too_large(&mut body).await);
+                }
+                collected.extend_from_slice(data);
+            }
+        }
+        Ok(Bytes::from(collected))
+    };
+    match tokio::time::timeout(timeout, read).await {
+        Ok(result) => result,
         Err(_) => {
             warn!("client did not send the body in time");
             Err(error(
@@ -324,6 +349,32 @@ async fn read_body(
             ))
         }
     }
+}
+
+/// The 413 answer, once the rest of the body (up to [`OVERSIZED_DISCARD_BYTES`]) has been read
+/// and dropped, so that the client receives it.
+async fn too_large(body: &mut Incoming) -> Response<Full<Bytes>> {
+    let discard = async {
+        let mut discarded = 0usize;
+        while discarded < OVERSIZED_DISCARD_BYTES {
+            match body.frame().await {
+                Some(Ok(frame)) => discarded += frame.data_ref().map_or(0, Bytes::len),
+                Some(Err(_)) | None => break,
+            }
+        }
+    };
+    // A client that declared a huge body and sends none still gets its 413.
+    let _ = tokio::time::timeout(OVERSIZED_DISCARD_TIME, discard).await;
+    let mut resp = error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("body exceeds {MAX_BODY_BYTES} bytes"),
+    );
+    // The connection cannot carry another request after a body that was not read whole.
+    resp.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    resp
 }
 
 fn json(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {

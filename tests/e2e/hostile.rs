@@ -1,0 +1,691 @@
+//! Hostile input to a running `gatehouse run`, over real TLS: a corpus of bad requests, each with
+//! the answer it must get (status and message), then slow and idle clients, old TLS versions and
+//! plain HTTP. Afterwards a valid review is still answered correctly and the process still runs.
+//! The table of cases is RELIABILITY.md's; this test is its proof.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail, ensure};
+use gatehouse_e2e::gatehouse::{Gatehouse, Options};
+use gatehouse_e2e::{Cluster, TestNamespace, install_crypto_provider, run_test};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use crate::operator::{apply_ready, decode_secret_key, get_json, policy, unique};
+
+/// What came back: the status of the first response (None when the connection closed or the
+/// handshake failed without one) and its body.
+#[derive(Debug)]
+struct Answer {
+    status: Option<u16>,
+    body: String,
+}
+
+struct Target {
+    port: u16,
+    tls: Arc<rustls::ClientConfig>,
+    ca_file: PathBuf,
+}
+
+impl Target {
+    async fn connect(&self) -> anyhow::Result<TlsStream<TcpStream>> {
+        let tcp = TcpStream::connect(("127.0.0.1", self.port)).await?;
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
+        Ok(tokio_rustls::TlsConnector::from(self.tls.clone())
+            .connect(name, tcp)
+            .await?)
+    }
+
+    /// Writes `bytes` over a new TLS connection and reads the first response.
+    async fn raw(&self, bytes: &[u8]) -> anyhow::Result<Answer> {
+        let mut tls = self.connect().await?;
+        tls.write_all(bytes).await?;
+        tls.flush().await?;
+        read_response(&mut tls, Duration::from_secs(20)).await
+    }
+
+    async fn curl(&self, args: &[&str]) -> anyhow::Result<Answer> {
+        let out = tokio::process::Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "30",
+                "-w",
+                "\n%{http_code}",
+                "--cacert",
+            ])
+            .arg(&self.ca_file)
+            .args(args)
+            .output()
+            .await
+            .context("running curl")?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", &text));
+        Ok(Answer {
+            status: code.trim().parse().ok().filter(|c| *c != 0),
+            body: format!("{body}{}", String::from_utf8_lossy(&out.stderr)),
+        })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("https://127.0.0.1:{}{path}", self.port)
+    }
+}
+
+/// Reads one HTTP/1.1 response (headers, then Content-Length bytes), or what there is when the
+/// peer closes.
+async fn read_response(
+    tls: &mut TlsStream<TcpStream>,
+    timeout: Duration,
+) -> anyhow::Result<Answer> {
+    let mut buf = Vec::new();
+    let read = async {
+        let mut chunk = [0u8; 16 * 1024];
+        loop {
+            if let Some(end) = find(&buf, b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_lowercase();
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                if buf.len() >= end + 4 + length {
+                    break;
+                }
+            }
+            match tls.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(timeout, read).await;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text
+        .strip_prefix("HTTP/1.")
+        .and_then(|rest| rest.get(2..5))
+        .and_then(|code| code.parse().ok());
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    Ok(Answer { status, body })
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// An HTTP/1.1 POST with a correct Content-Length; the connection closes after the answer.
+fn post(path: &str, content_type: &str, body: &[u8]) -> Vec<u8> {
+    let mut req = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    req.extend_from_slice(body);
+    req
+}
+
+fn review(uid: &str, ns: &str, kind: &str, object: Value) -> Value {
+    let resource = format!("{}s", kind.to_lowercase());
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "", "version": "v1", "kind": kind},
+            "resource": {"group": "", "version": "v1", "resource": resource},
+            "namespace": ns,
+            "operation": "CREATE",
+            "userInfo": {"username": "hostile"},
+            "object": object,
+            "dryRun": false,
+        }
+    })
+}
+
+fn pod(ns: &str, annotations: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": ns, "annotations": annotations},
+        "spec": {"containers": [{"name": "app", "image": "example.com/app:1",
+                                 "resources": {"limits": {"cpu": "1"}}}]},
+    })
+}
+
+/// The review answer inside a 200: (allowed, patch present, message).
+fn verdict(answer: &Answer) -> Option<(bool, bool, String)> {
+    let v: Value = serde_json::from_str(&answer.body).ok()?;
+    let r = &v["response"];
+    Some((
+        r["allowed"].as_bool()?,
+        r["patch"].is_string(),
+        r["status"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
+    ))
+}
+
+/// One case: its answer must have `status` and contain `says`.
+fn expect(name: &str, answer: &Answer, status: Option<u16>, says: &str) -> anyhow::Result<()> {
+    ensure!(
+        answer.status == status && answer.body.contains(says),
+        "{name}: expected {status:?} saying {says:?}, got {:?}: {}",
+        answer.status,
+        answer.body.chars().take(300).collect::<String>()
+    );
+    eprintln!("ok  {name}: {status:?} {says:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn hostile_requests_get_clear_answers_and_break_nothing() {
+    run_test(|cluster| async move {
+        let _serial = gatehouse_e2e::gatehouse::exclusive().await;
+        let home = TestNamespace::new(cluster, "gh-hostile-home").await?;
+        let ns = TestNamespace::new(cluster, "gh-hostile").await?;
+        let id = unique(&ns);
+        let gh = Gatehouse::start(cluster, home.name(), Options::url()).await?;
+        let (inject, limits, heavy) = (
+            format!("inject-{id}"),
+            format!("limits-{id}"),
+            format!("heavy-{id}"),
+        );
+        let result = corpus(
+            cluster,
+            &gh,
+            home.name(),
+            ns.name(),
+            [&inject, &limits, &heavy],
+        )
+        .await;
+        let log = gh.log();
+        cluster
+            .kubectl_ok(
+                [
+                    "delete",
+                    "policy",
+                    &inject,
+                    &limits,
+                    &heavy,
+                    "--ignore-not-found",
+                ],
+                None,
+            )
+            .await?;
+        let alive = gh.pid().is_some();
+        gh.shutdown().await?;
+        ns.cleanup().await?;
+        home.cleanup().await?;
+        result?;
+        ensure!(alive, "gatehouse exited during the corpus");
+        ensure!(!log.contains("panicked"), "gatehouse panicked: {log}");
+        Ok(())
+    })
+    .await;
+}
+
+async fn corpus(
+    cluster: &'static Cluster,
+    gh: &Gatehouse,
+    home: &str,
+    ns: &str,
+    [inject, limits, heavy]: [&String; 3],
+) -> anyhow::Result<()> {
+    apply_ready(
+        cluster,
+        inject,
+        &policy(
+            inject,
+            ns,
+            10,
+            "  mutate:\n  - merge: {metadata: {labels: {injected: \"yes\"}}}\n",
+        ),
+    )
+    .await?;
+    apply_ready(
+        cluster,
+        limits,
+        &policy(limits, ns, 10, "  validate:\n  - expression: \"object.spec.containers.all(c, has(c.resources.limits))\"\n    message: every container must declare limits\n"),
+    )
+    .await?;
+    // Cheap for the write-time estimate's 100 annotations, far over budget for 3,000.
+    apply_ready(
+        cluster,
+        heavy,
+        &policy(heavy, ns, 10, "  validate:\n  - expression: \"object.metadata.annotations.all(a, object.metadata.annotations.all(b, a == b || object.metadata.annotations[a] != object.metadata.annotations[b] || true))\"\n    message: never false\n"),
+    )
+    .await?;
+    let (mutate, validate) = entry_paths(cluster, inject, limits).await?;
+
+    install_crypto_provider();
+    let secret = get_json(cluster, &["secret", "gatehouse-tls", "-n", home])
+        .await?
+        .context("no TLS Secret")?;
+    let ca = decode_secret_key(&secret, "ca.crt")?;
+    let ca_file = cluster
+        .state_dir()
+        .join(format!("hostile-ca-{}.pem", std::process::id()));
+    std::fs::write(&ca_file, &ca)?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(ca.as_bytes()) {
+        roots.add(cert?)?;
+    }
+    let tls = Arc::new(
+        rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    );
+    let t = Target {
+        port: gh.port,
+        tls,
+        ca_file,
+    };
+    let good = review("good", ns, "Pod", pod(ns, json!({}))).to_string();
+    let json_type = "application/json";
+
+    // Bodies that are not an AdmissionReview.
+    let not_reviews: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("malformed JSON", b"{\"apiVersion\": ".to_vec(), "not JSON"),
+        ("truncated review", good.as_bytes()[..good.len() / 2].to_vec(), "not JSON"),
+        ("empty body", Vec::new(), "not JSON"),
+        ("binary garbage", vec![0xff, 0x00, 0x13, 0x37, 0x80], "not JSON"),
+        ("invalid UTF-8 inside a string", [b"{\"apiVersion\": \"".as_slice(), &[0xc3, 0x28], b"\"}"].concat(), "not JSON"),
+        ("a UTF-8 byte-order mark", [&[0xef, 0xbb, 0xbf][..], good.as_bytes()].concat(), "not JSON"),
+        ("a number too large for JSON", b"{\"apiVersion\": 1e400}".to_vec(), "not JSON"),
+        ("a JSON array", b"[]".to_vec(), "not a JSON object"),
+        ("a JSON string", b"\"AdmissionReview\"".to_vec(), "not a JSON object"),
+        ("JSON null", b"null".to_vec(), "not a JSON object"),
+        ("a Pod instead of a review", pod(ns, json!({})).to_string().into_bytes(), "apiVersion \\\"v1\\\""),
+        ("apiVersion v1beta1", good.replace("admission.k8s.io/v1", "admission.k8s.io/v1beta1").into_bytes(), "unsupported AdmissionReview apiVersion"),
+        ("kind AdmissionResponse", good.replace("\"AdmissionReview\"", "\"AdmissionResponse\"").into_bytes(), "unsupported kind"),
+        ("no request", json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).to_string().into_bytes(), "missing \\\"request\\\""),
+        ("request is a string", json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": "x"}).to_string().into_bytes(), "missing \\\"request\\\""),
+        ("no uid", good.replace("\"uid\":\"good\",", "").into_bytes(), "request.uid"),
+        ("empty uid", good.replace("\"uid\":\"good\"", "\"uid\":\"\"").into_bytes(), "request.uid"),
+        ("uid is a number", good.replace("\"uid\":\"good\"", "\"uid\":7").into_bytes(), "request.uid"),
+        ("operation *", good.replace("\"CREATE\"", "\"*\"").into_bytes(), "is not an operation"),
+        ("an unknown operation", good.replace("\"CREATE\"", "\"EXPLODE\"").into_bytes(), "request:"),
+        ("10,000-deep nesting", format!("{{\"apiVersion\":\"admission.k8s.io/v1\",\"kind\":\"AdmissionReview\",\"request\":{{\"uid\":\"deep\",\"object\":{}{}}}}}", "[".repeat(10_000), "]".repeat(10_000)).into_bytes(), "recursion limit"),
+    ];
+    ensure!(
+        good.contains("\"uid\":\"good\",") && good.contains("\"CREATE\""),
+        "the corpus edits no longer apply to {good}"
+    );
+    for (name, body, says) in not_reviews {
+        expect(
+            name,
+            &t.raw(&post(&mutate, json_type, &body)).await?,
+            Some(400),
+            says,
+        )?;
+    }
+
+    // Valid reviews of things the Policies do not expect, and unusual but valid JSON.
+    let configmap = review(
+        "cm",
+        ns,
+        "ConfigMap",
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": ns}}),
+    );
+    let answer = t
+        .raw(&post(&mutate, json_type, configmap.to_string().as_bytes()))
+        .await?;
+    expect(
+        "a ConfigMap to a Pod Policy",
+        &answer,
+        Some(200),
+        "\"allowed\":true",
+    )?;
+    ensure!(
+        verdict(&answer).is_some_and(|(_, patch, _)| !patch),
+        "a ConfigMap was patched: {}",
+        answer.body
+    );
+    let duplicated = good.replacen("\"uid\":\"good\"", "\"uid\":\"first\",\"uid\":\"good\"", 1);
+    expect(
+        "a repeated key (the last wins)",
+        &t.raw(&post(&mutate, json_type, duplicated.as_bytes()))
+            .await?,
+        Some(200),
+        "\"uid\":\"good\"",
+    )?;
+    let many: Vec<Value> = (0..400_000).map(|i| json!(i)).collect();
+    let mut huge = pod(ns, json!({}));
+    huge["spec"]["extra"] = Value::Array(many);
+    let answer = t
+        .raw(&post(
+            &mutate,
+            json_type,
+            review("huge", ns, "Pod", huge).to_string().as_bytes(),
+        ))
+        .await?;
+    expect(
+        "a 400,000-element array",
+        &answer,
+        Some(200),
+        "\"allowed\":true",
+    )?;
+    let annotations: serde_json::Map<String, Value> =
+        (0..3000).map(|i| (format!("a{i}"), json!("v"))).collect();
+    let answer = t
+        .raw(&post(
+            &validate,
+            json_type,
+            review("heavy", ns, "Pod", pod(ns, Value::Object(annotations)))
+                .to_string()
+                .as_bytes(),
+        ))
+        .await?;
+    expect(
+        "CEL over its cost budget at run time",
+        &answer,
+        Some(200),
+        "cost budget",
+    )?;
+    ensure!(
+        verdict(&answer).is_some_and(|(allowed, _, _)| !allowed),
+        "an over-budget Fail Policy admitted: {}",
+        answer.body
+    );
+
+    // HTTP itself.
+    expect(
+        "text/plain",
+        &t.raw(&post(&mutate, "text/plain", good.as_bytes())).await?,
+        Some(415),
+        "application/json",
+    )?;
+    expect(
+        "GET",
+        &t.raw(format!("GET {mutate} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+            .await?,
+        Some(405),
+        "webhooks take POST",
+    )?;
+    let put =
+        String::from_utf8(post(&mutate, json_type, good.as_bytes()))?.replacen("POST", "PUT", 1);
+    expect(
+        "PUT",
+        &t.raw(put.as_bytes()).await?,
+        Some(405),
+        "webhooks take POST",
+    )?;
+    expect(
+        "the root path",
+        &t.raw(&post("/", json_type, good.as_bytes())).await?,
+        Some(404),
+        "no webhook at /",
+    )?;
+    expect(
+        "an empty entry",
+        &t.raw(&post("/mutate/", json_type, good.as_bytes())).await?,
+        Some(404),
+        "no webhook at",
+    )?;
+    expect(
+        "an unknown entry",
+        &t.raw(&post("/mutate/nobody", json_type, good.as_bytes()))
+            .await?,
+        Some(404),
+        "no webhook entry",
+    )?;
+    expect(
+        "a path with ..",
+        &t.raw(&post("/mutate/../validate/x", json_type, good.as_bytes()))
+            .await?,
+        Some(404),
+        "no webhook",
+    )?;
+    expect(
+        "a 1 MiB header",
+        &t.raw(
+            format!(
+                "POST {mutate} HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\nContent-Length: 2\r\n\r\n{{}}",
+                "a".repeat(1 << 20)
+            )
+            .as_bytes(),
+        )
+        .await?,
+        Some(431),
+        "",
+    )?;
+    let headers: String = (0..200).map(|i| format!("X-H{i}: v\r\n")).collect();
+    expect(
+        "200 headers",
+        &t.raw(
+            format!("POST {mutate} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: 2\r\n\r\n{{}}")
+                .as_bytes(),
+        )
+        .await?,
+        Some(431),
+        "",
+    )?;
+    expect("Content-Length and chunked together", &t.raw(format!("POST {mutate} HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n").as_bytes()).await?, Some(400), "")?;
+    expect("an invalid chunk size", &t.raw(format!("POST {mutate} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{{}}\r\n0\r\n\r\n").as_bytes()).await?, Some(400), "")?;
+    let short = format!(
+        "POST {mutate} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n{good}"
+    );
+    expect(
+        "a declared length shorter than the body",
+        &t.raw(short.as_bytes()).await?,
+        Some(400),
+        "not JSON",
+    )?;
+    let long = format!(
+        "POST {mutate} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"a\": 1}}"
+    );
+    expect(
+        "a declared length longer than the body",
+        &t.raw(long.as_bytes()).await?,
+        Some(408),
+        "not received within",
+    )?;
+    let declared = format!(
+        "POST {mutate} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        9 << 20
+    );
+    expect(
+        "9 MiB declared, nothing sent",
+        &t.raw(declared.as_bytes()).await?,
+        Some(413),
+        "exceeds",
+    )?;
+    let dir = cluster
+        .state_dir()
+        .join(format!("hostile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let big = dir.join("9MiB.json");
+    std::fs::write(&big, vec![b' '; 9 << 20])?;
+    let big_arg = format!("@{}", big.display());
+    expect(
+        "9 MiB streamed by curl",
+        &t.curl(&[
+            "-H",
+            "content-type: application/json",
+            "--data-binary",
+            &big_arg,
+            &t.url(&mutate),
+        ])
+        .await?,
+        Some(413),
+        "exceeds",
+    )?;
+    expect(
+        "9 MiB streamed chunked by curl",
+        &t.curl(&[
+            "-H",
+            "content-type: application/json",
+            "-H",
+            "transfer-encoding: chunked",
+            "--data-binary",
+            &big_arg,
+            &t.url(&mutate),
+        ])
+        .await?,
+        Some(413),
+        "exceeds",
+    )?;
+    std::fs::remove_dir_all(&dir).ok();
+    let http10 = format!(
+        "POST {mutate} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{good}",
+        good.len()
+    );
+    expect(
+        "HTTP/1.0",
+        &t.raw(http10.as_bytes()).await?,
+        Some(200),
+        "\"allowed\":true",
+    )?;
+    for (name, flag) in [
+        ("HTTP/1.1 (curl)", "--http1.1"),
+        ("HTTP/2 (curl)", "--http2"),
+    ] {
+        let answer = t
+            .curl(&[
+                flag,
+                "-H",
+                "content-type: application/json",
+                "--data-binary",
+                &good,
+                &t.url(&mutate),
+            ])
+            .await?;
+        expect(name, &answer, Some(200), "\"allowed\":true")?;
+        ensure!(
+            verdict(&answer).is_some_and(|(allowed, patch, _)| allowed && patch),
+            "{name}: no patch: {}",
+            answer.body
+        );
+    }
+
+    // TLS: versions before 1.2 are refused, plain HTTP gets no answer.
+    for (name, flag) in [("TLS 1.0", "-tls1"), ("TLS 1.1", "-tls1_1")] {
+        let out = tokio::process::Command::new("openssl")
+            .args([
+                "s_client",
+                "-connect",
+                &format!("127.0.0.1:{}", t.port),
+                flag,
+                "-cipher",
+                "DEFAULT@SECLEVEL=0",
+            ])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .await?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ensure!(
+            !out.status.success() && text.contains("alert protocol version"),
+            "{name} was not refused by the server: {text}"
+        );
+        eprintln!("ok  {name}: refused (alert protocol version)");
+    }
+    let mut plain = TcpStream::connect(("127.0.0.1", t.port)).await?;
+    plain
+        .write_all(&post(&mutate, json_type, good.as_bytes()))
+        .await?;
+    let mut reply = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), plain.read_to_end(&mut reply)).await;
+    ensure!(
+        !String::from_utf8_lossy(&reply).contains("HTTP/1.1 200"),
+        "plain HTTP was answered"
+    );
+    eprintln!(
+        "ok  plain HTTP to the TLS port: no HTTP answer ({} bytes of TLS alert)",
+        reply.len()
+    );
+
+    // Slow and idle clients: cut off, and others are served meanwhile.
+    let mut slow = t.connect().await?;
+    slow.write_all(format!("POST {mutate} HTTP/1.1\r\nHost: x\r\n").as_bytes())
+        .await?;
+    let slowloris = tokio::spawn(async move {
+        for _ in 0..60 {
+            if slow.write_all(b"X-Slow: 1\r\n").await.is_err() || slow.flush().await.is_err() {
+                return true; // cut off
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        false
+    });
+    let mut idle = Vec::new();
+    for _ in 0..1000 {
+        idle.push(TcpStream::connect(("127.0.0.1", t.port)).await?);
+    }
+    let answer = t.raw(&post(&mutate, json_type, good.as_bytes())).await?;
+    expect(
+        "a review beside 1,000 idle connections and a slowloris",
+        &answer,
+        Some(200),
+        "\"allowed\":true",
+    )?;
+    ensure!(slowloris.await?, "the slowloris client was never cut off");
+    eprintln!("ok  slowloris: cut off");
+    drop(idle);
+
+    // Afterwards: a valid review is answered correctly.
+    let answer = t.raw(&post(&mutate, json_type, good.as_bytes())).await?;
+    let Some((true, true, _)) = verdict(&answer) else {
+        bail!("the valid review after the corpus: {answer:?}");
+    };
+    let stored_denial = t.raw(&post(&validate, json_type, review("nolimits", ns, "Pod", json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": ns}, "spec": {"containers": [{"name": "c", "image": "i"}]}})).to_string().as_bytes())).await?;
+    expect(
+        "a valid denial after the corpus",
+        &stored_denial,
+        Some(200),
+        "every container must declare limits",
+    )?;
+    Ok(())
+}
+
+/// The paths of the mutating entry holding `mutating` and the validating entry holding
+/// `validating`, as the configurations give them to the API server.
+async fn entry_paths(
+    cluster: &Cluster,
+    mutating: &str,
+    validating: &str,
+) -> anyhow::Result<(String, String)> {
+    use ::gatehouse::engine::group::GroupPhase;
+    let mut paths = Vec::new();
+    for (kind, policy, phase) in [
+        (
+            "mutatingwebhookconfiguration",
+            mutating,
+            GroupPhase::Mutating,
+        ),
+        (
+            "validatingwebhookconfiguration",
+            validating,
+            GroupPhase::Validating,
+        ),
+    ] {
+        let entry = crate::operator::entry_of(cluster, policy, phase)
+            .await?
+            .with_context(|| format!("{policy} is not wired"))?;
+        let cfg = get_json(cluster, &[kind, "gatehouse"])
+            .await?
+            .context("no configuration")?;
+        let url = cfg["webhooks"]
+            .as_array()
+            .and_then(|ws| ws.iter().find(|w| w["name"] == entry.as_str()))
+            .and_then(|w| w["clientConfig"]["url"].as_str())
+            .with_context(|| format!("no URL for entry {entry}"))?;
+        let path = url
+            .split_once("://")
+            .and_then(|(_, rest)| rest.find('/').map(|i| rest[i..].to_owned()));
+        paths.push(path.with_context(|| format!("no path in {url}"))?);
+    }
+    let validate = paths.pop().context("validating path")?;
+    let mutate = paths.pop().context("mutating path")?;
+    Ok((mutate, validate))
+}
