@@ -3,6 +3,15 @@ use std::time::Duration;
 
 /// Parses a duration flag; the error says what was wrong, for clap to print.
 pub fn parse(input: &str) -> Result<Duration, String> {
+    let total = parse_or_zero(input)?;
+    if total.is_zero() {
+        return Err(format!("duration {input:?} must be positive"));
+    }
+    Ok(total)
+}
+
+/// Like [`parse`], for the flags where zero means "none" (e.g. `--shutdown-delay 0s`).
+pub fn parse_or_zero(input: &str) -> Result<Duration, String> {
     let s = input.trim();
     if s.is_empty() {
         return Err("empty duration; expected e.g. 30s, 15m, 12h, 30d, 1y".into());
@@ -38,9 +47,6 @@ pub fn parse(input: &str) -> Result<Duration, String> {
     if !digits.is_empty() {
         return Err(format!("{input:?} lacks a unit; e.g. {digits}s"));
     }
-    if total == 0 {
-        return Err(format!("duration {input:?} must be positive"));
-    }
     Ok(Duration::from_secs(total))
 }
 
@@ -48,6 +54,14 @@ pub fn parse(input: &str) -> Result<Duration, String> {
 mod tests {
     use super::parse;
     use std::time::Duration;
+
+    #[test]
+    fn zero_is_refused_unless_it_means_none() {
+        assert!(parse("0s").unwrap_err().contains("must be positive"));
+        assert_eq!(super::parse_or_zero("0s"), Ok(Duration::ZERO));
+        assert_eq!(super::parse_or_zero("5s"), Ok(Duration::from_secs(5)));
+        assert!(super::parse_or_zero("5").is_err());
+    }
 
     #[test]
     fn parses_units_and_combinations() {

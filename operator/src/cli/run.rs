@@ -76,7 +76,7 @@ pub struct RunArgs {
     /// On SIGTERM, how long to keep serving with /readyz failing before the webhook port stops
     /// accepting: the time the Service's endpoints need to drop this replica, so the API server
     /// never dials a closed port (in a Deployment: a few seconds).
-    #[arg(long, env = "GATEHOUSE_SHUTDOWN_DELAY", default_value = "0s", value_parser = super::duration::parse)]
+    #[arg(long, env = "GATEHOUSE_SHUTDOWN_DELAY", default_value = "0s", value_parser = super::duration::parse_or_zero)]
     pub shutdown_delay: Duration,
 
     /// On shutdown, how long in-flight reviews may take to finish.
@@ -484,6 +484,12 @@ mod tests {
         assert_eq!(
             args.excluded_namespaces(),
             ["gh", "kube-node-lease", "kube-system"]
+        );
+        // Out of a Deployment nothing withdraws endpoints: stop at once by default.
+        assert_eq!(args.shutdown_delay, Duration::ZERO);
+        assert_eq!(
+            parse(&["--shutdown-delay", "5s"]).shutdown_delay,
+            Duration::from_secs(5)
         );
     }
 
