@@ -19,7 +19,7 @@ use gatehouse_e2e::pods::ipam_gated;
 const ANNOTATION: &str = "gatehouse.dev/ip";
 
 /// An IPPool and a Policy giving every Pod created in `ns` an address from it.
-async fn pool_and_policy(
+pub(crate) async fn pool_and_policy(
     cluster: &Cluster,
     id: &str,
     ns: &str,
@@ -61,7 +61,7 @@ fn pod_json(name: &str, labels: Value) -> Pod {
 
 /// Creates the Pods concurrently (ten at a time). A create the webhook could not answer (a
 /// Gatehouse being restarted; the Policy is `Fail`) is retried: the Pod was not stored.
-async fn create_pods(cluster: &Cluster, ns: &str, names: &[String]) -> anyhow::Result<()> {
+pub(crate) async fn create_pods(cluster: &Cluster, ns: &str, names: &[String]) -> anyhow::Result<()> {
     let api: Api<Pod> = Api::namespaced(cluster.client().await?, ns);
     for chunk in names.chunks(10) {
         let creates = chunk.iter().map(|n| create_pod(&api, n));
@@ -98,7 +98,7 @@ async fn create_pod(api: &Api<Pod>, name: &str) -> anyhow::Result<Pod> {
 }
 
 /// Waits until the API server marks new Pods (the Policy's entry is live).
-async fn await_marking(cluster: &Cluster, ns: &str) -> anyhow::Result<()> {
+pub(crate) async fn await_marking(cluster: &Cluster, ns: &str) -> anyhow::Result<()> {
     let probe = serde_json::to_string(&pod_json("probe", json!({})))?;
     await_condition("Pods to be marked at admission", WAIT, || async {
         let out = cluster
@@ -142,7 +142,7 @@ async fn placed(cluster: &Cluster, ns: &str) -> anyhow::Result<BTreeMap<String, 
 }
 
 /// IPAllocations of `pool`: (address, owner name, owner uid).
-async fn allocations(
+pub(crate) async fn allocations(
     cluster: &Cluster,
     pool: &str,
 ) -> anyhow::Result<Vec<(String, String, String)>> {
@@ -181,7 +181,7 @@ async fn allocations(
 }
 
 /// Every placed Pod's annotation is its own allocation, and no address is held twice.
-async fn assert_consistent(cluster: &Cluster, ns: &str, pool: &str) -> anyhow::Result<usize> {
+pub(crate) async fn assert_consistent(cluster: &Cluster, ns: &str, pool: &str) -> anyhow::Result<usize> {
     let pods = placed(cluster, ns).await?;
     let allocs = allocations(cluster, pool).await?;
     let addresses: BTreeSet<&String> = allocs.iter().map(|a| &a.0).collect();
@@ -203,11 +203,11 @@ async fn assert_consistent(cluster: &Cluster, ns: &str, pool: &str) -> anyhow::R
     Ok(pods.len())
 }
 
-fn names(prefix: &str, n: usize) -> Vec<String> {
+pub(crate) fn names(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}-{i}")).collect()
 }
 
-async fn await_placed(
+pub(crate) async fn await_placed(
     cluster: &Cluster,
     ns: &str,
     n: usize,

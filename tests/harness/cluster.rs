@@ -49,6 +49,11 @@ pub fn try_cluster() -> anyhow::Result<&'static Cluster> {
     result.as_ref().map_err(|err| anyhow::anyhow!("{err}"))
 }
 
+/// Held shared by every test, and exclusively by one that restarts or stops a control-plane
+/// component ([`run_disruptive_test`]), so that no other test sees its outage. (tokio's RwLock
+/// is not tied to a runtime, and queues new readers behind a waiting writer.)
+static DISRUPTION: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 /// Runs an e2e test body against the shared cluster and turns an error into a panic. The panic
 /// hook installed by [`cluster()`] then prints the tails of the control-plane logs.
 pub async fn run_test<F, Fut>(test: F)
@@ -56,6 +61,21 @@ where
     F: FnOnce(&'static Cluster) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
+    let _shared = DISRUPTION.read().await;
+    let cluster = cluster().await;
+    if let Err(err) = test(cluster).await {
+        panic!("{err:#}");
+    }
+}
+
+/// Like [`run_test`], alone on the cluster: for tests that restart or stop the API server or
+/// etcd ([`Cluster::restart`]).
+pub async fn run_disruptive_test<F, Fut>(test: F)
+where
+    F: FnOnce(&'static Cluster) -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let _alone = DISRUPTION.write().await;
     let cluster = cluster().await;
     if let Err(err) = test(cluster).await {
         panic!("{err:#}");
@@ -262,6 +282,26 @@ impl Cluster {
             );
         }
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// Restarts control-plane component `name` (`tests/cluster/restart`), after `pause` without
+    /// it (an outage); returns once the API server is ready again. Only from
+    /// [`run_disruptive_test`].
+    pub async fn restart(&self, name: &str, pause: std::time::Duration) -> anyhow::Result<()> {
+        let script = self.repo_root.join("tests/cluster/restart");
+        let out = tokio::process::Command::new(&script)
+            .arg(name)
+            .arg(pause.as_secs().to_string())
+            .output()
+            .await
+            .with_context(|| format!("running {}", script.display()))?;
+        if !out.status.success() {
+            bail!(
+                "restarting {name} failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
     }
 
     /// A kubeconfig for this cluster that authenticates as the ServiceAccount `namespace/name`

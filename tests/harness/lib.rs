@@ -19,7 +19,8 @@ mod wait;
 mod webhook;
 
 pub use cluster::{
-    Cluster, DeleteGuard, KUBECONFIG_ENV, cluster, dump_logs, run_test, try_cluster,
+    Cluster, DeleteGuard, KUBECONFIG_ENV, cluster, dump_logs, run_disruptive_test, run_test,
+    try_cluster,
 };
 pub use namespace::{E2E_LABEL, TestNamespace};
 pub use wait::{await_condition, await_resource};
