@@ -55,8 +55,10 @@ node_image() { # node_image NAME ROOTFS ENTRYPOINT_JSON USER [CMD_JSON]: builds 
   rm -f "$archive"
   buildah --storage-driver vfs push --quiet "$name" "oci-archive:$archive:$name" >/dev/null
   ctr --address "$state/node/containerd.sock" -n k8s.io images import --all-platforms "$archive" >/dev/null
-  ctr --address "$state/node/containerd.sock" -n k8s.io images ls -q | grep -qx "$name" ||
-    { log "image $name was not imported"; return 1; }
+  # Listed first, then searched: `grep -q` quitting early would make ctr die of SIGPIPE.
+  local images
+  images=$(ctr --address "$state/node/containerd.sock" -n k8s.io images ls -q)
+  grep -qx "$name" <<<"$images" || { log "image $name was not imported"; return 1; }
 }
 
 node_base_images() { # the pause image and a busybox image for test Pods, from busybox-static
@@ -210,11 +212,11 @@ node_stop_containers() { # kills every task of our containerd, drops the sandbox
 }
 
 node_network_down() { # node_network_down: the DNAT rules and the bridge
-  local rule
-  while rule=$(iptables -t nat -S PREROUTING 2>/dev/null | grep -F -- "--comment \"$node_dnat_comment\"" | head -n1) &&
-    [ -n "$rule" ]; do
-    eval "iptables -t nat ${rule/-A /-D }" || break
-  done
+  local rules rule
+  rules=$(iptables -t nat -S PREROUTING 2>/dev/null | grep -F -- "--comment \"$node_dnat_comment\"" || true)
+  while IFS= read -r rule; do
+    [ -n "$rule" ] && eval "iptables -t nat ${rule/-A /-D }" || true
+  done <<<"$rules"
   ip link show "$node_bridge" >/dev/null 2>&1 && ip link delete "$node_bridge" || true
 }
 

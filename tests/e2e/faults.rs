@@ -57,25 +57,56 @@ async fn an_api_server_restart_and_a_20s_etcd_outage_heal_without_restarting_gat
         let ns = TestNamespace::new(cluster, "gh-faults").await?;
         let id = unique(&ns);
         let gh = Gatehouse::start(cluster, home.name(), Options::url()).await?;
-        let names = [format!("before-{id}"), format!("after-api-{id}"), format!("after-etcd-{id}")];
+        let names = [
+            format!("before-{id}"),
+            format!("after-api-{id}"),
+            format!("after-etcd-{id}"),
+        ];
         let result = async {
             let pid = gh.pid().context("gatehouse is not running")?;
-            apply_ready(cluster, &names[0], &labeller(&names[0], ns.name(), "before")).await?;
+            apply_ready(
+                cluster,
+                &names[0],
+                &labeller(&names[0], ns.name(), "before"),
+            )
+            .await?;
 
             cluster.restart("kube-apiserver", Duration::ZERO).await?;
             // The Policy controller sees a Policy written after the restart: its watches resumed.
-            apply_ready(cluster, &names[1], &labeller(&names[1], ns.name(), "after-api")).await?;
+            apply_ready(
+                cluster,
+                &names[1],
+                &labeller(&names[1], ns.name(), "after-api"),
+            )
+            .await?;
             pod_labelled(cluster, ns.name(), "web-1", &["before", "after-api"]).await?;
 
             cluster.restart("etcd", Duration::from_secs(20)).await?;
-            apply_ready(cluster, &names[2], &labeller(&names[2], ns.name(), "after-etcd")).await?;
-            pod_labelled(cluster, ns.name(), "web-2", &["before", "after-api", "after-etcd"]).await?;
+            apply_ready(
+                cluster,
+                &names[2],
+                &labeller(&names[2], ns.name(), "after-etcd"),
+            )
+            .await?;
+            pod_labelled(
+                cluster,
+                ns.name(),
+                "web-2",
+                &["before", "after-api", "after-etcd"],
+            )
+            .await?;
 
             let state = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
             ensure!(
-                gh.pid() == Some(pid) && state.lines().any(|l| l.starts_with("State:") && !l.contains("zombie")),
+                gh.pid() == Some(pid)
+                    && state
+                        .lines()
+                        .any(|l| l.starts_with("State:") && !l.contains("zombie")),
                 "gatehouse (pid {pid}) did not survive: {}",
-                state.lines().find(|l| l.starts_with("State:")).unwrap_or("gone")
+                state
+                    .lines()
+                    .find(|l| l.starts_with("State:"))
+                    .unwrap_or("gone")
             );
             let log = gh.log();
             ensure!(!log.contains("panicked"), "gatehouse panicked: {log}");
@@ -83,7 +114,9 @@ async fn an_api_server_restart_and_a_20s_etcd_outage_heal_without_restarting_gat
         }
         .await;
         for name in &names {
-            cluster.kubectl_ok(["delete", "policy", name, "--ignore-not-found"], None).await?;
+            cluster
+                .kubectl_ok(["delete", "policy", name, "--ignore-not-found"], None)
+                .await?;
         }
         gh.shutdown().await?;
         ns.cleanup().await?;
@@ -107,10 +140,15 @@ async fn a_policy_burst_cut_by_sigkill_is_all_ready_and_wired_after_the_restart(
             let applying = async { apply(cluster, &burst).await };
             let killing = async {
                 // Once the controller has seen part of the burst.
-                await_condition("a Policy of the burst Ready", Duration::from_secs(60), || async {
-                    let p = get_json(cluster, &["policy", &names[0]]).await?;
-                    Ok(p.filter(|p| p["status"]["conditions"].is_array()).map(|_| ()))
-                })
+                await_condition(
+                    "a Policy of the burst Ready",
+                    Duration::from_secs(60),
+                    || async {
+                        let p = get_json(cluster, &["policy", &names[0]]).await?;
+                        Ok(p.filter(|p| p["status"]["conditions"].is_array())
+                            .map(|_| ()))
+                    },
+                )
                 .await?;
                 gh.kill().await
             };
@@ -155,7 +193,9 @@ async fn an_ipam_burst_through_an_api_server_restart_and_an_etcd_outage_leaks_no
         let gh = Gatehouse::start(
             cluster,
             home.name(),
-            Options::url().arg("--gc-interval", "5s").arg("--gc-grace", "5s"),
+            Options::url()
+                .arg("--gc-interval", "5s")
+                .arg("--gc-grace", "5s"),
         )
         .await?;
         let mut made = None;
@@ -171,23 +211,37 @@ async fn an_ipam_burst_through_an_api_server_restart_and_an_etcd_outage_leaks_no
                 tokio::time::sleep(Duration::from_millis(1500)).await;
                 cluster.restart("kube-apiserver", Duration::ZERO).await
             };
-            let (created, restarted) = tokio::join!(create_pods(cluster, ns.name(), &pods), restart);
+            let (created, restarted) =
+                tokio::join!(create_pods(cluster, ns.name(), &pods), restart);
             created?;
             restarted?;
             cluster.restart("etcd", Duration::from_secs(20)).await?;
             await_placed(cluster, ns.name(), pods.len(), Duration::from_secs(120)).await?;
             let placed = assert_consistent(cluster, ns.name(), &pool).await?;
-            ensure!(placed == pods.len(), "{placed} of {} Pods placed", pods.len());
+            ensure!(
+                placed == pods.len(),
+                "{placed} of {} Pods placed",
+                pods.len()
+            );
             let held = allocations(cluster, &pool).await?.len();
-            ensure!(held == pods.len(), "{held} allocations for {} Pods", pods.len());
+            ensure!(
+                held == pods.len(),
+                "{held} allocations for {} Pods",
+                pods.len()
+            );
 
             // Nothing leaks: with the Pods gone, every address comes back.
             cluster
-                .kubectl_ok(["delete", "pods", "--all", "-n", ns.name(), "--wait=true"], None)
+                .kubectl_ok(
+                    ["delete", "pods", "--all", "-n", ns.name(), "--wait=true"],
+                    None,
+                )
                 .await?;
-            await_condition("every address released", Duration::from_secs(90), || async {
-                Ok(allocations(cluster, &pool).await?.is_empty().then_some(()))
-            })
+            await_condition(
+                "every address released",
+                Duration::from_secs(90),
+                || async { Ok(allocations(cluster, &pool).await?.is_empty().then_some(())) },
+            )
             .await?;
             Ok(())
         }

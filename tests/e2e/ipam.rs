@@ -61,7 +61,11 @@ fn pod_json(name: &str, labels: Value) -> Pod {
 
 /// Creates the Pods concurrently (ten at a time). A create the webhook could not answer (a
 /// Gatehouse being restarted; the Policy is `Fail`) is retried: the Pod was not stored.
-pub(crate) async fn create_pods(cluster: &Cluster, ns: &str, names: &[String]) -> anyhow::Result<()> {
+pub(crate) async fn create_pods(
+    cluster: &Cluster,
+    ns: &str,
+    names: &[String],
+) -> anyhow::Result<()> {
     let api: Api<Pod> = Api::namespaced(cluster.client().await?, ns);
     for chunk in names.chunks(10) {
         let creates = chunk.iter().map(|n| create_pod(&api, n));
@@ -181,7 +185,11 @@ pub(crate) async fn allocations(
 }
 
 /// Every placed Pod's annotation is its own allocation, and no address is held twice.
-pub(crate) async fn assert_consistent(cluster: &Cluster, ns: &str, pool: &str) -> anyhow::Result<usize> {
+pub(crate) async fn assert_consistent(
+    cluster: &Cluster,
+    ns: &str,
+    pool: &str,
+) -> anyhow::Result<usize> {
     let pods = placed(cluster, ns).await?;
     let allocs = allocations(cluster, pool).await?;
     let addresses: BTreeSet<&String> = allocs.iter().map(|a| &a.0).collect();
