@@ -214,12 +214,12 @@ async fn run(
             while Instant::now() < deadline {
                 if let Ok(Some((path, bundle))) = read_entry(cluster).await {
                     let mut e = entry.lock().expect("entry lock");
-                    if bundle != e.bundle {
-                        if let Ok(tls) = trust(&bundle) {
-                            e.tls = tls;
-                            e.bundle = bundle;
-                            rotations.fetch_add(1, Ordering::Relaxed);
-                        }
+                    if bundle != e.bundle
+                        && let Ok(tls) = trust(&bundle)
+                    {
+                        e.tls = tls;
+                        e.bundle = bundle;
+                        rotations.fetch_add(1, Ordering::Relaxed);
                     }
                     e.path = path;
                 }
@@ -234,7 +234,7 @@ async fn run(
             let mut i = 0u64;
             while Instant::now() < deadline {
                 i += 1;
-                let doc = if i % 2 == 0 {
+                let doc = if i.is_multiple_of(2) {
                     policy(
                         "soak-mutate",
                         &ns,
@@ -249,7 +249,7 @@ async fn run(
                     )
                 };
                 let _ = cluster.kubectl_ok(["apply", "-f", "-"], Some(&doc)).await;
-                if i % 7 == 0 {
+                if i.is_multiple_of(7) {
                     let name = format!("soak-validate-{}", i % 4);
                     let _ = cluster
                         .kubectl_ok(
