@@ -141,7 +141,7 @@ async fn create_labelled(
     name: &str,
     labels: &[(&str, &str)],
 ) -> anyhow::Result<std::process::Output> {
-    let mut pod: Value = serde_yaml::from_str(&pod(name, ns))?;
+    let mut pod: Value = serde_saphyr::from_str(&pod(name, ns))?;
     for (k, v) in labels {
         pod["metadata"]["labels"][*k] = json!(v);
     }

@@ -15,7 +15,6 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Api;
 use kube::api::PostParams;
 use kube::runtime::wait::conditions::is_crd_established;
-use serde::Deserialize;
 use serde_json::{Value, json};
 
 const DENY_MESSAGE: &str = "denied by smoke test";
@@ -89,9 +88,9 @@ fn crd_manifests(cluster: &Cluster) -> anyhow::Result<(Vec<PathBuf>, Vec<String>
     for file in &files {
         let text =
             fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value = serde_yaml::Value::deserialize(doc)
-                .with_context(|| format!("parsing {}", file.display()))?;
+        let docs = serde_saphyr::from_multiple::<serde_json::Value>(&text)
+            .with_context(|| format!("parsing {}", file.display()))?;
+        for value in docs {
             if value["kind"].as_str() == Some("CustomResourceDefinition") {
                 let name = value["metadata"]["name"]
                     .as_str()

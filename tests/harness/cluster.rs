@@ -321,7 +321,7 @@ impl Cluster {
             .await?;
         let text = fs::read_to_string(&self.kubeconfig)
             .with_context(|| format!("reading {}", self.kubeconfig.display()))?;
-        let mut config: serde_json::Value = serde_yaml::from_str(&text)?;
+        let mut config: serde_json::Value = serde_saphyr::from_str(&text)?;
         let users = config["users"]
             .as_array_mut()
             .context("the kubeconfig has no users")?;
@@ -329,7 +329,7 @@ impl Cluster {
             user["user"] = serde_json::json!({"token": token.trim()});
         }
         let out = self.state_dir.join(file);
-        fs::write(&out, serde_yaml::to_string(&config)?)
+        fs::write(&out, serde_saphyr::to_string(&config)?)
             .with_context(|| format!("writing {}", out.display()))?;
         Ok(out)
     }

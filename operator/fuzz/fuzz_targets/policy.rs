@@ -8,7 +8,7 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else { return };
-    let Ok(policy) = serde_yaml::from_str::<Policy>(text) else { return };
+    let Ok(policy) = serde_saphyr::from_str::<Policy>(text) else { return };
     let problems = validate(&policy);
     let compiled = compile(&policy);
     assert_eq!(

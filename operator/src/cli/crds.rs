@@ -20,7 +20,7 @@ pub enum CrdsError {
     #[error("serializing CRD {name} to YAML: {source}")]
     Serialize {
         name: String,
-        source: serde_yaml::Error,
+        source: serde_saphyr::SerializeError,
     },
     #[error("writing {path}: {source}")]
     Write {
@@ -35,7 +35,7 @@ pub fn generate() -> Result<Vec<(String, String)>, CrdsError> {
     let mut files = Vec::with_capacity(crds.len() + 1);
     for crd in crds {
         let name = crd.metadata.name.clone().unwrap_or_default();
-        let yaml = serde_yaml::to_string(&crd).map_err(|source| CrdsError::Serialize {
+        let yaml = serde_saphyr::to_string(&crd).map_err(|source| CrdsError::Serialize {
             name: name.clone(),
             source,
         })?;

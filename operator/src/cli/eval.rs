@@ -11,7 +11,6 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use crate::api::v1alpha1::{Operation, Policy};
@@ -112,7 +111,7 @@ pub enum EvalError {
     #[error("{}: not YAML or JSON: {source}", .path.display())]
     Parse {
         path: PathBuf,
-        source: serde_yaml::Error,
+        source: serde_saphyr::Error,
     },
     /// A policy document is not a Policy, or does not decode as one.
     #[error("{}: document {index}: {message}", .path.display())]
@@ -215,17 +214,11 @@ fn read(path: &Path) -> Result<Vec<u8>, EvalError> {
 
 /// Every non-empty YAML document of a file, as JSON values (JSON is YAML).
 fn yaml_documents(path: &Path, bytes: &[u8]) -> Result<Vec<Value>, EvalError> {
-    let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_slice(bytes) {
-        let value = Value::deserialize(doc).map_err(|source| EvalError::Parse {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        if !value.is_null() {
-            docs.push(value);
-        }
-    }
-    Ok(docs)
+    // Empty and null documents are skipped.
+    serde_saphyr::from_slice_multiple::<Value>(bytes).map_err(|source| EvalError::Parse {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Reads every Policy of every file and compiles them, reporting every problem of every Policy
