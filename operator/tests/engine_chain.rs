@@ -1,5 +1,7 @@
 //! A shared entry's members as one chain: order, one working copy, per-member matching and
 //! failurePolicy, and what each member did.
+// Helpers of a test may unwrap too: a panic is how a test fails.
+#![allow(clippy::unwrap_used)]
 use std::collections::BTreeMap;
 
 use gatehouse::api::v1alpha1::{Policy, ReinvocationPolicy};
@@ -300,7 +302,7 @@ fn with_containers(n: usize) -> Request {
     let containers: Vec<Value> = (0..n)
         .map(|i| json!({"name": format!("c{i}"), "image": "app:1"}))
         .collect();
-    req.object.as_mut().unwrap()["spec"]["containers"] = json!(containers);
+    req.object.as_mut().expect("a CREATE has an object")["spec"]["containers"] = json!(containers);
     req
 }
 

@@ -1,4 +1,6 @@
 //! `gatehouse eval` end to end, through `cli::eval::run` with the fixtures in testdata/.
+// Helpers of a test may unwrap too: a panic is how a test fails.
+#![allow(clippy::unwrap_used)]
 use std::path::PathBuf;
 
 use base64::Engine as _;

@@ -111,7 +111,8 @@ pub enum EvalError {
     #[error("{}: not YAML or JSON: {source}", .path.display())]
     Parse {
         path: PathBuf,
-        source: serde_saphyr::Error,
+        // Boxed: the parser's error carries a snippet of the document and is large.
+        source: Box<serde_saphyr::Error>,
     },
     /// A policy document is not a Policy, or does not decode as one.
     #[error("{}: document {index}: {message}", .path.display())]
@@ -217,7 +218,7 @@ fn yaml_documents(path: &Path, bytes: &[u8]) -> Result<Vec<Value>, EvalError> {
     // Empty and null documents are skipped.
     serde_saphyr::from_slice_multiple::<Value>(bytes).map_err(|source| EvalError::Parse {
         path: path.to_path_buf(),
-        source,
+        source: Box::new(source),
     })
 }
 

@@ -390,24 +390,25 @@ pub fn admit(req: &Request, policies: &[&CompiledPolicy], namespace: Namespace<'
     let mut chain = Chain::new(req);
     let mut invoked: Vec<usize> = Vec::new();
     let mut again = vec![false; groups.mutating.len()];
-    let entry = |chain: &mut Chain, g: &super::group::Group| -> Result<(bool, bool), Response> {
-        chain.flush().map_err(|e| {
-            Response::deny(500, "InternalError", format!("a patch does not apply: {e}"))
-        })?;
-        let out = mutate(&chain.current, &members_of(g), g.reinvocation_policy, scope);
-        let ran = out
-            .evaluated
-            .iter()
-            .any(|e| matches!(e.decision, Decision::Allowed | Decision::Patched));
-        chain.evaluated.extend(out.evaluated);
-        chain.warnings.extend(out.response.warnings.iter().cloned());
-        if !out.response.allowed {
-            return Err(out.response);
-        }
-        let changed = out.response.patched();
-        chain.patch.extend(out.response.patch.0);
-        Ok((ran, changed))
-    };
+    let entry =
+        |chain: &mut Chain<'_>, g: &super::group::Group| -> Result<(bool, bool), Response> {
+            chain.flush().map_err(|e| {
+                Response::deny(500, "InternalError", format!("a patch does not apply: {e}"))
+            })?;
+            let out = mutate(&chain.current, &members_of(g), g.reinvocation_policy, scope);
+            let ran = out
+                .evaluated
+                .iter()
+                .any(|e| matches!(e.decision, Decision::Allowed | Decision::Patched));
+            chain.evaluated.extend(out.evaluated);
+            chain.warnings.extend(out.response.warnings.iter().cloned());
+            if !out.response.allowed {
+                return Err(out.response);
+            }
+            let changed = out.response.patched();
+            chain.patch.extend(out.response.patch.0);
+            Ok((ran, changed))
+        };
     for (i, g) in groups.mutating.iter().enumerate() {
         let (ran, changed) = match entry(&mut chain, g) {
             Ok(done) => done,
