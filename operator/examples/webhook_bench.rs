@@ -20,10 +20,11 @@ use gatehouse::cli::eval::load_policies;
 // The same allocator as the `gatehouse` binary, for both modes, so the comparison is fair.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use gatehouse::serve::{Handler, serve_tls};
 use gatehouse::telemetry::{self, Metrics};
 use gatehouse::tls::{self, CertResolver};
-use gatehouse::webhook::{self, Handler, PolicyStore, WebhookState};
-use http::{StatusCode, header};
+use gatehouse::webhook::{self, PolicyStore, WebhookState};
+use http::StatusCode;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
@@ -85,11 +86,10 @@ async fn main() -> anyhow::Result<()> {
             for policy in loaded {
                 policies.upsert(Arc::new(policy));
             }
-            let state = Arc::new(WebhookState::new(policies, Arc::new(Metrics::new())));
-            Arc::new(move |req| {
-                let state = state.clone();
-                Box::pin(async move { webhook::handle(state, req).await })
-            })
+            webhook::handler(Arc::new(WebhookState::new(
+                policies,
+                Arc::new(Metrics::new()),
+            )))
         }
         Mode::Baseline => Arc::new(|req| Box::pin(baseline(req))),
     };
@@ -107,7 +107,7 @@ async fn main() -> anyhow::Result<()> {
         }
     };
     println!("ready");
-    webhook::serve_tls(listener, server_config, handler, stopped, DRAIN).await;
+    serve_tls(listener, server_config, handler, stopped, DRAIN).await;
     Ok(())
 }
 
@@ -128,11 +128,5 @@ async fn baseline(req: Request<Incoming>) -> Response<Full<Bytes>> {
             }
         },
     };
-    let mut resp = Response::new(Full::new(Bytes::from(body.to_string())));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    resp
+    gatehouse::serve::response(status, body.to_string(), "application/json")
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{StatusCode, header};
+use http::StatusCode;
 use http_body_util::Full;
 use hyper::{Request, Response};
 
@@ -14,6 +14,14 @@ use crate::telemetry::Metrics;
 pub struct AdminState {
     pub readiness: Arc<Readiness>,
     pub metrics: Arc<Metrics>,
+}
+
+/// The admin port's [`Handler`](crate::serve::Handler): [`handle`] over `state`.
+pub fn handler(state: Arc<AdminState>) -> crate::serve::Handler {
+    Arc::new(move |req| {
+        let resp = handle(&state, &req);
+        Box::pin(async move { resp })
+    })
 }
 
 /// Handles one admin request.
@@ -52,13 +60,7 @@ pub fn handle<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> 
 }
 
 fn text(status: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {
-    let mut resp = Response::new(Full::new(Bytes::from(body)));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static(content_type),
-    );
-    resp
+    crate::serve::response(status, body, content_type)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ pub mod effects;
 pub mod engine;
 pub mod lease;
 pub mod reconcile;
+pub mod serve;
 pub mod telemetry;
 pub mod tls;
 pub mod webhook;

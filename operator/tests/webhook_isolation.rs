@@ -15,7 +15,7 @@ use gatehouse::engine::cost::{COST_BUDGET, estimate};
 use gatehouse::engine::{cel, compile};
 use gatehouse::telemetry::Metrics;
 use gatehouse::tls::{CertResolver, server_config};
-use gatehouse::webhook::{self, Handler, PolicyStore, WebhookState};
+use gatehouse::webhook::{self, PolicyStore, WebhookState};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -85,13 +85,10 @@ async fn start() -> Servers {
     }
     let metrics = Arc::new(Metrics::new());
     let state = Arc::new(WebhookState::new(policies, metrics.clone()));
-    let handler: Handler = Arc::new(move |req| {
-        let state = state.clone();
-        Box::pin(async move { webhook::handle(state, req).await })
-    });
+    let handler = webhook::handler(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let webhook_port = listener.local_addr().unwrap().port();
-    tokio::spawn(webhook::serve_tls(
+    tokio::spawn(gatehouse::serve::serve_tls(
         listener,
         Arc::new(server_config(resolver).unwrap()),
         handler,
@@ -105,13 +102,10 @@ async fn start() -> Servers {
         readiness,
         metrics: metrics.clone(),
     });
-    let admin_handler: Handler = Arc::new(move |req| {
-        let resp = admin::handle(&admin_state, &req);
-        Box::pin(async move { resp })
-    });
+    let admin_handler = admin::handler(admin_state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin_port = listener.local_addr().unwrap().port();
-    tokio::spawn(webhook::serve_http(
+    tokio::spawn(gatehouse::serve::serve_http(
         listener,
         admin_handler,
         std::future::pending(),

@@ -12,7 +12,7 @@ use gatehouse::api::v1alpha1::Policy;
 use gatehouse::engine::compile;
 use gatehouse::telemetry::Metrics;
 use gatehouse::tls::{CertResolver, server_config};
-use gatehouse::webhook::{self, Handler, MAX_BODY_BYTES, PolicyStore, WebhookState};
+use gatehouse::webhook::{self, MAX_BODY_BYTES, PolicyStore, WebhookState};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper::{Method, Request, StatusCode};
@@ -66,14 +66,11 @@ async fn start(body_read_timeout: Duration) -> Server {
     let mut state = WebhookState::new(policies.clone(), Arc::new(Metrics::new()));
     state.body_read_timeout = body_read_timeout;
     let state = Arc::new(state);
-    let handler: Handler = Arc::new(move |req| {
-        let state = state.clone();
-        Box::pin(async move { webhook::handle(state, req).await })
-    });
+    let handler = webhook::handler(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let (stop, stopped) = oneshot::channel::<()>();
-    let done = tokio::spawn(webhook::serve_tls(
+    let done = tokio::spawn(gatehouse::serve::serve_tls(
         listener,
         config,
         handler,

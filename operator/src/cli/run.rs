@@ -15,9 +15,10 @@ use crate::controller::wiring::{CONFIGURATION_NAME, Endpoint, Wiring};
 use crate::controller::{self, Context, Readiness};
 use crate::effects::ipam::{self, IpamConfig};
 use crate::lease::{self, Leadership, LeaseConfig};
+use crate::serve;
 use crate::telemetry::{self, CertLabels, Metrics};
 use crate::tls::{self, CertResolver, Coordination, San, TlsConfig, TlsManager};
-use crate::webhook::{self, Handler, PolicyStore, WebhookState};
+use crate::webhook::{self, PolicyStore, WebhookState};
 
 /// Flags of `gatehouse run`; every flag is also an environment variable.
 #[derive(clap::Args, Debug, Clone)]
@@ -309,16 +310,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let mut state = WebhookState::new(policies.clone(), metrics.clone());
     state.namespaces = namespaces;
     let state = Arc::new(state);
-    let webhook_handler: Handler = Arc::new(move |req| {
-        let state = state.clone();
-        Box::pin(async move { webhook::handle(state, req).await })
-    });
+    let webhook_handler = webhook::handler(state);
     let (webhook_stopped, drain) = (stopped(), args.drain_timeout);
     let workers = tokio::runtime::Handle::current();
-    let webhook_task = webhook::on_own_thread("gatehouse-accept", move || async move {
+    let webhook_task = serve::on_own_thread("gatehouse-accept", move || async move {
         match TcpListener::from_std(webhook_listener) {
             Ok(listener) => {
-                webhook::serve_tls_on(
+                serve::serve_tls_on(
                     Some(workers),
                     listener,
                     server_config,
@@ -340,15 +338,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         readiness: readiness.clone(),
         metrics: metrics.clone(),
     });
-    let admin_handler: Handler = Arc::new(move |req| {
-        let resp = admin::handle(&admin_state, &req);
-        Box::pin(async move { resp })
-    });
+    let admin_handler = admin::handler(admin_state);
     let admin_stopped = stopped();
-    let admin_task = webhook::on_own_thread("gatehouse-admin", move || async move {
+    let admin_task = serve::on_own_thread("gatehouse-admin", move || async move {
         match TcpListener::from_std(admin_listener) {
             Ok(listener) => {
-                webhook::serve_http(
+                serve::serve_http(
                     listener,
                     admin_handler,
                     admin_stopped,

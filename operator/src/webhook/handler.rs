@@ -83,6 +83,15 @@ impl<'a> Route<'a> {
     }
 }
 
+/// The webhook port's [`Handler`](crate::serve::Handler): [`handle`] over `state`. `gatehouse run`,
+/// the server tests and the benchmark server all serve this one.
+pub fn handler(state: Arc<WebhookState>) -> crate::serve::Handler {
+    Arc::new(move |req| {
+        let state = state.clone();
+        Box::pin(async move { handle(state, req).await })
+    })
+}
+
 /// Handles one request on the webhook port.
 pub async fn handle(state: Arc<WebhookState>, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
@@ -378,13 +387,7 @@ async fn too_large(body: &mut Incoming) -> Response<Full<Bytes>> {
 }
 
 fn json(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
-    let mut resp = Response::new(Full::new(Bytes::from(body)));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    resp
+    crate::serve::response(status, body, "application/json")
 }
 
 /// Errors are JSON too, so that the API server's log shows the reason verbatim.

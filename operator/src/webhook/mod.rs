@@ -8,7 +8,7 @@
 //!   each evaluation with the sizes the request actually holds. Past it the expression is not
 //!   run; it fails like any run-time error and the Policy's failurePolicy decides.
 //! * *Isolation*: the admin port (`/readyz`, `/livez`, `/metrics`) and the webhook port's accept
-//!   loop run on threads and runtimes of their own ([`on_own_thread`]); accepted connections are
+//!   loop run on threads and runtimes of their own ([`crate::serve::on_own_thread`]); accepted connections are
 //!   handed to the main runtime's workers. A review for an entry with a heavy Policy (an expression
 //!   estimated over [`crate::engine::cost::HEAVY`] at the assumed collection size) is evaluated
 //!   on the blocking pool, taking turns on half the CPUs, never on the async workers that
@@ -22,12 +22,12 @@
 //!   0.27 against 0.38 of the fixed-allow baseline).
 mod handler;
 mod namespaces;
-mod serve;
 mod store;
 
-pub use handler::{BODY_READ_TIMEOUT, Route, WebhookState, handle, heavy_evaluations_in_flight};
+pub use handler::{
+    BODY_READ_TIMEOUT, Route, WebhookState, handle, handler, heavy_evaluations_in_flight,
+};
 pub use namespaces::Namespaces;
-pub use serve::{Handler, on_own_thread, serve_http, serve_tls, serve_tls_on};
 pub use store::{Lookup, PolicyStore, RETIRED_GRACE};
 
 /// Largest AdmissionReview body accepted. The API server caps request objects at 3 MiB; 8 MiB

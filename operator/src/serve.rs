@@ -17,6 +17,21 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
+/// A response with `status`, `body` and its `Content-Type`: what both ports answer with.
+pub fn response(
+    status: http::StatusCode,
+    body: impl Into<Bytes>,
+    content_type: &'static str,
+) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(body.into()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::header::HeaderValue::from_static(content_type),
+    );
+    resp
+}
+
 /// A request handler: the same shape for both ports.
 pub type Handler = Arc<
     dyn Fn(Request<Incoming>) -> Pin<Box<dyn Future<Output = Response<Full<Bytes>>> + Send>>
