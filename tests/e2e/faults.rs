@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use gatehouse_e2e::gatehouse::{Gatehouse, Options};
-use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_disruptive_test};
+use gatehouse_e2e::gatehouse::Options;
+use gatehouse_e2e::{Cluster, await_condition, run_disruptive_test};
 use serde_json::Value;
 
 use crate::ipam::{
@@ -16,7 +16,7 @@ use crate::ipam::{
     pool_and_policy,
 };
 use crate::operator::{
-    apply, apply_ready, await_ready, create_pod_until, get_json, policy, unique, wired_groups,
+    Scene, apply, apply_ready, await_ready, create_pod_until, get_json, policy, wired_groups,
 };
 
 /// A Policy that labels Pods `<label>: "yes"`.
@@ -53,44 +53,27 @@ async fn pod_labelled(
 #[tokio::test]
 async fn an_api_server_restart_and_a_20s_etcd_outage_heal_without_restarting_gatehouse() {
     run_disruptive_test(|cluster| async move {
-        let home = TestNamespace::new(cluster, "gh-faults-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-faults").await?;
-        let id = unique(&ns);
-        let gh = Gatehouse::start(cluster, home.name(), Options::url()).await?;
+        let scene = Scene::start(cluster, "gh-faults", Options::url()).await?;
+        let (ns, id) = (scene.ns().to_owned(), scene.id());
         let names = [
             format!("before-{id}"),
             format!("after-api-{id}"),
             format!("after-etcd-{id}"),
         ];
         let result = async {
-            let pid = gh.pid().context("gatehouse is not running")?;
-            apply_ready(
-                cluster,
-                &names[0],
-                &labeller(&names[0], ns.name(), "before"),
-            )
-            .await?;
+            let pid = scene.gh.pid().context("gatehouse is not running")?;
+            apply_ready(cluster, &names[0], &labeller(&names[0], &ns, "before")).await?;
 
             cluster.restart("kube-apiserver", Duration::ZERO).await?;
             // The Policy controller sees a Policy written after the restart: its watches resumed.
-            apply_ready(
-                cluster,
-                &names[1],
-                &labeller(&names[1], ns.name(), "after-api"),
-            )
-            .await?;
-            pod_labelled(cluster, ns.name(), "web-1", &["before", "after-api"]).await?;
+            apply_ready(cluster, &names[1], &labeller(&names[1], &ns, "after-api")).await?;
+            pod_labelled(cluster, &ns, "web-1", &["before", "after-api"]).await?;
 
             cluster.restart("etcd", Duration::from_secs(20)).await?;
-            apply_ready(
-                cluster,
-                &names[2],
-                &labeller(&names[2], ns.name(), "after-etcd"),
-            )
-            .await?;
+            apply_ready(cluster, &names[2], &labeller(&names[2], &ns, "after-etcd")).await?;
             pod_labelled(
                 cluster,
-                ns.name(),
+                &ns,
                 "web-2",
                 &["before", "after-api", "after-etcd"],
             )
@@ -98,7 +81,7 @@ async fn an_api_server_restart_and_a_20s_etcd_outage_heal_without_restarting_gat
 
             let state = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
             ensure!(
-                gh.pid() == Some(pid)
+                scene.gh.pid() == Some(pid)
                     && state
                         .lines()
                         .any(|l| l.starts_with("State:") && !l.contains("zombie")),
@@ -108,20 +91,13 @@ async fn an_api_server_restart_and_a_20s_etcd_outage_heal_without_restarting_gat
                     .find(|l| l.starts_with("State:"))
                     .unwrap_or("gone")
             );
-            let log = gh.log();
+            let log = scene.gh.log();
             ensure!(!log.contains("panicked"), "gatehouse panicked: {log}");
             Ok(())
         }
         .await;
-        for name in &names {
-            cluster
-                .kubectl_ok(["delete", "policy", name, "--ignore-not-found"], None)
-                .await?;
-        }
-        gh.shutdown().await?;
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result
+        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+        scene.finish(&refs, result).await
     })
     .await;
 }
@@ -129,13 +105,11 @@ async fn an_api_server_restart_and_a_20s_etcd_outage_heal_without_restarting_gat
 #[tokio::test]
 async fn a_policy_burst_cut_by_sigkill_is_all_ready_and_wired_after_the_restart() {
     run_disruptive_test(|cluster| async move {
-        let home = TestNamespace::new(cluster, "gh-burst-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-burst").await?;
-        let id = unique(&ns);
-        let mut gh = Gatehouse::start(cluster, home.name(), Options::url()).await?;
+        let mut scene = Scene::start(cluster, "gh-burst", Options::url()).await?;
+        let (ns, id) = (scene.ns().to_owned(), scene.id());
         let names: Vec<String> = (0..40).map(|i| format!("burst-{id}-{i:02}")).collect();
         let result = async {
-            let all: Vec<String> = names.iter().map(|n| labeller(n, ns.name(), n)).collect();
+            let all: Vec<String> = names.iter().map(|n| labeller(n, &ns, n)).collect();
             let burst = all.join("---\n");
             let applying = async { apply(cluster, &burst).await };
             let killing = async {
@@ -150,12 +124,12 @@ async fn a_policy_burst_cut_by_sigkill_is_all_ready_and_wired_after_the_restart(
                     },
                 )
                 .await?;
-                gh.kill().await
+                scene.gh.kill().await
             };
             let (applied, killed) = tokio::join!(applying, killing);
             applied?;
             killed?;
-            gh.restart().await?;
+            scene.gh.restart().await?;
             for name in &names {
                 await_ready(cluster, name, "True").await?;
             }
@@ -168,18 +142,12 @@ async fn a_policy_burst_cut_by_sigkill_is_all_ready_and_wired_after_the_restart(
             })
             .await?;
             let last = &names[names.len() - 1];
-            pod_labelled(cluster, ns.name(), "web", &[&names[0], last]).await?;
+            pod_labelled(cluster, &ns, "web", &[&names[0], last]).await?;
             Ok(())
         }
         .await;
         let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        let mut delete = vec!["delete", "policy", "--ignore-not-found"];
-        delete.extend(refs);
-        cluster.kubectl_ok(&delete, None).await?;
-        gh.shutdown().await?;
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result
+        scene.finish(&refs, result).await
     })
     .await;
 }
@@ -187,23 +155,17 @@ async fn a_policy_burst_cut_by_sigkill_is_all_ready_and_wired_after_the_restart(
 #[tokio::test]
 async fn an_ipam_burst_through_an_api_server_restart_and_an_etcd_outage_leaks_nothing() {
     run_disruptive_test(|cluster| async move {
-        let home = TestNamespace::new(cluster, "gh-ipam-faults-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-ipam-faults").await?;
-        let id = unique(&ns);
-        let gh = Gatehouse::start(
-            cluster,
-            home.name(),
-            Options::url()
-                .arg("--gc-interval", "5s")
-                .arg("--gc-grace", "5s"),
-        )
-        .await?;
+        let options = Options::url()
+            .arg("--gc-interval", "5s")
+            .arg("--gc-grace", "5s");
+        let scene = Scene::start(cluster, "gh-ipam-faults", options).await?;
+        let (ns, id) = (scene.ns().to_owned(), scene.id());
         let mut made = None;
         let result = async {
             let (pool, policy) =
-                pool_and_policy(cluster, &id, ns.name(), "10.79.0.0/24", &[], "Fail").await?;
+                pool_and_policy(cluster, &id, &ns, "10.79.0.0/24", &[], "Fail").await?;
             made = Some((pool.clone(), policy));
-            await_marking(cluster, ns.name()).await?;
+            await_marking(cluster, &ns).await?;
             let pods = pod_names("web", 60);
             // The API server goes away while the Pods are created (creates are retried) and the
             // effects loop allocates; then etcd goes for 20 s while allocations are under way.
@@ -211,13 +173,12 @@ async fn an_ipam_burst_through_an_api_server_restart_and_an_etcd_outage_leaks_no
                 tokio::time::sleep(Duration::from_millis(1500)).await;
                 cluster.restart("kube-apiserver", Duration::ZERO).await
             };
-            let (created, restarted) =
-                tokio::join!(create_pods(cluster, ns.name(), &pods), restart);
+            let (created, restarted) = tokio::join!(create_pods(cluster, &ns, &pods), restart);
             created?;
             restarted?;
             cluster.restart("etcd", Duration::from_secs(20)).await?;
-            await_placed(cluster, ns.name(), pods.len(), Duration::from_secs(120)).await?;
-            let placed = assert_consistent(cluster, ns.name(), &pool).await?;
+            await_placed(cluster, &ns, pods.len(), Duration::from_secs(120)).await?;
+            let placed = assert_consistent(cluster, &ns, &pool).await?;
             ensure!(
                 placed == pods.len(),
                 "{placed} of {} Pods placed",
@@ -232,10 +193,7 @@ async fn an_ipam_burst_through_an_api_server_restart_and_an_etcd_outage_leaks_no
 
             // Nothing leaks: with the Pods gone, every address comes back.
             cluster
-                .kubectl_ok(
-                    ["delete", "pods", "--all", "-n", ns.name(), "--wait=true"],
-                    None,
-                )
+                .kubectl_ok(["delete", "pods", "--all", "-n", &ns, "--wait=true"], None)
                 .await?;
             await_condition(
                 "every address released",
@@ -249,10 +207,7 @@ async fn an_ipam_burst_through_an_api_server_restart_and_an_etcd_outage_leaks_no
         if let Some((pool, policy)) = &made {
             gatehouse_e2e::gatehouse::remove_pool(cluster, pool, policy).await?;
         }
-        gh.shutdown().await?;
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result
+        scene.finish(&[], result).await
     })
     .await;
 }

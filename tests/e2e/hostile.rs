@@ -395,108 +395,144 @@ async fn corpus(
         answer.body
     );
 
-    // HTTP itself.
-    expect(
-        "text/plain",
-        &t.raw(&post(&mutate, "text/plain", good.as_bytes())).await?,
-        Some(415),
-        "application/json",
-    )?;
-    expect(
-        "GET",
-        &t.raw(format!("GET {mutate} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-            .await?,
-        Some(405),
-        "webhooks take POST",
-    )?;
-    let put =
-        String::from_utf8(post(&mutate, json_type, good.as_bytes()))?.replacen("POST", "PUT", 1);
-    expect(
-        "PUT",
-        &t.raw(put.as_bytes()).await?,
-        Some(405),
-        "webhooks take POST",
-    )?;
-    expect(
-        "the root path",
-        &t.raw(&post("/", json_type, good.as_bytes())).await?,
-        Some(404),
-        "no webhook at /",
-    )?;
-    expect(
-        "an empty entry",
-        &t.raw(&post("/mutate/", json_type, good.as_bytes())).await?,
-        Some(404),
-        "no webhook at",
-    )?;
-    expect(
-        "an unknown entry",
-        &t.raw(&post("/mutate/nobody", json_type, good.as_bytes()))
-            .await?,
-        Some(404),
-        "no webhook entry",
-    )?;
-    expect(
-        "a path with ..",
-        &t.raw(&post("/mutate/../validate/x", json_type, good.as_bytes()))
-            .await?,
-        Some(404),
-        "no webhook",
-    )?;
-    expect(
-        "a 1 MiB header",
-        &t.raw(
+    // HTTP itself, as raw bytes: (case, request, status, message).
+    let head = |method: &str, version: &str, headers: &str| {
+        format!("{method} {mutate} HTTP/{version}\r\nHost: x\r\n{headers}")
+    };
+    let json_headers = "Content-Type: application/json\r\n";
+    let many: String = (0..200).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let http: Vec<(&str, Vec<u8>, u16, &str)> = vec![
+        (
+            "text/plain",
+            post(&mutate, "text/plain", good.as_bytes()),
+            415,
+            "application/json",
+        ),
+        (
+            "GET",
+            format!("{}Connection: close\r\n\r\n", head("GET", "1.1", "")).into_bytes(),
+            405,
+            "webhooks take POST",
+        ),
+        (
+            "PUT",
+            String::from_utf8(post(&mutate, json_type, good.as_bytes()))?
+                .replacen("POST", "PUT", 1)
+                .into_bytes(),
+            405,
+            "webhooks take POST",
+        ),
+        (
+            "the root path",
+            post("/", json_type, good.as_bytes()),
+            404,
+            "no webhook at /",
+        ),
+        (
+            "an empty entry",
+            post("/mutate/", json_type, good.as_bytes()),
+            404,
+            "no webhook at",
+        ),
+        (
+            "an unknown entry",
+            post("/mutate/nobody", json_type, good.as_bytes()),
+            404,
+            "no webhook entry",
+        ),
+        (
+            "a path with ..",
+            post("/mutate/../validate/x", json_type, good.as_bytes()),
+            404,
+            "no webhook",
+        ),
+        (
+            "a 1 MiB header",
             format!(
-                "POST {mutate} HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\nContent-Length: 2\r\n\r\n{{}}",
+                "{}X-Big: {}\r\nContent-Length: 2\r\n\r\n{{}}",
+                head("POST", "1.1", ""),
                 "a".repeat(1 << 20)
             )
-            .as_bytes(),
-        )
-        .await?,
-        Some(431),
-        "",
-    )?;
-    let headers: String = (0..200).map(|i| format!("X-H{i}: v\r\n")).collect();
-    expect(
-        "200 headers",
-        &t.raw(
-            format!("POST {mutate} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: 2\r\n\r\n{{}}")
-                .as_bytes(),
-        )
-        .await?,
-        Some(431),
-        "",
-    )?;
-    expect("Content-Length and chunked together", &t.raw(format!("POST {mutate} HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n").as_bytes()).await?, Some(400), "")?;
-    expect("an invalid chunk size", &t.raw(format!("POST {mutate} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{{}}\r\n0\r\n\r\n").as_bytes()).await?, Some(400), "")?;
-    let short = format!(
-        "POST {mutate} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 10\r\n\r\n{good}"
-    );
-    expect(
-        "a declared length shorter than the body",
-        &t.raw(short.as_bytes()).await?,
-        Some(400),
-        "not JSON",
-    )?;
-    let long = format!(
-        "POST {mutate} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"a\": 1}}"
-    );
-    expect(
-        "a declared length longer than the body",
-        &t.raw(long.as_bytes()).await?,
-        Some(408),
-        "not received within",
-    )?;
-    let declared = format!(
-        "POST {mutate} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        9 << 20
-    );
-    expect(
-        "9 MiB declared, nothing sent",
-        &t.raw(declared.as_bytes()).await?,
-        Some(413),
-        "exceeds",
-    )?;
+            .into_bytes(),
+            431,
+            "",
+        ),
+        (
+            "200 headers",
+            format!(
+                "{}Content-Length: 2\r\n\r\n{{}}",
+                head("POST", "1.1", &many)
+            )
+            .into_bytes(),
+            431,
+            "",
+        ),
+        (
+            "Content-Length and chunked together",
+            format!(
+                "{}Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+                head("POST", "1.1", "")
+            )
+            .into_bytes(),
+            400,
+            "",
+        ),
+        (
+            "an invalid chunk size",
+            format!(
+                "{}Transfer-Encoding: chunked\r\n\r\nzz\r\n{{}}\r\n0\r\n\r\n",
+                head("POST", "1.1", json_headers)
+            )
+            .into_bytes(),
+            400,
+            "",
+        ),
+        (
+            "a declared length shorter than the body",
+            format!(
+                "{}Content-Length: 10\r\n\r\n{good}",
+                head("POST", "1.1", json_headers)
+            )
+            .into_bytes(),
+            400,
+            "not JSON",
+        ),
+        (
+            "a declared length longer than the body",
+            format!(
+                "{}Content-Length: 1000\r\n\r\n{{\"a\": 1}}",
+                head("POST", "1.1", json_headers)
+            )
+            .into_bytes(),
+            408,
+            "not received within",
+        ),
+        (
+            "9 MiB declared, nothing sent",
+            format!(
+                "{}Content-Length: {}\r\n\r\n",
+                head("POST", "1.1", json_headers),
+                9 << 20
+            )
+            .into_bytes(),
+            413,
+            "exceeds",
+        ),
+        (
+            "HTTP/1.0",
+            format!(
+                "{}Content-Length: {}\r\n\r\n{good}",
+                head("POST", "1.0", json_headers),
+                good.len()
+            )
+            .into_bytes(),
+            200,
+            "\"allowed\":true",
+        ),
+    ];
+    for (name, request, status, says) in http {
+        expect(name, &t.raw(&request).await?, Some(status), says)?;
+    }
     let dir = cluster
         .state_dir()
         .join(format!("hostile-{}", std::process::id()));
@@ -533,16 +569,6 @@ async fn corpus(
         "exceeds",
     )?;
     std::fs::remove_dir_all(&dir).ok();
-    let http10 = format!(
-        "POST {mutate} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{good}",
-        good.len()
-    );
-    expect(
-        "HTTP/1.0",
-        &t.raw(http10.as_bytes()).await?,
-        Some(200),
-        "\"allowed\":true",
-    )?;
     for (name, flag) in [
         ("HTTP/1.1 (curl)", "--http1.1"),
         ("HTTP/2 (curl)", "--http2"),

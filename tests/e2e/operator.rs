@@ -248,6 +248,9 @@ pub(crate) fn container_names(pod: &Value) -> Vec<String> {
 }
 
 pub(crate) async fn delete_policies(cluster: &Cluster, names: &[&str]) -> anyhow::Result<()> {
+    if names.is_empty() {
+        return Ok(());
+    }
     let mut args = vec!["delete", "policies", "--ignore-not-found", "--wait=false"];
     args.extend_from_slice(names);
     cluster.kubectl_ok(args, None).await?;
