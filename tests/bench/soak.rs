@@ -206,6 +206,25 @@ async fn run(
     let (sent, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
     let latencies = Arc::new(Mutex::new(Vec::<Duration>::new()));
     let rotations = Arc::new(AtomicUsize::new(0));
+    // RSS every 30 s: flat means it stops growing once caches and allocator pools are warm.
+    let rss_series = {
+        let pid = gh.pid().context("gatehouse is not running")?;
+        tokio::spawn(async move {
+            let mut series = Vec::new();
+            while Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                let status =
+                    std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+                let kib = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+                    .unwrap_or(0);
+                series.push(format!("{:.1}", kib as f64 / 1024.0));
+            }
+            series
+        })
+    };
 
     // The API server's view of the configuration, refreshed every second.
     let watcher = {
@@ -329,6 +348,7 @@ async fn run(
     let churned = churn.await?;
     watcher.await?;
     let rss_end = gh.rss_kib().context("no RSS")?;
+    let series = rss_series.await?;
     let mut l = latencies.lock().expect("latency lock").clone();
     if l.is_empty() {
         bail!("no review succeeded");
@@ -357,6 +377,7 @@ async fn run(
         rss_start as f64 / 1024.0,
         rss_end as f64 / 1024.0
     );
+    println!("| RSS every 30 s (MiB) | {} |", series.join(", "));
     if failed > 0 {
         bail!("{failed} of {sent} reviews failed");
     }
