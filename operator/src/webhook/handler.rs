@@ -162,8 +162,9 @@ async fn review_entry(
         .instrument(span.clone())
         .await;
     let heavy = members.iter().any(|p| p.is_heavy());
-    // Evaluation runs on the blocking pool, never on the threads that accept connections and
-    // serve the admin port (see the module documentation).
+    // Evaluated on this worker when every member is cheap, on the blocking pool when one is
+    // heavy; never on the threads that accept connections and serve the admin port (see the
+    // module documentation).
     let evaluate = {
         let (state, span) = (state.clone(), span.clone());
         move || {
