@@ -408,3 +408,54 @@ proptest! {
         prop_assert!(twice.response.patch.0.is_empty(), "second call patched: {:?}", twice.response.patch);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// The members of a mutating group change one working copy in place (the last one of a pass
+    /// may answer with its own patch instead). The reference is the simple one: each member's
+    /// `mutate::apply` on the previous member's output, in order. The chain's patch must end
+    /// where the reference does, a member must count as patched exactly when its mutations
+    /// changed the object, and a member whose guard fails under `Fail` must deny.
+    #[test]
+    fn a_chain_ends_where_its_members_applied_one_after_the_other(
+        x in target(),
+        lists in prop::collection::vec(prop::collection::vec(mutation(true), 1..4), 1..5),
+    ) {
+        let compiled: Vec<gatehouse::engine::CompiledPolicy> = lists
+            .into_iter()
+            .enumerate()
+            .map(|(i, list)| compile(&named_policy(&format!("p{i}"), list, "Never")).expect("valid"))
+            .collect();
+        let members: Vec<&gatehouse::engine::CompiledPolicy> = compiled.iter().collect();
+        let scope = chain::Scope { namespace: gatehouse::engine::Namespace::Assumed, matched: false };
+        let req = review_of(&x);
+        let out = chain::mutate(&req, &members, gatehouse::api::v1alpha1::ReinvocationPolicy::Never, scope);
+
+        let request = req.cel_variable();
+        let mut object = x.clone();
+        let mut decisions = Vec::new();
+        for policy in &compiled {
+            match mutate::apply(policy, &object, None, &request) {
+                Ok(mutated) => {
+                    decisions.push(if mutated.object != object {
+                        chain::Decision::Patched
+                    } else if !mutated.ignored.is_empty() {
+                        chain::Decision::Ignored
+                    } else {
+                        chain::Decision::Allowed
+                    });
+                    object = mutated.object;
+                }
+                Err(e) => {
+                    prop_assert!(!out.response.allowed, "{} failed, yet the chain allowed", e);
+                    return Ok(());
+                }
+            }
+        }
+        prop_assert!(out.response.allowed, "{:?}", out.response.message());
+        prop_assert_eq!(out.object(&req), Some(object));
+        let reported: Vec<chain::Decision> = out.evaluated.iter().map(|e| e.decision).collect();
+        prop_assert_eq!(reported, decisions);
+    }
+}

@@ -74,7 +74,44 @@ pub fn apply(
     old_object: Option<&Value>,
     request: &Value,
 ) -> Result<Mutated, MutateError> {
-    settle(policy, object.clone(), old_object, request)
+    let mut object = object.clone();
+    let settled = settle(policy, &mut object, old_object, request)?;
+    Ok(Mutated {
+        object,
+        ignored: settled.ignored,
+        settled: settled.settled,
+    })
+}
+
+/// What [`apply_in_place`] did to the object.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Settled {
+    /// Whether the object differs from what it was before.
+    pub changed: bool,
+    /// As [`Mutated::ignored`].
+    pub ignored: Vec<MutateError>,
+    /// As [`Mutated::settled`].
+    pub settled: bool,
+}
+
+/// [`apply`] on `object` itself: what a member of a mutating group does to the group's working
+/// copy, so that a chain of Policies copies the object once and diffs it once, not once per
+/// Policy. On an error under `failurePolicy: Fail`, `object` may be half-mutated: the request is
+/// denied then, and the copy is thrown away.
+pub fn apply_in_place(
+    policy: &CompiledPolicy,
+    object: &mut Value,
+    old_object: Option<&Value>,
+    request: &Value,
+) -> Result<Settled, MutateError> {
+    // With `overwrite`, a pass can change a field and a later mutation change it back: only a
+    // comparison tells whether the object changed.
+    let before = policy.overwrites.then(|| object.clone());
+    let mut settled = settle(policy, object, old_object, request)?;
+    if let Some(before) = before {
+        settled.changed = *object != before;
+    }
+    Ok(settled)
 }
 
 /// What [`apply`] does to `object`, as a JSONPatch.
@@ -98,71 +135,68 @@ pub fn patch(
     request: &Value,
 ) -> Result<Patched, MutateError> {
     if let (Some(reach), Value::Object(whole)) = (&policy.reach, object) {
-        let mutated = settle(
-            policy,
-            Value::Object(reach.copy(whole)),
-            old_object,
-            request,
-        )?;
+        let mut part = Value::Object(reach.copy(whole));
+        let settled = settle(policy, &mut part, old_object, request)?;
         // A merge into an object leaves an object: the fallback below is only a safety net.
-        if let Value::Object(part) = &mutated.object {
-            return Ok(Patched::new(diff_within(whole, part, reach), mutated));
+        if let Value::Object(part) = &part {
+            return Ok(Patched::new(diff_within(whole, part, reach), settled));
         }
     }
-    let mutated = apply(policy, object, old_object, request)?;
-    Ok(Patched::new(diff(object, &mutated.object), mutated))
+    let mut mutated = object.clone();
+    let settled = settle(policy, &mut mutated, old_object, request)?;
+    Ok(Patched::new(diff(object, &mutated), settled))
 }
 
 impl Patched {
-    fn new(patch: Patch, mutated: Mutated) -> Patched {
+    fn new(patch: Patch, settled: Settled) -> Patched {
         Patched {
             patch,
-            ignored: mutated.ignored,
-            settled: mutated.settled,
+            ignored: settled.ignored,
+            settled: settled.settled,
         }
     }
 }
 
-/// Applies the list to `object` (a working copy) until it settles.
+/// Applies the list to `object` (a working copy) until it settles. `changed` is whether some
+/// pass changed something, which is whether the object changed unless a mutation overwrites.
 fn settle(
     policy: &CompiledPolicy,
-    mut object: Value,
+    object: &mut Value,
     old_object: Option<&Value>,
     request: &Value,
-) -> Result<Mutated, MutateError> {
+) -> Result<Settled, MutateError> {
     let mut ignored = Vec::new();
-    let settled = |object, ignored| {
-        Ok(Mutated {
-            object,
+    let done = |changed, ignored, settled| {
+        Ok(Settled {
+            changed,
             ignored,
-            settled: true,
+            settled,
         })
     };
-    if !pass(policy, &mut object, old_object, request, &mut ignored)? || policy.one_pass {
-        return settled(object, ignored);
+    if !pass(policy, object, old_object, request, &mut ignored)? {
+        return done(false, ignored, true);
+    }
+    if policy.one_pass {
+        return done(true, ignored, true);
     }
     for _ in 1..max_passes(policy) {
         if !policy.overwrites {
             // Without `overwrite`, a merge only adds keys and elements or fills nulls, and no
             // later merge can take that back: "something changed" is "the pass changed the
             // object", so no snapshot is needed.
-            if !pass(policy, &mut object, old_object, request, &mut ignored)? {
-                return settled(object, ignored);
+            if !pass(policy, object, old_object, request, &mut ignored)? {
+                return done(true, ignored, true);
             }
             continue;
         }
         // Mutations may undo each other within a pass, so "something changed" is not "the pass
         // changed the object": compare with a snapshot when the cheap test is not conclusive.
         let before = object.clone();
-        if !pass(policy, &mut object, old_object, request, &mut ignored)? || object == before {
-            return settled(object, ignored);
+        if !pass(policy, object, old_object, request, &mut ignored)? || *object == before {
+            return done(true, ignored, true);
         }
     }
-    Ok(Mutated {
-        object,
-        ignored,
-        settled: false,
-    })
+    done(true, ignored, false)
 }
 
 /// How many passes [`apply`] makes at most before it gives up on settling.

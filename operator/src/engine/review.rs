@@ -542,20 +542,27 @@ fn mutations(
         Value::Null
     };
     let outcome = mutate::patch(policy, object, req.old_object.as_ref(), &request)?;
-    let mut resp = Response::allow();
+    let mut resp = mutated_answer(policy, &outcome.ignored, outcome.settled);
     // Equal to json_patch::diff(object, mutated object).
     resp.patch = outcome.patch;
-    resp.ignored = !outcome.ignored.is_empty();
-    resp.over_budget = outcome
-        .ignored
-        .iter()
-        .any(mutate::MutateError::is_over_budget);
-    resp.warnings = outcome
-        .ignored
+    Ok(resp)
+}
+
+/// The answer of a mutating Policy whose mutations ran, without its patch: the warnings for
+/// the guards `ignored` under `failurePolicy: Ignore`, and for a list that did not settle.
+fn mutated_answer(
+    policy: &CompiledPolicy,
+    ignored: &[mutate::MutateError],
+    settled: bool,
+) -> Response {
+    let mut resp = Response::allow();
+    resp.ignored = !ignored.is_empty();
+    resp.over_budget = ignored.iter().any(mutate::MutateError::is_over_budget);
+    resp.warnings = ignored
         .iter()
         .map(|e| format!("{}: {e} (skipped: failurePolicy is Ignore)", prefix(policy)))
         .collect();
-    if !outcome.settled {
+    if !settled {
         resp.warnings.push(format!(
             "{}: mutations did not settle after {} passes; a when guard probably reads a \
              field another mutation writes",
@@ -563,7 +570,50 @@ fn mutations(
             mutate::max_passes(policy)
         ));
     }
-    Ok(resp)
+    resp
+}
+
+/// [`review`] of a mutating Policy that changes `req.object` itself, as a member of a mutating
+/// group does to the group's working copy: the answer (never with a patch) and whether the
+/// object changed. A denial may leave the object half-mutated.
+pub fn review_in_place(req: &mut Request, policy: &CompiledPolicy) -> (Response, bool) {
+    if req.object.is_none() || !policy.is_mutating() {
+        return (Response::allow(), false);
+    }
+    let request = if policy.when_needs.iter().any(Needs::reads_request) {
+        req.cel_variable()
+    } else {
+        Value::Null
+    };
+    let marks = mark::marks(req);
+    let Request {
+        object: Some(object),
+        old_object,
+        ..
+    } = req
+    else {
+        return (Response::allow(), false);
+    };
+    let (resp, mut changed) = if policy.has_mutations() {
+        match mutate::apply_in_place(policy, object, old_object.as_ref(), &request) {
+            Ok(outcome) => (
+                mutated_answer(policy, &outcome.ignored, outcome.settled),
+                outcome.changed,
+            ),
+            Err(e) => {
+                let mut denial =
+                    Response::deny(500, "InternalError", format!("{}: {e}", prefix(policy)));
+                denial.over_budget = e.is_over_budget();
+                return (denial, false);
+            }
+        }
+    } else {
+        (Response::allow(), false)
+    };
+    if let Some(ipam) = policy.ipam().filter(|_| marks) {
+        changed |= mark::mark_for_ipam(object, &ipam.pool);
+    }
+    (resp, changed)
 }
 
 fn validating(req: &Request, policy: &CompiledPolicy) -> Response {
