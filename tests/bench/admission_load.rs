@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use gatehouse_e2e::cpu::{cpu_snapshot, processes};
-use gatehouse_e2e::gatehouse::{Gatehouse, Options};
+use gatehouse_e2e::instance::{Gatehouse, Options};
 use gatehouse_e2e::pods::delete_all;
 use gatehouse_e2e::{TestNamespace, TestWebhook, allow, await_condition, cluster};
 use k8s_openapi::api::core::v1::Pod;

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
-use gatehouse_e2e::gatehouse::{Gatehouse, Options};
+use gatehouse_e2e::instance::{Gatehouse, Options};
 use gatehouse_e2e::{Cluster, TestNamespace, cluster, install_crypto_provider};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use gatehouse_e2e::gatehouse::Options;
+use gatehouse_e2e::instance::Options;
 use gatehouse_e2e::{Cluster, await_condition, run_disruptive_test};
 use serde_json::Value;
 
@@ -205,7 +205,7 @@ async fn an_ipam_burst_through_an_api_server_restart_and_an_etcd_outage_leaks_no
         }
         .await;
         if let Some((pool, policy)) = &made {
-            gatehouse_e2e::gatehouse::remove_pool(cluster, pool, policy).await?;
+            gatehouse_e2e::instance::remove_pool(cluster, pool, policy).await?;
         }
         scene.finish(&[], result).await
     })

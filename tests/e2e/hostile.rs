@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
-use gatehouse_e2e::gatehouse::{Gatehouse, Options};
+use gatehouse_e2e::instance::{Gatehouse, Options};
 use gatehouse_e2e::{Cluster, TestNamespace, install_crypto_provider, run_test};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -187,7 +187,7 @@ fn expect(name: &str, answer: &Answer, status: Option<u16>, says: &str) -> anyho
 #[tokio::test]
 async fn hostile_requests_get_clear_answers_and_break_nothing() {
     run_test(|cluster| async move {
-        let _serial = gatehouse_e2e::gatehouse::exclusive().await;
+        let _serial = gatehouse_e2e::instance::exclusive().await;
         let home = TestNamespace::new(cluster, "gh-hostile-home").await?;
         let ns = TestNamespace::new(cluster, "gh-hostile").await?;
         let id = unique(&ns);

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use gatehouse_e2e::gatehouse::{self, Gatehouse, Options, remove_pool};
+use gatehouse_e2e::instance::{self, Gatehouse, Options, remove_pool};
 use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
 use serde_json::{Value, json};
 
@@ -31,7 +31,7 @@ async fn install_rbac(cluster: &Cluster, namespace: &str) -> anyhow::Result<()> 
 #[tokio::test]
 async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
     run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
+        let _serial = instance::exclusive().await;
         let home = TestNamespace::new(cluster, "gh-rbac-home").await?;
         let ns = TestNamespace::new(cluster, "gh-rbac").await?;
         let id = unique(&ns);

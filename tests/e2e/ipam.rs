@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use gatehouse_e2e::gatehouse::{self, Gatehouse, Options, remove_pool};
+use gatehouse_e2e::instance::{self, Gatehouse, Options, remove_pool};
 use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
@@ -504,7 +504,7 @@ async fn an_exhausted_pool_makes_pods_wait_for_a_freed_address() {
 #[tokio::test]
 async fn crashes_and_two_replicas_never_hand_out_an_address_twice() {
     run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
+        let _serial = instance::exclusive().await;
         let home = TestNamespace::new(cluster, "gh-home").await?;
         let ns = TestNamespace::new(cluster, "gh-ipam-crash").await?;
         let options = || {
@@ -548,7 +548,7 @@ async fn crashes_and_two_replicas_never_hand_out_an_address_twice() {
         let cleanup = remove_pool(cluster, &pool, &policy).await;
         let _ = a.stop().await;
         b.shutdown().await?;
-        gatehouse::remove_configurations(cluster).await?;
+        instance::remove_configurations(cluster).await?;
         ns.cleanup().await?;
         home.cleanup().await?;
         result.and(cleanup)

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use gatehouse_e2e::gatehouse::{self, Gatehouse, Options};
+use gatehouse_e2e::instance::{self, Gatehouse, Options};
 use gatehouse_e2e::lease::{Impostor, leader_gauge};
 use gatehouse_e2e::proxy::FreezableProxy;
 use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
@@ -410,7 +410,7 @@ async fn a_policy_the_api_server_refuses_blocks_nothing() {
 #[tokio::test]
 async fn a_partitioned_leader_stops_writing_before_another_takes_over() {
     run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
+        let _serial = instance::exclusive().await;
         let home = TestNamespace::new(cluster, "gh-home").await?;
         let ns = TestNamespace::new(cluster, "gh-partition").await?;
         let kubeconfig_text = std::fs::read_to_string(cluster.kubeconfig())?;

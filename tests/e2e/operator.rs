@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use ::gatehouse::controller::wiring;
 use ::gatehouse::engine::group::{Group, GroupPhase};
 use anyhow::{Context, bail, ensure};
-use gatehouse_e2e::gatehouse::{self, Gatehouse, Options};
+use gatehouse_e2e::instance::{self, Gatehouse, Options};
 use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
@@ -272,7 +272,7 @@ impl Scene {
         prefix: &str,
         options: Options,
     ) -> anyhow::Result<Self> {
-        let serial = gatehouse::exclusive().await;
+        let serial = instance::exclusive().await;
         let home = TestNamespace::new(cluster, "gh-home").await?;
         let ns = TestNamespace::new(cluster, prefix).await?;
         let gh = Gatehouse::start(cluster, home.name(), options).await?;
@@ -1003,7 +1003,7 @@ pub(crate) fn decode_secret_key(secret: &Value, key: &str) -> anyhow::Result<Str
 #[tokio::test]
 async fn replicas_share_one_ca_and_one_leader_fails_over() {
     run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
+        let _serial = instance::exclusive().await;
         let home = TestNamespace::new(cluster, "gh-home").await?;
         let ns = TestNamespace::new(cluster, "gh-replicas").await?;
         let options = || Options::url().arg("--lease-duration", "4s");

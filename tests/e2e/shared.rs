@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use ::gatehouse::engine::group::GroupPhase;
 use anyhow::{Context, ensure};
-use gatehouse_e2e::gatehouse::Options;
+use gatehouse_e2e::instance::Options;
 use gatehouse_e2e::{Cluster, TestWebhook, await_condition, run_test};
 use serde_json::{Value, json};
 

@@ -10,7 +10,7 @@
 
 mod cluster;
 pub mod cpu;
-pub mod gatehouse;
+pub mod instance;
 pub mod lease;
 mod namespace;
 pub mod pods;
