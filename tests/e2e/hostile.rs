@@ -4,12 +4,11 @@
 //! The table of cases is RELIABILITY.md's; this test is its proof.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
 use gatehouse_e2e::instance::{Gatehouse, Options};
-use gatehouse_e2e::{Cluster, TestNamespace, install_crypto_provider, run_test};
+use gatehouse_e2e::{Cluster, TestNamespace, TlsClient, run_test, tls_client};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -27,17 +26,13 @@ struct Answer {
 
 struct Target {
     port: u16,
-    tls: Arc<rustls::ClientConfig>,
+    tls: TlsClient,
     ca_file: PathBuf,
 }
 
 impl Target {
     async fn connect(&self) -> anyhow::Result<TlsStream<TcpStream>> {
-        let tcp = TcpStream::connect(("127.0.0.1", self.port)).await?;
-        let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
-        Ok(tokio_rustls::TlsConnector::from(self.tls.clone())
-            .connect(name, tcp)
-            .await?)
+        self.tls.connect(self.port).await
     }
 
     /// Writes `bytes` over a new TLS connection and reads the first response.
@@ -264,7 +259,6 @@ async fn corpus(
     .await?;
     let (mutate, validate) = entry_paths(cluster, inject, limits).await?;
 
-    install_crypto_provider();
     let secret = get_json(cluster, &["secret", "gatehouse-tls", "-n", home])
         .await?
         .context("no TLS Secret")?;
@@ -273,15 +267,7 @@ async fn corpus(
         .state_dir()
         .join(format!("hostile-ca-{}.pem", std::process::id()));
     std::fs::write(&ca_file, &ca)?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(ca.as_bytes()) {
-        roots.add(cert?)?;
-    }
-    let tls = Arc::new(
-        rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
-    );
+    let tls = tls_client(&ca)?;
     let t = Target {
         port: gh.port,
         tls,

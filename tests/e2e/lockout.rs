@@ -7,13 +7,13 @@ use anyhow::{Context, bail, ensure};
 use gatehouse_e2e::instance::{self, Gatehouse, Options};
 use gatehouse_e2e::lease::{Impostor, leader_gauge};
 use gatehouse_e2e::proxy::FreezableProxy;
-use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
+use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test, tls_client};
 use serde_json::Value;
 
 use crate::operator::{
     REQUIRE_LIMITS, Scene, WAIT, apply, apply_ready, apply_sidecar, await_ready, container_names,
-    decode_secret_key, delete_policies, get_json, handshake_trusting, pod, policy, sidecar_body,
-    stderr, unique, wired_groups,
+    decode_secret_key, delete_policies, get_json, pod, policy, sidecar_body, stderr, unique,
+    wired_groups,
 };
 
 /// Creates Pods one after another in `ns`, each of which must be admitted and mutated by the
@@ -207,7 +207,8 @@ async fn ca_rotation_waits_while_the_bundle_cannot_be_written() {
                 decode_secret_key(&s, "ca.crt")? == ca1,
                 "the serving CA switched although no configuration trusts the new one"
             );
-            handshake_trusting(gh.port, &ca1)
+            tls_client(&ca1)?
+                .connect(gh.port)
                 .await
                 .context("the certificate served is not the one the API server trusts")?;
             let waiting = gh
@@ -263,7 +264,7 @@ async fn ca_rotation_waits_while_the_bundle_cannot_be_written() {
             )
             .await?;
             let ca2 = decode_secret_key(&secret(cluster, scene.home().into()).await?, "ca.crt")?;
-            handshake_trusting(gh.port, &ca2).await?;
+            tls_client(&ca2)?.connect(gh.port).await?;
             load.until(
                 gh,
                 "the configurations to trust only the new CA",

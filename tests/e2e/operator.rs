@@ -9,7 +9,7 @@ use ::gatehouse::controller::wiring;
 use ::gatehouse::engine::group::{Group, GroupPhase};
 use anyhow::{Context, bail, ensure};
 use gatehouse_e2e::instance::{self, Gatehouse, Options};
-use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
+use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test, tls_client};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -973,25 +973,6 @@ async fn two_hundred_policies_coalesce_into_few_writes() {
     .await;
 }
 
-/// Completes a TLS handshake with 127.0.0.1:`port` trusting only `ca_pem`.
-pub(crate) async fn handshake_trusting(port: u16, ca_pem: &str) -> anyhow::Result<()> {
-    use std::sync::Arc;
-    gatehouse_e2e::install_crypto_provider();
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert?)?;
-    }
-    let config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
-    tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
-        .await?;
-    Ok(())
-}
-
 pub(crate) fn decode_secret_key(secret: &Value, key: &str) -> anyhow::Result<String> {
     use base64::Engine as _;
     let b64 = secret["data"][key].as_str().context("key missing")?;
@@ -1019,8 +1000,8 @@ async fn replicas_share_one_ca_and_one_leader_fails_over() {
                 .await?
                 .context("TLS secret")?;
             let ca = decode_secret_key(&secret, "ca.crt")?;
-            handshake_trusting(a.port, &ca).await?;
-            handshake_trusting(b.port, &ca).await?;
+            tls_client(&ca)?.connect(a.port).await?;
+            tls_client(&ca)?.connect(b.port).await?;
 
             // One leader writes the configurations, pointing at itself.
             apply_sidecar(cluster, &inject, ns.name()).await?;
