@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use ::gatehouse::controller::wiring::ENTRY_SUFFIX;
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use gatehouse_e2e::cpu::{cpu_snapshot, processes};
@@ -98,7 +99,7 @@ async fn webhook_buckets(client: &kube::Client) -> anyhow::Result<BTreeMap<Strin
     let mut out = BTreeMap::new();
     for line in text.lines() {
         if !line.starts_with("apiserver_admission_webhook_admission_duration_seconds_bucket{")
-            || !line.contains(".gatehouse.dev\"")
+            || !line.contains(&format!("{ENTRY_SUFFIX}\""))
         {
             continue;
         }

@@ -411,24 +411,21 @@ async fn server_dry_run_previews_and_stores_nothing() {
         let cluster = scene.cluster;
         let inject = scene.policy("inject");
         apply_sidecar(cluster, &inject, scene.ns()).await?;
-        let deadline = Instant::now() + WAIT;
-        let preview = loop {
+        let preview = pod("preview", scene.ns());
+        await_condition("the dry run to show the mutation", WAIT, || async {
             let out = cluster
                 .kubectl_ok(
                     ["apply", "--dry-run=server", "-o", "json", "-f", "-"],
-                    Some(&pod("preview", scene.ns())),
+                    Some(&preview),
                 )
                 .await?;
             let p: Value = serde_json::from_str(&out)?;
-            if container_names(&p) == ["app", "proxy"] || Instant::now() > deadline {
-                break p;
+            if container_names(&p) != ["app", "proxy"] {
+                bail!("dry run did not show the mutation: {p}");
             }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        };
-        ensure!(
-            container_names(&preview) == ["app", "proxy"],
-            "dry run did not show the mutation: {preview}"
-        );
+            Ok(Some(()))
+        })
+        .await?;
         ensure!(
             get_json(cluster, &["pod", "preview", "-n", scene.ns()])
                 .await?
