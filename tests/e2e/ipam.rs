@@ -12,7 +12,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::operator::{WAIT, apply, apply_ready, await_ready, get_json, stderr};
+use crate::operator::{WAIT, apply, apply_ready, await_ready, get_json, pod_policy, stderr};
 use crate::scene::{Scene, scenario};
 
 use ::gatehouse::api::v1alpha1::IPAM_GATE as GATE;
@@ -32,25 +32,15 @@ pub(crate) async fn pool_and_policy(
     let cluster = scene.cluster;
     let (pool, policy) = (format!("pool-{id}"), scene.track(format!("ipam-{id}")));
     scene.track_pool(&pool, &policy);
-    let pool_yaml = json!({
+    let pool_object = json!({
         "apiVersion": "gatehouse.dev/v1alpha1", "kind": "IPPool",
         "metadata": {"name": pool},
         "spec": {"cidr": cidr, "exclude": exclude},
     });
-    apply(cluster, &pool_yaml).await?;
-    let policy_yaml = json!({
-        "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy",
-        "metadata": {"name": policy},
-        "spec": {
-            "match": {
-                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-            },
-            "effects": [{"ipam": {"pool": pool}}],
-            "failurePolicy": failure_policy,
-        },
-    });
-    apply_ready(cluster, &policy_yaml).await?;
+    apply(cluster, &pool_object).await?;
+    let spec = json!({"effects": [{"ipam": {"pool": pool}}], "failurePolicy": failure_policy});
+    let policy_object = pod_policy(&policy, ns, &["CREATE"], spec);
+    apply_ready(cluster, &policy_object).await?;
     Ok((pool, policy))
 }
 
@@ -249,18 +239,9 @@ async fn pods_get_distinct_addresses_and_denied_or_dry_run_pods_none() {
         ensure!(pool_obj["status"]["capacity"] == 251, "{}", pool_obj["status"]);
 
         // Marked by the mutating entry, then denied by a validating one: never allocated.
-        let deny_yaml = json!({
-            "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy",
-            "metadata": {"name": deny},
-            "spec": {
-                "match": {
-                    "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": scene.ns()}},
-                },
-                "validate": [{"expression": "!has(object.metadata.labels.forbidden)", "message": "forbidden Pods are refused"}],
-            },
-        });
-        apply_ready(cluster, &deny_yaml).await?;
+        let spec = json!({"validate": [{"expression": "!has(object.metadata.labels.forbidden)", "message": "forbidden Pods are refused"}]});
+        let deny_policy = pod_policy(&deny, scene.ns(), &["CREATE"], spec);
+        apply_ready(cluster, &deny_policy).await?;
         let forbidden = serde_json::to_string(&pod_json("forbidden", json!({"forbidden": "yes"})))?;
         await_condition("the forbidden Pod refused", WAIT, || async {
             let out = cluster.kubectl_output(["create", "-n", scene.ns(), "-f", "-"], Some(&forbidden)).await?;
@@ -380,7 +361,7 @@ async fn an_exhausted_pool_makes_pods_wait_for_a_freed_address() {
         .await?;
         let nowhere = scene.policy("nowhere");
         // A Policy naming a pool that does not exist is not wired.
-        let nowhere_yaml = json!({
+        let nowhere_policy = json!({
             "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy",
             "metadata": {"name": nowhere},
             "spec": {
@@ -388,7 +369,7 @@ async fn an_exhausted_pool_makes_pods_wait_for_a_freed_address() {
                 "effects": [{"ipam": {"pool": format!("missing-{id}")}}],
             },
         });
-        apply(cluster, &nowhere_yaml).await?;
+        apply(cluster, &nowhere_policy).await?;
         let cond = await_ready(cluster, &nowhere, "False").await?;
         ensure!(
             cond["message"].as_str().unwrap_or_default().contains("does not exist"),
@@ -540,11 +521,11 @@ async fn pools_report_problems_and_are_held_until_their_addresses_are_free() {
         // overlapping pool the older one). CI hit that tie.
         tokio::time::sleep(Duration::from_millis(1100)).await;
         for (name, cidr) in [(&overlapping, "10.24.0.0/29"), (&malformed, "10.24.1.5/24")] {
-            let yaml = json!({
+            let object = json!({
                 "apiVersion": "gatehouse.dev/v1alpha1", "kind": "IPPool",
                 "metadata": {"name": name}, "spec": {"cidr": cidr},
             });
-            apply(cluster, &yaml).await?;
+            apply(cluster, &object).await?;
         }
         let ready = |name: String| async move {
             await_condition(&format!("IPPool {name} Ready=False"), WAIT, || async {

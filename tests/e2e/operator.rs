@@ -32,9 +32,14 @@ pub(crate) fn rotating(options: Options, ca: &str, cert: &str) -> Options {
 /// A Policy for Pods (CREATE and UPDATE) in namespace `ns` only, with `spec` merged over that
 /// (objects field by field, anything else replaced).
 pub(crate) fn policy(name: &str, ns: &str, spec: Value) -> Value {
+    pod_policy(name, ns, &["CREATE", "UPDATE"], spec)
+}
+
+/// A Policy for `operations` on Pods in namespace `ns` only, with `spec` merged over that.
+pub(crate) fn pod_policy(name: &str, ns: &str, operations: &[&str], spec: Value) -> Value {
     let mut full = json!({
         "match": {
-            "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
+            "rules": [{"operations": operations, "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
         },
     });
@@ -270,6 +275,28 @@ where
     .await
 }
 
+/// Creates Pod `name` (retrying until it is admitted) and checks that the sidecar was injected
+/// into it; `when` says when, for the error.
+async fn create_mutated_pod(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+    when: &str,
+) -> anyhow::Result<()> {
+    let out = create_pod_until(cluster, ns, name, &["-o", "json"], |o| o.status.success()).await?;
+    let p: Value = serde_json::from_slice(&out.stdout)?;
+    ensure!(
+        container_names(&p) == ["app", "proxy"],
+        "not mutated {when}"
+    );
+    Ok(())
+}
+
+/// Whether Pod `name` exists in `ns`.
+async fn pod_stored(cluster: &Cluster, ns: &str, name: &str) -> anyhow::Result<bool> {
+    Ok(get_json(cluster, &["pod", name, "-n", ns]).await?.is_some())
+}
+
 pub(crate) fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -427,9 +454,7 @@ async fn server_dry_run_previews_and_stores_nothing() {
         })
         .await?;
         ensure!(
-            get_json(cluster, &["pod", "preview", "-n", scene.ns()])
-                .await?
-                .is_none(),
+            !pod_stored(cluster, scene.ns(), "preview").await?,
             "server dry-run stored the Pod"
         );
         Ok(())
@@ -458,9 +483,7 @@ async fn warn_admits_and_warns() {
             "kubectl printed: {err}"
         );
         ensure!(
-            get_json(cluster, &["pod", "app", "-n", scene.ns()])
-                .await?
-                .is_some(),
+            pod_stored(cluster, scene.ns(), "app").await?,
             "pod not stored"
         );
         Ok(())
@@ -813,15 +836,7 @@ async fn restart_loses_nothing() {
             mwc_before["webhooks"] == mwc_after["webhooks"],
             "configuration changed across a restart"
         );
-        let out = create_pod_until(cluster, scene.ns(), "after", &["-o", "json"], |o| {
-            o.status.success()
-        })
-        .await?;
-        let p: Value = serde_json::from_slice(&out.stdout)?;
-        ensure!(
-            container_names(&p) == ["app", "proxy"],
-            "not mutated after restart"
-        );
+        create_mutated_pod(cluster, scene.ns(), "after", "after restart").await?;
         Ok(())
     })
     .await;
@@ -966,15 +981,7 @@ async fn replicas_share_one_ca_and_one_leader_fails_over() {
                         .map(|_| ()))
                 })
                 .await?;
-                let out = create_pod_until(cluster, &ns, "after-failover", &["-o", "json"], |o| {
-                    o.status.success()
-                })
-                .await?;
-                let p: Value = serde_json::from_slice(&out.stdout)?;
-                ensure!(
-                    container_names(&p) == ["app", "proxy"],
-                    "not mutated after failover"
-                );
+                create_mutated_pod(cluster, &ns, "after-failover", "after failover").await?;
                 Ok(())
             })
             .await

@@ -12,16 +12,14 @@ use gatehouse_e2e::{Cluster, TestWebhook, await_condition};
 use serde_json::{Value, json};
 
 use crate::operator::{
-    self, WAIT, apply, await_ready, container_names, create_pod_until, entries, entry_of, get_json,
-    merge, pod, stderr,
+    WAIT, apply, await_ready, container_names, create_pod_until, entries, entry_of, get_json,
+    merge, pod, pod_policy, stderr,
 };
 use crate::scene::scenario;
 
 /// A Policy for Pods in `ns` (CREATE, UPDATE and DELETE), with `spec` merged over that.
 fn policy(name: &str, ns: &str, spec: Value) -> Value {
-    let mut full = json!({"match": {"rules": [{"operations": ["CREATE", "UPDATE", "DELETE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}]}});
-    merge(&mut full, spec);
-    operator::policy(name, ns, full)
+    pod_policy(name, ns, &["CREATE", "UPDATE", "DELETE"], spec)
 }
 
 /// Adds a container named `name`: the order of containers shows the order Policies ran in.
