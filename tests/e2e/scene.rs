@@ -14,33 +14,30 @@ use crate::operator::delete_policies;
 
 /// Runs `body` in a fresh [`Scene`] (namespace `<prefix>-…`, Gatehouse started with `options`)
 /// and fails the test with its error or the cleanup's.
-pub(crate) async fn scenario(
-    prefix: &str,
-    options: Options,
-    body: impl AsyncFnOnce(&mut Scene) -> anyhow::Result<()>,
-) {
-    run_test(move |cluster| async move {
-        Scene::start(cluster, prefix, options)
-            .await?
-            .run(body)
-            .await
-    })
-    .await;
+pub(crate) async fn scenario(prefix: &str, options: Options, body: impl Body) {
+    run_test(move |cluster| in_scene(cluster, prefix, options, body)).await;
 }
 
 /// [`scenario`], alone on the cluster ([`run_disruptive_test`]).
-pub(crate) async fn disruptive_scenario(
+pub(crate) async fn disruptive_scenario(prefix: &str, options: Options, body: impl Body) {
+    run_disruptive_test(move |cluster| in_scene(cluster, prefix, options, body)).await;
+}
+
+/// What a scenario does in its scene.
+pub(crate) trait Body: AsyncFnOnce(&mut Scene) -> anyhow::Result<()> {}
+
+impl<F: AsyncFnOnce(&mut Scene) -> anyhow::Result<()>> Body for F {}
+
+async fn in_scene(
+    cluster: &'static Cluster,
     prefix: &str,
     options: Options,
-    body: impl AsyncFnOnce(&mut Scene) -> anyhow::Result<()>,
-) {
-    run_disruptive_test(move |cluster| async move {
-        Scene::start(cluster, prefix, options)
-            .await?
-            .run(body)
-            .await
-    })
-    .await;
+    body: impl Body,
+) -> anyhow::Result<()> {
+    Scene::start(cluster, prefix, options)
+        .await?
+        .run(body)
+        .await
 }
 
 /// The namespaces of a scene, before Gatehouse starts (for scenarios that prepare something it
@@ -132,10 +129,7 @@ impl Scene {
     }
 
     /// Runs `body`, then [`Scene::finish`].
-    pub(crate) async fn run(
-        mut self,
-        body: impl AsyncFnOnce(&mut Scene) -> anyhow::Result<()>,
-    ) -> anyhow::Result<()> {
+    pub(crate) async fn run(mut self, body: impl Body) -> anyhow::Result<()> {
         let result = body(&mut self).await;
         self.finish(result).await
     }
