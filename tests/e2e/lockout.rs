@@ -437,10 +437,10 @@ async fn a_partitioned_leader_stops_writing_before_another_takes_over() {
                     frozen_at.elapsed() < Duration::from_secs(40),
                     "no handover within 40s (A stopped {a_stopped:?}, B started {b_started:?})"
                 );
-                if a_stopped.is_none() && leader_gauge(&a).await? == 0.0 {
+                if a_stopped.is_none() && leader_gauge(a).await? == 0.0 {
                     a_stopped = Some(frozen_at.elapsed());
                 }
-                if b_started.is_none() && leader_gauge(&b).await? == 1.0 {
+                if b_started.is_none() && leader_gauge(b).await? == 1.0 {
                     b_started = Some(frozen_at.elapsed());
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -480,7 +480,7 @@ async fn a_partitioned_leader_stops_writing_before_another_takes_over() {
             ensure!(points_at(&urls().await?, b.port), "entries moved away from B");
             let status_after = resource_versions(cluster, &[&first, &second]).await?;
             ensure!(status_before == status_after, "a Policy was written after B took over");
-            ensure!(leader_gauge(&a).await? == 0.0, "A leads again after the partition healed");
+            ensure!(leader_gauge(a).await? == 0.0, "A leads again after the partition healed");
             let a_writes_after = a
                 .metric_sum("gatehouse_reconcile_webhook_configuration_writes_total", "")
                 .await?;
