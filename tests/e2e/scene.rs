@@ -6,7 +6,6 @@
 use std::sync::Mutex;
 
 use anyhow::Context;
-
 use gatehouse_e2e::instance::{self, Gatehouse, Options, remove_pool};
 use gatehouse_e2e::{Cluster, TestNamespace, run_disruptive_test, run_test};
 
