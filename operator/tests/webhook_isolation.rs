@@ -3,6 +3,8 @@
 //! CPU while it measures.
 // Helpers of a test may unwrap too: a panic is how a test fails.
 #![allow(clippy::unwrap_used)]
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -19,7 +21,6 @@ use gatehouse::webhook::{self, PolicyStore, WebhookState};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::ServerName;
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
 
@@ -122,23 +123,7 @@ async fn start() -> Servers {
 type Tls = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
 
 async fn connect_tls(servers: &Servers) -> Tls {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(servers.ca.clone()).unwrap();
-    let config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = TcpStream::connect(("127.0.0.1", servers.webhook))
-        .await
-        .unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
-        .await
-        .unwrap();
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    sender
+    common::connect(servers.webhook, &servers.ca).await
 }
 
 async fn post(sender: &mut Tls, path: &str, body: Vec<u8>) -> Value {

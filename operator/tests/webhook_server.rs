@@ -2,6 +2,8 @@
 //! form of a mutating answer, and graceful shutdown letting an in-flight review finish.
 // Helpers of a test may unwrap too: a panic is how a test fails.
 #![allow(clippy::unwrap_used)]
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,8 +18,7 @@ use gatehouse::webhook::{self, MAX_BODY_BYTES, PolicyStore, WebhookState};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper::{Method, Request, StatusCode};
-use hyper_util::rt::TokioIo;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::CertificateDer;
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
@@ -97,24 +98,7 @@ where
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(server.ca.clone()).unwrap();
-    let mut config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let tcp = TcpStream::connect(("127.0.0.1", server.port))
-        .await
-        .unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
-        .await
-        .unwrap();
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    sender
+    common::connect(server.port, &server.ca).await
 }
 
 async fn send(server: &Server, method: Method, path: &str, body: Vec<u8>) -> (StatusCode, Value) {

@@ -9,10 +9,11 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use ::gatehouse::controller::wiring::ENTRY_SUFFIX;
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use gatehouse_e2e::cpu::{cpu_snapshot, processes};
-use gatehouse_e2e::gatehouse::{Gatehouse, Options};
+use gatehouse_e2e::instance::{Gatehouse, Options};
 use gatehouse_e2e::pods::delete_all;
 use gatehouse_e2e::{TestNamespace, TestWebhook, allow, await_condition, cluster};
 use k8s_openapi::api::core::v1::Pod;
@@ -98,7 +99,7 @@ async fn webhook_buckets(client: &kube::Client) -> anyhow::Result<BTreeMap<Strin
     let mut out = BTreeMap::new();
     for line in text.lines() {
         if !line.starts_with("apiserver_admission_webhook_admission_duration_seconds_bucket{")
-            || !line.contains(".gatehouse.dev\"")
+            || !line.contains(&format!("{ENTRY_SUFFIX}\""))
         {
             continue;
         }

@@ -14,10 +14,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
-use gatehouse_e2e::gatehouse::{Gatehouse, Options};
-use gatehouse_e2e::{Cluster, TestNamespace, cluster, install_crypto_provider};
+use gatehouse_e2e::instance::{Gatehouse, Options};
+use gatehouse_e2e::{
+    Cluster, Http1 as Sender, TestNamespace, TlsClient, cluster, install_crypto_provider,
+    tls_client,
+};
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -30,7 +32,7 @@ fn env_u64(name: &str, default: u64) -> u64 {
 /// What the API server would know of the entry: its URL path and the trust of its caBundle.
 struct Entry {
     path: String,
-    tls: Arc<rustls::ClientConfig>,
+    tls: TlsClient,
     bundle: String,
 }
 
@@ -79,32 +81,9 @@ async fn read_entry(cluster: &Cluster) -> anyhow::Result<Option<(String, String)
     Ok(path.map(|p| (p, bundle)))
 }
 
-fn trust(bundle_b64: &str) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+fn trust(bundle_b64: &str) -> anyhow::Result<TlsClient> {
     use base64::Engine;
-    let pem = base64::engine::general_purpose::STANDARD.decode(bundle_b64)?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(&pem) {
-        roots.add(cert?)?;
-    }
-    Ok(Arc::new(
-        rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
-    ))
-}
-
-type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
-
-async fn connect(port: u16, tls: Arc<rustls::ClientConfig>) -> anyhow::Result<Sender> {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    tcp.set_nodelay(true)?;
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
-    let stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await?;
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(conn);
-    Ok(sender)
+    tls_client(base64::engine::general_purpose::STANDARD.decode(bundle_b64)?)
 }
 
 fn review(uid: &str, ns: &str) -> Bytes {
@@ -318,7 +297,7 @@ async fn run(
                     .as_ref()
                     .is_none_or(|(_, since)| since.elapsed() > Duration::from_secs(5))
                 {
-                    conn = connect(port, tls).await.ok().map(|s| (s, Instant::now()));
+                    conn = tls.http1(port).await.ok().map(|s| (s, Instant::now()));
                 }
                 let uid = format!("soak-{w}-{n}");
                 let started = Instant::now();

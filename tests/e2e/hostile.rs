@@ -4,18 +4,18 @@
 //! The table of cases is RELIABILITY.md's; this test is its proof.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
-use gatehouse_e2e::gatehouse::{Gatehouse, Options};
-use gatehouse_e2e::{Cluster, TestNamespace, install_crypto_provider, run_test};
+use gatehouse_e2e::instance::Options;
+use gatehouse_e2e::{Cluster, TlsClient, tls_client};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-use crate::operator::{apply_ready, decode_secret_key, get_json, policy, unique};
+use crate::operator::{apply_ready, decode_secret_key, get_json, label, policy};
+use crate::scene::{Scene, scenario};
 
 /// What came back: the status of the first response (None when the connection closed or the
 /// handshake failed without one) and its body.
@@ -27,17 +27,13 @@ struct Answer {
 
 struct Target {
     port: u16,
-    tls: Arc<rustls::ClientConfig>,
+    tls: TlsClient,
     ca_file: PathBuf,
 }
 
 impl Target {
     async fn connect(&self) -> anyhow::Result<TlsStream<TcpStream>> {
-        let tcp = TcpStream::connect(("127.0.0.1", self.port)).await?;
-        let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
-        Ok(tokio_rustls::TlsConnector::from(self.tls.clone())
-            .connect(name, tcp)
-            .await?)
+        self.tls.connect(self.port).await
     }
 
     /// Writes `bytes` over a new TLS connection and reads the first response.
@@ -186,85 +182,48 @@ fn expect(name: &str, answer: &Answer, status: Option<u16>, says: &str) -> anyho
 
 #[tokio::test]
 async fn hostile_requests_get_clear_answers_and_break_nothing() {
-    run_test(|cluster| async move {
-        let _serial = gatehouse_e2e::gatehouse::exclusive().await;
-        let home = TestNamespace::new(cluster, "gh-hostile-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-hostile").await?;
-        let id = unique(&ns);
-        let gh = Gatehouse::start(cluster, home.name(), Options::url()).await?;
-        let (inject, limits, heavy) = (
-            format!("inject-{id}"),
-            format!("limits-{id}"),
-            format!("heavy-{id}"),
+    scenario("gh-hostile", Options::url(), async |scene| {
+        let names = [
+            scene.policy("inject"),
+            scene.policy("limits"),
+            scene.policy("heavy"),
+        ];
+        corpus(scene, &names).await?;
+        ensure!(
+            scene.gh.pid().is_some(),
+            "gatehouse exited during the corpus"
         );
-        let result = corpus(
-            cluster,
-            &gh,
-            home.name(),
-            ns.name(),
-            [&inject, &limits, &heavy],
-        )
-        .await;
-        let log = gh.log();
-        cluster
-            .kubectl_ok(
-                [
-                    "delete",
-                    "policy",
-                    &inject,
-                    &limits,
-                    &heavy,
-                    "--ignore-not-found",
-                ],
-                None,
-            )
-            .await?;
-        let alive = gh.pid().is_some();
-        gh.shutdown().await?;
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result?;
-        ensure!(alive, "gatehouse exited during the corpus");
+        let log = scene.gh.log();
         ensure!(!log.contains("panicked"), "gatehouse panicked: {log}");
         Ok(())
     })
     .await;
 }
 
-async fn corpus(
-    cluster: &'static Cluster,
-    gh: &Gatehouse,
-    home: &str,
-    ns: &str,
-    [inject, limits, heavy]: [&String; 3],
-) -> anyhow::Result<()> {
+async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow::Result<()> {
+    let (cluster, gh, home, ns) = (scene.cluster, &scene.gh, scene.home(), scene.ns());
+    let validates = |expression: &str, message: &str| json!({"priority": 10, "validate": [{"expression": expression, "message": message}]});
+    apply_ready(cluster, &policy(inject, ns, label(10, "injected", "yes"))).await?;
     apply_ready(
         cluster,
-        inject,
         &policy(
-            inject,
+            limits,
             ns,
-            10,
-            "  mutate:\n  - merge: {metadata: {labels: {injected: \"yes\"}}}\n",
+            validates(
+                "object.spec.containers.all(c, has(c.resources.limits))",
+                "every container must declare limits",
+            ),
         ),
-    )
-    .await?;
-    apply_ready(
-        cluster,
-        limits,
-        &policy(limits, ns, 10, "  validate:\n  - expression: \"object.spec.containers.all(c, has(c.resources.limits))\"\n    message: every container must declare limits\n"),
     )
     .await?;
     // Cheap for the write-time estimate's 100 annotations, far over budget for 3,000.
     apply_ready(
         cluster,
-        heavy,
-        &policy(heavy, ns, 10, "  validate:\n  - expression: \"object.metadata.annotations.all(a, object.metadata.annotations.all(b, a == b || object.metadata.annotations[a] != object.metadata.annotations[b] || true))\"\n    message: never false\n"),
+        &policy(heavy, ns, validates("object.metadata.annotations.all(a, object.metadata.annotations.all(b, a == b || object.metadata.annotations[a] != object.metadata.annotations[b] || true))", "never false")),
     )
     .await?;
     let (mutate, validate) = entry_paths(cluster, inject, limits).await?;
 
-    install_crypto_provider();
     let secret = get_json(cluster, &["secret", "gatehouse-tls", "-n", home])
         .await?
         .context("no TLS Secret")?;
@@ -273,15 +232,7 @@ async fn corpus(
         .state_dir()
         .join(format!("hostile-ca-{}.pem", std::process::id()));
     std::fs::write(&ca_file, &ca)?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(ca.as_bytes()) {
-        roots.add(cert?)?;
-    }
-    let tls = Arc::new(
-        rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth(),
-    );
+    let tls = tls_client(&ca)?;
     let t = Target {
         port: gh.port,
         tls,

@@ -6,11 +6,12 @@
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use gatehouse_e2e::gatehouse::{self, Gatehouse, Options, remove_pool};
-use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
+use gatehouse_e2e::instance::{Options, remove_pool};
+use gatehouse_e2e::{Cluster, await_condition, run_test};
 use serde_json::{Value, json};
 
-use crate::operator::{WAIT, apply, await_ready, container_names, get_json, pod, stderr, unique};
+use crate::operator::{WAIT, apply, await_ready, container_names, get_json, pod, stderr};
+use crate::scene::Stage;
 
 /// `config/rbac` rendered by kustomize, bound in `namespace` instead of gatehouse-system.
 async fn install_rbac(cluster: &Cluster, namespace: &str) -> anyhow::Result<()> {
@@ -31,28 +32,24 @@ async fn install_rbac(cluster: &Cluster, namespace: &str) -> anyhow::Result<()> 
 #[tokio::test]
 async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
     run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
-        let home = TestNamespace::new(cluster, "gh-rbac-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-rbac").await?;
-        let id = unique(&ns);
+        let stage = Stage::open(cluster, "gh-rbac").await?;
+        let id = stage.id();
         let _role = cluster.delete_on_drop("clusterrole", "gatehouse", None);
         let _binding = cluster.delete_on_drop("clusterrolebinding", "gatehouse", None);
-        install_rbac(cluster, home.name()).await?;
+        install_rbac(cluster, stage.home()).await?;
         let kubeconfig = cluster
-            .service_account_kubeconfig(home.name(), "gatehouse", &format!("kubeconfig-sa-{id}"))
+            .service_account_kubeconfig(stage.home(), "gatehouse", &format!("kubeconfig-sa-{id}"))
             .await?;
-        let mut gh = Gatehouse::start(
-            cluster,
-            home.name(),
-            Options::url().kubeconfig(kubeconfig.clone()),
-        )
-        .await?;
-        let (inject, ipam, pool) = (format!("inject-{id}"), format!("ipam-{id}"), format!("pool-{id}"));
-        let result = async {
+        let options = Options::url().kubeconfig(kubeconfig.clone());
+        stage.start(options).await?.run(async |scene| {
+            let (inject, ipam, pool) = (scene.policy("inject"), scene.policy("ipam"), format!("pool-{id}"));
+            scene.track_pool(&pool, &ipam);
+            let (home, ns) = (scene.home().to_string(), scene.ns().to_string());
+            let gh = &mut scene.gh;
             // Everything Gatehouse does, under the ServiceAccount: TLS Secret and Leases in its
             // namespace, configurations, Policy status, the Namespace watch, Pods and IPAM.
             let rules = json!([{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}]);
-            let selector = json!({"matchLabels": {"kubernetes.io/metadata.name": ns.name()}});
+            let selector = json!({"matchLabels": {"kubernetes.io/metadata.name": &ns}});
             for doc in [
                 json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "IPPool", "metadata": {"name": pool}, "spec": {"cidr": "10.77.0.0/24"}}),
                 json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": inject}, "spec": {
@@ -64,13 +61,13 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
                     "effects": [{"ipam": {"pool": pool}}],
                 }}),
             ] {
-                apply(cluster, &doc.to_string()).await?;
+                apply(cluster, &doc).await?;
             }
             await_ready(cluster, &inject, "True").await?;
             await_ready(cluster, &ipam, "True").await?;
             let placed = await_condition("a mutated Pod with an address", WAIT, || async {
-                let _ = cluster.kubectl_output(["create", "-f", "-"], Some(&pod("web", ns.name()))).await?;
-                let p = get_json(cluster, &["pod", "web", "-n", ns.name()]).await?;
+                let _ = cluster.kubectl_output(["create", "-f", "-"], Some(&pod("web", &ns))).await?;
+                let p = get_json(cluster, &["pod", "web", "-n", &ns]).await?;
                 Ok(p.filter(|p| {
                     container_names(p) == ["app", "proxy"]
                         && p["metadata"]["annotations"]["gatehouse.dev/ip"].is_string()
@@ -78,7 +75,7 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
             })
             .await?;
             eprintln!("placed at {}", placed["metadata"]["annotations"]["gatehouse.dev/ip"]);
-            let secret = get_json(cluster, &["secret", "gatehouse-tls", "-n", home.name()]).await?;
+            let secret = get_json(cluster, &["secret", "gatehouse-tls", "-n", &home]).await?;
             ensure!(secret.is_some(), "no TLS Secret");
 
             // Owned by the installation's ClusterRole.
@@ -96,12 +93,12 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
             // Nothing more: what it must not do is forbidden for its identity.
             let foreign = format!("e2e-foreign-{id}");
             let _foreign = cluster.delete_on_drop("validatingwebhookconfiguration", &foreign, None);
-            apply(cluster, &json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration", "metadata": {"name": foreign}, "webhooks": []}).to_string()).await?;
+            apply(cluster, &json!({"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration", "metadata": {"name": foreign}, "webhooks": []})).await?;
             for (what, args) in [
                 ("reading Secrets of another namespace", vec!["get", "secrets", "-n", "kube-system"]),
-                ("reading a Secret of its own namespace but not its own", vec!["get", "secret", "other", "-n", home.name()]),
+                ("reading a Secret of its own namespace but not its own", vec!["get", "secret", "other", "-n", &home]),
                 ("patching a webhook configuration it does not own", vec!["patch", "validatingwebhookconfiguration", &foreign, "--type=merge", "-p", r#"{"metadata":{"labels":{"taken":"yes"}}}"#]),
-                ("deleting a Pod", vec!["delete", "pod", "web", "-n", ns.name()]),
+                ("deleting a Pod", vec!["delete", "pod", "web", "-n", &ns]),
                 ("editing a Policy", vec!["label", "policy", &inject, "taken=yes"]),
             ] {
                 let out = cluster.kubectl_as(&kubeconfig, &args).await?;
@@ -113,7 +110,7 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
             }
 
             // The IPAM pool goes while Gatehouse can still release it.
-            cluster.kubectl_ok(["delete", "pod", "web", "-n", ns.name(), "--wait=true"], None).await?;
+            cluster.kubectl_ok(["delete", "pod", "web", "-n", &ns, "--wait=true"], None).await?;
             remove_pool(cluster, &pool, &ipam).await?;
 
             // Uninstall without Gatehouse's help: it dies (a Fail entry stays behind), then the
@@ -126,21 +123,13 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
                 Ok((m.is_none() && v.is_none()).then_some(()))
             })
             .await?;
-            let out = cluster.kubectl_output(["create", "-f", "-", "-o", "json"], Some(&pod("after", ns.name()))).await?;
+            let out = cluster.kubectl_output(["create", "-f", "-", "-o", "json"], Some(&pod("after", &ns))).await?;
             ensure!(out.status.success(), "a Pod after uninstalling: {}", stderr(&out));
             let after: Value = serde_json::from_slice(&out.stdout)?;
             ensure!(container_names(&after) == ["app"], "mutated after uninstalling: {after}");
             Ok(())
-        }
-        .await;
-        cluster
-            .kubectl_ok(["delete", "policy", &inject, &ipam, "--ignore-not-found", "--wait=false"], None)
-            .await?;
-        remove_pool(cluster, &pool, &ipam).await.ok();
-        gh.shutdown().await.ok();
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result
+        })
+        .await
     })
     .await;
 }

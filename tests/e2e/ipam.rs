@@ -5,48 +5,42 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
-use gatehouse_e2e::gatehouse::{self, Gatehouse, Options, remove_pool};
-use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
+use gatehouse_e2e::instance::Options;
+use gatehouse_e2e::{Cluster, await_condition};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::operator::{Scene, WAIT, apply, apply_ready, await_ready, get_json, stderr};
+use crate::operator::{WAIT, apply, apply_ready, await_ready, get_json, pod_policy, stderr};
+use crate::scene::{Scene, scenario};
 
 use ::gatehouse::api::v1alpha1::IPAM_GATE as GATE;
 use gatehouse_e2e::pods::ipam_gated;
 const ANNOTATION: &str = "gatehouse.dev/ip";
 
 /// An IPPool and a Policy giving every Pod created in `ns` an address from it.
+/// Both are removed at the end of the scene.
 pub(crate) async fn pool_and_policy(
-    cluster: &Cluster,
+    scene: &Scene,
     id: &str,
     ns: &str,
     cidr: &str,
     exclude: &[&str],
     failure_policy: &str,
 ) -> anyhow::Result<(String, String)> {
-    let (pool, policy) = (format!("pool-{id}"), format!("ipam-{id}"));
-    let pool_yaml = json!({
+    let cluster = scene.cluster;
+    let (pool, policy) = (format!("pool-{id}"), scene.track(format!("ipam-{id}")));
+    scene.track_pool(&pool, &policy);
+    let pool_object = json!({
         "apiVersion": "gatehouse.dev/v1alpha1", "kind": "IPPool",
         "metadata": {"name": pool},
         "spec": {"cidr": cidr, "exclude": exclude},
     });
-    apply(cluster, &pool_yaml.to_string()).await?;
-    let policy_yaml = json!({
-        "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy",
-        "metadata": {"name": policy},
-        "spec": {
-            "match": {
-                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-            },
-            "effects": [{"ipam": {"pool": pool}}],
-            "failurePolicy": failure_policy,
-        },
-    });
-    apply_ready(cluster, &policy, &policy_yaml.to_string()).await?;
+    apply(cluster, &pool_object).await?;
+    let spec = json!({"effects": [{"ipam": {"pool": pool}}], "failurePolicy": failure_policy});
+    let policy_object = pod_policy(&policy, ns, &["CREATE"], spec);
+    apply_ready(cluster, &policy_object).await?;
     Ok((pool, policy))
 }
 
@@ -231,60 +225,46 @@ pub(crate) async fn await_placed(
 /// validating Policy after the mutating one marked it, and a server dry run, allocate nothing.
 #[tokio::test]
 async fn pods_get_distinct_addresses_and_denied_or_dry_run_pods_none() {
-    run_test(|cluster| async move {
-        let scene = Scene::start(cluster, "gh-ipam", Options::service()).await?;
+    scenario("gh-ipam", Options::service(), async |scene| {
+        let cluster = scene.cluster;
         let id = scene.id();
-        let deny = format!("deny-{id}");
-        let (pool, policy) = pool_and_policy(cluster, &id, scene.ns(), "10.30.0.0/24", &["10.30.0.0/30"], "Fail").await?;
-        let result = async {
-            await_marking(cluster, scene.ns()).await?;
-            create_pods(cluster, scene.ns(), &names("web", 50)).await?;
-            await_placed(cluster, scene.ns(), 50, WAIT).await?;
-            ensure!(assert_consistent(cluster, scene.ns(), &pool).await? == 50);
-            let pool_obj = get_json(cluster, &["ippool", &pool]).await?.context("pool")?;
-            ensure!(pool_obj["status"]["allocated"] == 50, "{}", pool_obj["status"]);
-            ensure!(pool_obj["status"]["capacity"] == 251, "{}", pool_obj["status"]);
+        let deny = scene.policy("deny");
+        let (pool, _) = pool_and_policy(scene, &id, scene.ns(), "10.30.0.0/24", &["10.30.0.0/30"], "Fail").await?;
+        await_marking(cluster, scene.ns()).await?;
+        create_pods(cluster, scene.ns(), &names("web", 50)).await?;
+        await_placed(cluster, scene.ns(), 50, WAIT).await?;
+        ensure!(assert_consistent(cluster, scene.ns(), &pool).await? == 50);
+        let pool_obj = get_json(cluster, &["ippool", &pool]).await?.context("pool")?;
+        ensure!(pool_obj["status"]["allocated"] == 50, "{}", pool_obj["status"]);
+        ensure!(pool_obj["status"]["capacity"] == 251, "{}", pool_obj["status"]);
 
-            // Marked by the mutating entry, then denied by a validating one: never allocated.
-            let deny_yaml = json!({
-                "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy",
-                "metadata": {"name": deny},
-                "spec": {
-                    "match": {
-                        "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
-                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": scene.ns()}},
-                    },
-                    "validate": [{"expression": "!has(object.metadata.labels.forbidden)", "message": "forbidden Pods are refused"}],
-                },
-            });
-            apply_ready(cluster, &deny, &deny_yaml.to_string()).await?;
-            let forbidden = serde_json::to_string(&pod_json("forbidden", json!({"forbidden": "yes"})))?;
-            await_condition("the forbidden Pod refused", WAIT, || async {
-                let out = cluster.kubectl_output(["create", "-n", scene.ns(), "-f", "-"], Some(&forbidden)).await?;
-                if out.status.success() {
-                    cluster.kubectl_ok(["delete", "pod", "forbidden", "-n", scene.ns()], None).await?;
-                    return Ok(None);
-                }
-                Ok(stderr(&out).contains("forbidden Pods are refused").then_some(()))
-            })
+        // Marked by the mutating entry, then denied by a validating one: never allocated.
+        let spec = json!({"validate": [{"expression": "!has(object.metadata.labels.forbidden)", "message": "forbidden Pods are refused"}]});
+        let deny_policy = pod_policy(&deny, scene.ns(), &["CREATE"], spec);
+        apply_ready(cluster, &deny_policy).await?;
+        let forbidden = serde_json::to_string(&pod_json("forbidden", json!({"forbidden": "yes"})))?;
+        await_condition("the forbidden Pod refused", WAIT, || async {
+            let out = cluster.kubectl_output(["create", "-n", scene.ns(), "-f", "-"], Some(&forbidden)).await?;
+            if out.status.success() {
+                cluster.kubectl_ok(["delete", "pod", "forbidden", "-n", scene.ns()], None).await?;
+                return Ok(None);
+            }
+            Ok(stderr(&out).contains("forbidden Pods are refused").then_some(()))
+        })
+        .await?;
+        let dry = serde_json::to_string(&pod_json("dry", json!({})))?;
+        let out = cluster
+            .kubectl_ok(["create", "-n", scene.ns(), "--dry-run=server", "-o", "json", "-f", "-"], Some(&dry))
             .await?;
-            let dry = serde_json::to_string(&pod_json("dry", json!({})))?;
-            let out = cluster
-                .kubectl_ok(["create", "-n", scene.ns(), "--dry-run=server", "-o", "json", "-f", "-"], Some(&dry))
-                .await?;
-            ensure!(out.contains(GATE), "the dry run was not marked: {out}");
-            tokio::time::sleep(Duration::from_secs(3)).await;
-            let allocs = allocations(cluster, &pool).await?;
-            ensure!(
-                !allocs.iter().any(|(_, owner, _)| owner == "forbidden" || owner == "dry"),
-                "an allocation exists for a Pod that was never stored: {allocs:?}"
-            );
-            ensure!(allocs.len() == 50, "{} allocations for 50 Pods", allocs.len());
-            Ok(())
-        }
-        .await;
-        let cleanup = remove_pool(cluster, &pool, &policy).await;
-        scene.finish(&[&deny, &policy], result.and(cleanup)).await
+        ensure!(out.contains(GATE), "the dry run was not marked: {out}");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let allocs = allocations(cluster, &pool).await?;
+        ensure!(
+            !allocs.iter().any(|(_, owner, _)| owner == "forbidden" || owner == "dry"),
+            "an allocation exists for a Pod that was never stored: {allocs:?}"
+        );
+        ensure!(allocs.len() == 50, "{} allocations for 50 Pods", allocs.len());
+        Ok(())
     })
     .await;
 }
@@ -293,78 +273,69 @@ async fn pods_get_distinct_addresses_and_denied_or_dry_run_pods_none() {
 /// the others are kept; a Pod re-created under the same name is another owner.
 #[tokio::test]
 async fn orphans_of_a_stopped_gatehouse_are_collected_by_uid() {
-    run_test(|cluster| async move {
-        let mut scene = Scene::start(
-            cluster,
-            "gh-ipam-gc",
-            Options::service()
-                .arg("--gc-interval", "2s")
-                .arg("--gc-grace", "3s"),
-        )
-        .await?;
+    let options = Options::service()
+        .arg("--gc-interval", "2s")
+        .arg("--gc-grace", "3s");
+    scenario("gh-ipam-gc", options, async |scene| {
+        let cluster = scene.cluster;
         let id = scene.id();
-        let (pool, policy) =
-            pool_and_policy(cluster, &id, scene.ns(), "10.21.0.0/24", &[], "Ignore").await?;
-        let result = async {
-            await_marking(cluster, scene.ns()).await?;
-            create_pods(cluster, scene.ns(), &names("web", 50)).await?;
-            await_placed(cluster, scene.ns(), 50, WAIT).await?;
-            let before = placed(cluster, scene.ns()).await?;
+        let (pool, _) =
+            pool_and_policy(scene, &id, scene.ns(), "10.21.0.0/24", &[], "Ignore").await?;
+        await_marking(cluster, scene.ns()).await?;
+        create_pods(cluster, scene.ns(), &names("web", 50)).await?;
+        await_placed(cluster, scene.ns(), 50, WAIT).await?;
+        let before = placed(cluster, scene.ns()).await?;
 
-            scene.gh.stop().await?;
-            let api: Api<Pod> = Api::namespaced(cluster.client().await?, scene.ns());
-            for name in names("web", 20) {
-                api.delete(&name, &DeleteParams::default()).await?;
-            }
-            // The StatefulSet case: same name, new UID, while nobody watches. With the webhook
-            // down too (the Policy is Ignore here), the Pod carries the mark admission would
-            // have added: the loop serves any marked Pod.
-            api.delete("web-49", &DeleteParams::default()).await?;
-            await_condition("web-49 gone", WAIT, || async {
-                Ok(api.get_opt("web-49").await?.is_none().then_some(()))
-            })
-            .await?;
-            let mut marked = pod_json(
-                "web-49",
-                json!({"app": "web", "gatehouse.dev/ipam-pool": pool}),
-            );
-            if let Some(spec) = marked.spec.as_mut() {
-                spec.scheduling_gates = Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate {
-                    name: GATE.to_string(),
-                }]);
-            }
-            let recreated = api.create(&PostParams::default(), &marked).await?;
-            ensure!(ipam_gated(&recreated), "the re-created Pod was not marked");
-            scene.gh.restart().await?;
-
-            await_condition("orphans collected", WAIT, || async {
-                let allocs = allocations(cluster, &pool).await?;
-                Ok((allocs.len() == 30).then_some(()))
-            })
-            .await?;
-            await_placed(cluster, scene.ns(), 30, WAIT).await?;
-            ensure!(assert_consistent(cluster, scene.ns(), &pool).await? == 30);
-            let after = placed(cluster, scene.ns()).await?;
-            for (name, (uid, address)) in &after {
-                if name == "web-49" {
-                    ensure!(*uid != before[name].0, "web-49 kept its old UID");
-                } else {
-                    ensure!(
-                        before[name] == (uid.clone(), address.clone()),
-                        "{name} changed address"
-                    );
-                }
-            }
-            let collected = scene
-                .gh
-                .metric_sum("gatehouse_ipam_orphans_collected_total", "")
-                .await?;
-            ensure!(collected == 21.0, "{collected} orphans collected, want 21");
-            Ok(())
+        scene.gh.stop().await?;
+        let api: Api<Pod> = Api::namespaced(cluster.client().await?, scene.ns());
+        for name in names("web", 20) {
+            api.delete(&name, &DeleteParams::default()).await?;
         }
-        .await;
-        let cleanup = remove_pool(cluster, &pool, &policy).await;
-        scene.finish(&[&policy], result.and(cleanup)).await
+        // The StatefulSet case: same name, new UID, while nobody watches. With the webhook
+        // down too (the Policy is Ignore here), the Pod carries the mark admission would
+        // have added: the loop serves any marked Pod.
+        api.delete("web-49", &DeleteParams::default()).await?;
+        await_condition("web-49 gone", WAIT, || async {
+            Ok(api.get_opt("web-49").await?.is_none().then_some(()))
+        })
+        .await?;
+        let mut marked = pod_json(
+            "web-49",
+            json!({"app": "web", "gatehouse.dev/ipam-pool": pool}),
+        );
+        if let Some(spec) = marked.spec.as_mut() {
+            spec.scheduling_gates = Some(vec![k8s_openapi::api::core::v1::PodSchedulingGate {
+                name: GATE.to_string(),
+            }]);
+        }
+        let recreated = api.create(&PostParams::default(), &marked).await?;
+        ensure!(ipam_gated(&recreated), "the re-created Pod was not marked");
+        scene.gh.restart().await?;
+
+        await_condition("orphans collected", WAIT, || async {
+            let allocs = allocations(cluster, &pool).await?;
+            Ok((allocs.len() == 30).then_some(()))
+        })
+        .await?;
+        await_placed(cluster, scene.ns(), 30, WAIT).await?;
+        ensure!(assert_consistent(cluster, scene.ns(), &pool).await? == 30);
+        let after = placed(cluster, scene.ns()).await?;
+        for (name, (uid, address)) in &after {
+            if name == "web-49" {
+                ensure!(*uid != before[name].0, "web-49 kept its old UID");
+            } else {
+                ensure!(
+                    before[name] == (uid.clone(), address.clone()),
+                    "{name} changed address"
+                );
+            }
+        }
+        let collected = scene
+            .gh
+            .metric_sum("gatehouse_ipam_orphans_collected_total", "")
+            .await?;
+        ensure!(collected == 21.0, "{collected} orphans collected, want 21");
+        Ok(())
     })
     .await;
 }
@@ -373,127 +344,115 @@ async fn orphans_of_a_stopped_gatehouse_are_collected_by_uid() {
 /// and the pool Exhausted, until two Pods are deleted. An IPv6 pool works the same way.
 #[tokio::test]
 async fn an_exhausted_pool_makes_pods_wait_for_a_freed_address() {
-    run_test(|cluster| async move {
-        let scene = Scene::start(cluster, "gh-ipam-full", Options::service()).await?;
+    scenario("gh-ipam-full", Options::service(), async |scene| {
+        let cluster = scene.cluster;
         let id = scene.id();
-        let (pool, policy) =
-            pool_and_policy(cluster, &id, scene.ns(), "10.22.0.0/29", &[], "Fail").await?;
-        let v6 = TestNamespace::new(cluster, "gh-ipam-v6").await?;
-        let (pool6, policy6) = pool_and_policy(
-            cluster,
+        let (pool, _) =
+            pool_and_policy(scene, &id, scene.ns(), "10.22.0.0/29", &[], "Fail").await?;
+        let v6 = scene.namespace("gh-ipam-v6").await?;
+        let (pool6, _) = pool_and_policy(
+            scene,
             &format!("{id}-6"),
-            v6.name(),
+            &v6,
             "fd00:22::/125",
             &[],
             "Fail",
         )
         .await?;
-        let nowhere = format!("nowhere-{id}");
-        let result = async {
-            // A Policy naming a pool that does not exist is not wired.
-            let nowhere_yaml = json!({
-                "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy",
-                "metadata": {"name": nowhere},
-                "spec": {
-                    "match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}]},
-                    "effects": [{"ipam": {"pool": format!("missing-{id}")}}],
-                },
-            });
-            apply(cluster, &nowhere_yaml.to_string()).await?;
-            let cond = await_ready(cluster, &nowhere, "False").await?;
-            ensure!(
-                cond["message"].as_str().unwrap_or_default().contains("does not exist"),
-                "{cond}"
-            );
-            await_marking(cluster, scene.ns()).await?;
-            create_pods(cluster, scene.ns(), &names("web", 8)).await?;
-            await_placed(cluster, scene.ns(), 6, WAIT).await?;
-            await_condition("the pool Exhausted", WAIT, || async {
-                let p = get_json(cluster, &["ippool", &pool])
-                    .await?
-                    .context("pool")?;
-                let exhausted = p["status"]["conditions"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|c| c["type"] == "Exhausted" && c["status"] == "True");
-                Ok(exhausted.then_some(()))
-            })
-            .await?;
-            let events = await_condition("a PoolExhausted Event", WAIT, || async {
-                let out = cluster
-                    .kubectl_ok(
-                        [
-                            "get",
-                            "events.events.k8s.io",
-                            "-n",
-                            scene.ns(),
-                            "-o",
-                            "json",
-                        ],
-                        None,
-                    )
-                    .await?;
-                Ok(out.contains("PoolExhausted").then_some(out))
-            })
-            .await?;
-            ensure!(events.contains("has no free address"));
-            let waiting = placed(cluster, scene.ns()).await?;
-            ensure!(
-                waiting.len() == 6,
-                "{} placed from a pool of 6",
-                waiting.len()
-            );
-            let api: Api<Pod> = Api::namespaced(cluster.client().await?, scene.ns());
-            let mut freed = Vec::new();
-            for name in waiting.keys().take(2) {
-                api.delete(name, &DeleteParams::default()).await?;
-                freed.push(waiting[name].1.clone());
-            }
-            let deleted: Vec<String> = waiting.keys().take(2).cloned().collect();
-            await_condition(
-                "the freed addresses handed to the waiting Pods",
-                WAIT,
-                || async {
-                    let now = placed(cluster, scene.ns()).await?;
-                    let got: BTreeSet<String> = now.values().map(|v| v.1.clone()).collect();
-                    Ok((now.len() == 6
-                        && deleted.iter().all(|d| !now.contains_key(d))
-                        && freed.iter().all(|a| got.contains(a)))
-                    .then_some(()))
-                },
-            )
-            .await?;
-            ensure!(assert_consistent(cluster, scene.ns(), &pool).await? == 6);
-
-            // IPv6: /125 minus the subnet-router anycast address.
-            await_marking(cluster, v6.name()).await?;
-            create_pods(cluster, v6.name(), &names("v6", 7)).await?;
-            await_placed(cluster, v6.name(), 7, WAIT).await?;
-            ensure!(assert_consistent(cluster, v6.name(), &pool6).await? == 7);
-            let addresses: BTreeSet<String> = placed(cluster, v6.name())
+        let nowhere = scene.policy("nowhere");
+        // A Policy naming a pool that does not exist is not wired.
+        let nowhere_policy = json!({
+            "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy",
+            "metadata": {"name": nowhere},
+            "spec": {
+                "match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}]},
+                "effects": [{"ipam": {"pool": format!("missing-{id}")}}],
+            },
+        });
+        apply(cluster, &nowhere_policy).await?;
+        let cond = await_ready(cluster, &nowhere, "False").await?;
+        ensure!(
+            cond["message"].as_str().unwrap_or_default().contains("does not exist"),
+            "{cond}"
+        );
+        await_marking(cluster, scene.ns()).await?;
+        create_pods(cluster, scene.ns(), &names("web", 8)).await?;
+        await_placed(cluster, scene.ns(), 6, WAIT).await?;
+        await_condition("the pool Exhausted", WAIT, || async {
+            let p = get_json(cluster, &["ippool", &pool])
                 .await?
-                .into_values()
-                .map(|v| v.1)
-                .collect();
-            ensure!(
-                addresses
-                    .iter()
-                    .all(|a| a.starts_with("fd00:22::") && a != "fd00:22::"),
-                "{addresses:?}"
-            );
-            Ok(())
+                .context("pool")?;
+            let exhausted = p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "Exhausted" && c["status"] == "True");
+            Ok(exhausted.then_some(()))
+        })
+        .await?;
+        let events = await_condition("a PoolExhausted Event", WAIT, || async {
+            let out = cluster
+                .kubectl_ok(
+                    [
+                        "get",
+                        "events.events.k8s.io",
+                        "-n",
+                        scene.ns(),
+                        "-o",
+                        "json",
+                    ],
+                    None,
+                )
+                .await?;
+            Ok(out.contains("PoolExhausted").then_some(out))
+        })
+        .await?;
+        ensure!(events.contains("has no free address"));
+        let waiting = placed(cluster, scene.ns()).await?;
+        ensure!(
+            waiting.len() == 6,
+            "{} placed from a pool of 6",
+            waiting.len()
+        );
+        let api: Api<Pod> = Api::namespaced(cluster.client().await?, scene.ns());
+        let mut freed = Vec::new();
+        for name in waiting.keys().take(2) {
+            api.delete(name, &DeleteParams::default()).await?;
+            freed.push(waiting[name].1.clone());
         }
-        .await;
-        let cleanup = async {
-            remove_pool(cluster, &pool, &policy).await?;
-            remove_pool(cluster, &pool6, &policy6).await?;
-            v6.cleanup().await
-        }
-        .await;
-        scene
-            .finish(&[&policy, &policy6, &nowhere], result.and(cleanup))
-            .await
+        let deleted: Vec<String> = waiting.keys().take(2).cloned().collect();
+        await_condition(
+            "the freed addresses handed to the waiting Pods",
+            WAIT,
+            || async {
+                let now = placed(cluster, scene.ns()).await?;
+                let got: BTreeSet<String> = now.values().map(|v| v.1.clone()).collect();
+                Ok((now.len() == 6
+                    && deleted.iter().all(|d| !now.contains_key(d))
+                    && freed.iter().all(|a| got.contains(a)))
+                .then_some(()))
+            },
+        )
+        .await?;
+        ensure!(assert_consistent(cluster, scene.ns(), &pool).await? == 6);
+
+        // IPv6: /125 minus the subnet-router anycast address.
+        await_marking(cluster, &v6).await?;
+        create_pods(cluster, &v6, &names("v6", 7)).await?;
+        await_placed(cluster, &v6, 7, WAIT).await?;
+        ensure!(assert_consistent(cluster, &v6, &pool6).await? == 7);
+        let addresses: BTreeSet<String> = placed(cluster, &v6)
+            .await?
+            .into_values()
+            .map(|v| v.1)
+            .collect();
+        ensure!(
+            addresses
+                .iter()
+                .all(|a| a.starts_with("fd00:22::") && a != "fd00:22::"),
+            "{addresses:?}"
+        );
+        Ok(())
     })
     .await;
 }
@@ -503,55 +462,42 @@ async fn an_exhausted_pool_makes_pods_wait_for_a_freed_address() {
 /// allocations == Pods.
 #[tokio::test]
 async fn crashes_and_two_replicas_never_hand_out_an_address_twice() {
-    run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
-        let home = TestNamespace::new(cluster, "gh-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-ipam-crash").await?;
-        let options = || {
-            Options::url()
-                .arg("--lease-duration", "4s")
-                .arg("--gc-interval", "5s")
-                .arg("--gc-grace", "10s")
+    let options = || {
+        Options::url()
+            .arg("--lease-duration", "4s")
+            .arg("--gc-interval", "5s")
+            .arg("--gc-grace", "10s")
+    };
+    scenario("gh-ipam-crash", options(), async |scene| {
+        let cluster = scene.cluster;
+        scene.replica(options()).await?;
+        let (ns, id) = (scene.ns().to_string(), scene.id());
+        let (pool, _) = pool_and_policy(scene, &id, &ns, "10.23.0.0/22", &[], "Fail").await?;
+        let a = &mut scene.gh;
+        await_marking(cluster, &ns).await?;
+        let all = names("burst", 200);
+        let burst = create_pods(cluster, &ns, &all);
+        let crashes = async {
+            for i in 0..5u64 {
+                tokio::time::sleep(Duration::from_millis(700 + 300 * i)).await;
+                a.kill().await?;
+                a.restart().await?;
+            }
+            Ok::<(), anyhow::Error>(())
         };
-        let mut a = Gatehouse::start(cluster, home.name(), options()).await?;
-        let b = Gatehouse::start(cluster, home.name(), options()).await?;
-        let id = ns.name().rsplit('-').next().unwrap_or("x").to_string();
-        let (pool, policy) =
-            pool_and_policy(cluster, &id, ns.name(), "10.23.0.0/22", &[], "Fail").await?;
-        let result = async {
-            await_marking(cluster, ns.name()).await?;
-            let all = names("burst", 200);
-            let burst = create_pods(cluster, ns.name(), &all);
-            let crashes = async {
-                for i in 0..5u64 {
-                    tokio::time::sleep(Duration::from_millis(700 + 300 * i)).await;
-                    a.kill().await?;
-                    a.restart().await?;
-                }
-                Ok::<(), anyhow::Error>(())
-            };
-            let (created, crashed) = tokio::join!(burst, crashes);
-            created?;
-            crashed?;
-            await_placed(cluster, ns.name(), 200, Duration::from_secs(120)).await?;
-            ensure!(assert_consistent(cluster, ns.name(), &pool).await? == 200);
-            // Allocations of a crash between the two writes are reused, never duplicated.
-            let allocs = allocations(cluster, &pool).await?;
-            ensure!(
-                allocs.len() == 200,
-                "{} allocations for 200 Pods",
-                allocs.len()
-            );
-            Ok(())
-        }
-        .await;
-        let cleanup = remove_pool(cluster, &pool, &policy).await;
-        let _ = a.stop().await;
-        b.shutdown().await?;
-        gatehouse::remove_configurations(cluster).await?;
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result.and(cleanup)
+        let (created, crashed) = tokio::join!(burst, crashes);
+        created?;
+        crashed?;
+        await_placed(cluster, &ns, 200, Duration::from_secs(120)).await?;
+        ensure!(assert_consistent(cluster, &ns, &pool).await? == 200);
+        // Allocations of a crash between the two writes are reused, never duplicated.
+        let allocs = allocations(cluster, &pool).await?;
+        ensure!(
+            allocs.len() == 200,
+            "{} allocations for 200 Pods",
+            allocs.len()
+        );
+        Ok(())
     })
     .await;
 }
@@ -561,127 +507,107 @@ async fn crashes_and_two_replicas_never_hand_out_an_address_twice() {
 /// a deleted pool stays until its last allocation is gone.
 #[tokio::test]
 async fn pools_report_problems_and_are_held_until_their_addresses_are_free() {
-    run_test(|cluster| async move {
-        let scene = Scene::start(cluster, "gh-ipam-pool", Options::service()).await?;
+    scenario("gh-ipam-pool", Options::service(), async |scene| {
+        let cluster = scene.cluster;
         let id = scene.id();
-        let (pool, policy) =
-            pool_and_policy(cluster, &id, scene.ns(), "10.24.0.0/28", &[], "Fail").await?;
-        let (overlapping, malformed) = (format!("overlap-{id}"), format!("malformed-{id}"));
-        let result = async {
-            // Creation times have a resolution of one second, and "younger" must be true: two
-            // pools created within the same second tie (broken by name, which would make this
-            // overlapping pool the older one). CI hit that tie.
-            tokio::time::sleep(Duration::from_millis(1100)).await;
-            for (name, cidr) in [(&overlapping, "10.24.0.0/29"), (&malformed, "10.24.1.5/24")] {
-                let yaml = json!({
-                    "apiVersion": "gatehouse.dev/v1alpha1", "kind": "IPPool",
-                    "metadata": {"name": name}, "spec": {"cidr": cidr},
-                });
-                apply(cluster, &yaml.to_string()).await?;
-            }
-            let ready = |name: String| async move {
-                await_condition(&format!("IPPool {name} Ready=False"), WAIT, || async {
-                    let p = get_json(cluster, &["ippool", &name])
-                        .await?
-                        .context("pool")?;
-                    Ok(p["status"]["conditions"].as_array().and_then(|cs| {
-                        cs.iter()
-                            .find(|c| c["type"] == "Ready" && c["status"] == "False")
-                            .cloned()
-                    }))
-                })
-                .await
-            };
-            let c = ready(overlapping.clone()).await?;
-            ensure!(
-                c["message"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .contains(&format!("overlaps IPPool {pool}")),
-                "{c}"
-            );
-            let c = ready(malformed.clone()).await?;
-            ensure!(
-                c["message"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .contains("10.24.1.0/24"),
-                "{c}"
-            );
-
-            await_marking(cluster, scene.ns()).await?;
-            create_pods(cluster, scene.ns(), &names("web", 3)).await?;
-            await_placed(cluster, scene.ns(), 3, WAIT).await?;
-            // A finished Pod (the kubelet would set this) releases its address at once.
-            cluster
-                .kubectl_ok(
-                    [
-                        "patch",
-                        "pod",
-                        "web-0",
-                        "-n",
-                        scene.ns(),
-                        "--subresource=status",
-                        "--type=merge",
-                        "-p",
-                        r#"{"status":{"phase":"Succeeded"}}"#,
-                    ],
-                    None,
-                )
-                .await?;
-            await_condition("the finished Pod's address released", WAIT, || async {
-                let owners: Vec<String> = allocations(cluster, &pool)
+        let (pool, _) =
+            pool_and_policy(scene, &id, scene.ns(), "10.24.0.0/28", &[], "Fail").await?;
+        let (overlapping, malformed) = (
+            scene.track_object("ippool", format!("overlap-{id}")),
+            scene.track_object("ippool", format!("malformed-{id}")),
+        );
+        // Creation times have a resolution of one second, and "younger" must be true: two
+        // pools created within the same second tie (broken by name, which would make this
+        // overlapping pool the older one). CI hit that tie.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        for (name, cidr) in [(&overlapping, "10.24.0.0/29"), (&malformed, "10.24.1.5/24")] {
+            let object = json!({
+                "apiVersion": "gatehouse.dev/v1alpha1", "kind": "IPPool",
+                "metadata": {"name": name}, "spec": {"cidr": cidr},
+            });
+            apply(cluster, &object).await?;
+        }
+        let ready = |name: String| async move {
+            await_condition(&format!("IPPool {name} Ready=False"), WAIT, || async {
+                let p = get_json(cluster, &["ippool", &name])
                     .await?
-                    .into_iter()
-                    .map(|a| a.1)
-                    .collect();
-                Ok((owners.len() == 2 && !owners.contains(&"web-0".to_string())).then_some(()))
+                    .context("pool")?;
+                Ok(p["status"]["conditions"].as_array().and_then(|cs| {
+                    cs.iter()
+                        .find(|c| c["type"] == "Ready" && c["status"] == "False")
+                        .cloned()
+                }))
             })
-            .await?;
+            .await
+        };
+        let c = ready(overlapping.clone()).await?;
+        ensure!(
+            c["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(&format!("overlaps IPPool {pool}")),
+            "{c}"
+        );
+        let c = ready(malformed.clone()).await?;
+        ensure!(
+            c["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("10.24.1.0/24"),
+            "{c}"
+        );
 
-            // Deleted while addresses are held: the finalizer keeps the pool until they are free.
-            cluster
-                .kubectl_ok(["delete", "ippool", &pool, "--wait=false"], None)
-                .await?;
-            tokio::time::sleep(Duration::from_secs(2)).await;
-            let held = get_json(cluster, &["ippool", &pool])
+        await_marking(cluster, scene.ns()).await?;
+        create_pods(cluster, scene.ns(), &names("web", 3)).await?;
+        await_placed(cluster, scene.ns(), 3, WAIT).await?;
+        // A finished Pod (the kubelet would set this) releases its address at once.
+        cluster
+            .kubectl_ok(
+                [
+                    "patch",
+                    "pod",
+                    "web-0",
+                    "-n",
+                    scene.ns(),
+                    "--subresource=status",
+                    "--type=merge",
+                    "-p",
+                    r#"{"status":{"phase":"Succeeded"}}"#,
+                ],
+                None,
+            )
+            .await?;
+        await_condition("the finished Pod's address released", WAIT, || async {
+            let owners: Vec<String> = allocations(cluster, &pool)
                 .await?
-                .context("the pool went while addresses were held")?;
-            ensure!(held["metadata"]["deletionTimestamp"].is_string(), "{held}");
-            let api: Api<Pod> = Api::namespaced(cluster.client().await?, scene.ns());
-            api.delete_collection(&DeleteParams::default(), &ListParams::default())
-                .await?;
-            await_condition("the pool gone with its last address", WAIT, || async {
-                Ok(get_json(cluster, &["ippool", &pool])
-                    .await?
-                    .is_none()
-                    .then_some(()))
-            })
+                .into_iter()
+                .map(|a| a.1)
+                .collect();
+            Ok((owners.len() == 2 && !owners.contains(&"web-0".to_string())).then_some(()))
+        })
+        .await?;
+
+        // Deleted while addresses are held: the finalizer keeps the pool until they are free.
+        cluster
+            .kubectl_ok(["delete", "ippool", &pool, "--wait=false"], None)
             .await?;
-            ensure!(allocations(cluster, &pool).await?.is_empty());
-            Ok(())
-        }
-        .await;
-        let cleanup = async {
-            remove_pool(cluster, &pool, &policy).await?;
-            for name in [&overlapping, &malformed] {
-                cluster
-                    .kubectl_ok(
-                        [
-                            "delete",
-                            "ippool",
-                            name,
-                            "--ignore-not-found",
-                            "--wait=false",
-                        ],
-                        None,
-                    )
-                    .await?;
-            }
-            Ok::<(), anyhow::Error>(())
-        }
-        .await;
-        scene.finish(&[&policy], result.and(cleanup)).await
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let held = get_json(cluster, &["ippool", &pool])
+            .await?
+            .context("the pool went while addresses were held")?;
+        ensure!(held["metadata"]["deletionTimestamp"].is_string(), "{held}");
+        let api: Api<Pod> = Api::namespaced(cluster.client().await?, scene.ns());
+        api.delete_collection(&DeleteParams::default(), &ListParams::default())
+            .await?;
+        await_condition("the pool gone with its last address", WAIT, || async {
+            Ok(get_json(cluster, &["ippool", &pool])
+                .await?
+                .is_none()
+                .then_some(()))
+        })
+        .await?;
+        ensure!(allocations(cluster, &pool).await?.is_empty());
+        Ok(())
     })
     .await;
 }

@@ -4,17 +4,18 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
-use gatehouse_e2e::gatehouse::{self, Gatehouse, Options};
+use gatehouse_e2e::instance::{Gatehouse, Options};
 use gatehouse_e2e::lease::{Impostor, leader_gauge};
 use gatehouse_e2e::proxy::FreezableProxy;
-use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
-use serde_json::Value;
+use gatehouse_e2e::{Cluster, await_condition, run_test, tls_client};
+use serde_json::{Value, json};
 
 use crate::operator::{
-    REQUIRE_LIMITS, Scene, WAIT, apply, apply_ready, apply_sidecar, await_ready, container_names,
-    decode_secret_key, delete_policies, get_json, handshake_trusting, pod, policy, sidecar_body,
-    stderr, unique, wired_groups,
+    WAIT, apply, apply_ready, apply_sidecar, await_ready, container_names, decode_secret_key,
+    delete_policies, get_json, merge, pod, policy, require_limits, rotating, sidecar, stderr,
+    try_apply, wired_groups,
 };
+use crate::scene::{Scene, scenario};
 
 /// Creates Pods one after another in `ns`, each of which must be admitted and mutated by the
 /// sidecar Policy: a TLS failure of the Fail-policy webhook would refuse one.
@@ -153,19 +154,12 @@ fn pem_body(pem: &str) -> String {
 /// the CA the cluster trusts.
 #[tokio::test]
 async fn ca_rotation_waits_while_the_bundle_cannot_be_written() {
-    run_test(|cluster| async move {
-        let scene = Scene::start(
-            cluster,
-            "gh-stuck-rotation",
-            Options::url()
-                .arg("--ca-validity", "80s")
-                .arg("--cert-validity", "20s")
-                .arg("--bundle-propagation", "2s")
-                .arg("--lease-duration", "4s"),
-        )
-        .await?;
-        let inject = format!("inject-{}", scene.id());
-        let result = async {
+    scenario(
+        "gh-stuck-rotation",
+        rotating(Options::url(), "80s", "20s").arg("--lease-duration", "4s"),
+        async |scene| {
+            let cluster = scene.cluster;
+            let inject = scene.policy("inject");
             let gh = &scene.gh;
             apply_sidecar(cluster, &inject, scene.ns()).await?;
             let secret = |c: &'static Cluster, home: String| async move {
@@ -207,7 +201,8 @@ async fn ca_rotation_waits_while_the_bundle_cannot_be_written() {
                 decode_secret_key(&s, "ca.crt")? == ca1,
                 "the serving CA switched although no configuration trusts the new one"
             );
-            handshake_trusting(gh.port, &ca1)
+            tls_client(&ca1)?
+                .connect(gh.port)
                 .await
                 .context("the certificate served is not the one the API server trusts")?;
             let waiting = gh
@@ -263,7 +258,7 @@ async fn ca_rotation_waits_while_the_bundle_cannot_be_written() {
             )
             .await?;
             let ca2 = decode_secret_key(&secret(cluster, scene.home().into()).await?, "ca.crt")?;
-            handshake_trusting(gh.port, &ca2).await?;
+            tls_client(&ca2)?.connect(gh.port).await?;
             load.until(
                 gh,
                 "the configurations to trust only the new CA",
@@ -302,10 +297,8 @@ async fn ca_rotation_waits_while_the_bundle_cannot_be_written() {
                 load.created
             );
             Ok(())
-        }
-        .await;
-        scene.finish(&[&inject], result).await
-    })
+        },
+    )
     .await;
 }
 
@@ -315,91 +308,73 @@ async fn ca_rotation_waits_while_the_bundle_cannot_be_written() {
 /// left out, while other Policies keep being wired and unwired.
 #[tokio::test]
 async fn a_policy_the_api_server_refuses_blocks_nothing() {
-    run_test(|cluster| async move {
-        let scene = Scene::start(cluster, "gh-refused", Options::service()).await?;
-        let id = scene.id();
+    scenario("gh-refused", Options::service(), async |scene| {
+        let cluster = scene.cluster;
         let (spaced, typed, deny, later) = (
-            format!("spaced-{id}"),
-            format!("typed-{id}"),
-            format!("deny-{id}"),
-            format!("later-{id}"),
+            scene.policy("spaced"),
+            scene.policy("typed"),
+            scene.policy("deny"),
+            scene.policy("later"),
         );
-        let result = async {
-            let condition = |name: &str, expression: &str| {
-                format!("    conditions:\n    - name: {name}\n      expression: {expression:?}\n")
-            };
-            // A condition name the API server would refuse: refused at apply, with the reason.
-            let spaced_yaml = policy(&spaced, scene.ns(), 100, &sidecar_body(true, false))
-                .replacen(
-                    "  mutate:",
-                    &format!("{}  mutate:", condition("has space", "true")),
-                    1,
-                );
-            let out = await_condition("the spaced condition name refused", WAIT, || async {
-                let out = cluster
-                    .kubectl_output(["apply", "-f", "-"], Some(&spaced_yaml))
+        // A sidecar Policy with one match condition.
+        let conditional = |name: &str, condition: &str, expression: &str| {
+            let mut spec = sidecar(100, true, false);
+            merge(
+                &mut spec,
+                json!({"match": {"conditions": [{"name": condition, "expression": expression}]}}),
+            );
+            policy(name, scene.ns(), spec)
+        };
+        // A condition name the API server would refuse: refused at apply, with the reason.
+        let spaced_policy = conditional(&spaced, "has space", "true");
+        let out = await_condition("the spaced condition name refused", WAIT, || async {
+            let out = try_apply(cluster, &spaced_policy).await?;
+            if out.status.success() {
+                // Our validation entry was not yet registered; try again.
+                cluster
+                    .kubectl_ok(["delete", "policy", &spaced], None)
                     .await?;
-                if out.status.success() {
-                    // Our validation entry was not yet registered; try again.
-                    cluster
-                        .kubectl_ok(["delete", "policy", &spaced], None)
-                        .await?;
-                    return Ok(None);
-                }
-                Ok(Some(out))
-            })
-            .await?;
-            let err = stderr(&out);
-            ensure!(
-                err.contains("spec.match.conditions[0].name") && err.contains("has space"),
-                "kubectl said: {err}"
-            );
+                return Ok(None);
+            }
+            Ok(Some(out))
+        })
+        .await?;
+        let err = stderr(&out);
+        ensure!(
+            err.contains("spec.match.conditions[0].name") && err.contains("has space"),
+            "kubectl said: {err}"
+        );
 
-            // A Deny Policy wired first.
-            apply_ready(
-                cluster,
-                &deny,
-                &policy(&deny, scene.ns(), 100, REQUIRE_LIMITS),
-            )
-            .await?;
-            // Our CEL compiler accepts `'x' + 1`; the API server's type checker does not.
-            let typed_yaml = policy(&typed, scene.ns(), 100, &sidecar_body(true, false)).replacen(
-                "  mutate:",
-                &format!("{}  mutate:", condition("typed", "'x' + 1 == 'x1'")),
-                1,
-            );
-            apply(cluster, &typed_yaml).await?;
-            let cond = await_ready(cluster, &typed, "False").await?;
-            ensure!(cond["reason"] == "RejectedByAPIServer", "condition {cond}");
-            let message = cond["message"].as_str().unwrap_or_default();
-            ensure!(
-                message.contains("matchConditions") && message.contains("expression"),
-                "the API server's message is missing: {cond}"
-            );
+        // A Deny Policy wired first.
+        apply_ready(cluster, &policy(&deny, scene.ns(), require_limits())).await?;
+        // Our CEL compiler accepts `'x' + 1`; the API server's type checker does not.
+        apply(cluster, &conditional(&typed, "typed", "'x' + 1 == 'x1'")).await?;
+        let cond = await_ready(cluster, &typed, "False").await?;
+        ensure!(cond["reason"] == "RejectedByAPIServer", "condition {cond}");
+        let message = cond["message"].as_str().unwrap_or_default();
+        ensure!(
+            message.contains("matchConditions") && message.contains("expression"),
+            "the API server's message is missing: {cond}"
+        );
 
-            // Others are still wired...
-            apply_sidecar(cluster, &later, scene.ns()).await?;
-            let wired = wired_groups(cluster).await?;
-            let is_wired = |p: &str| wired.iter().any(|g| g.members.iter().any(|m| m == p));
-            ensure!(is_wired(&later), "{wired:?}");
-            ensure!(!is_wired(&typed), "{wired:?}");
-            // ...and unwired: with the Deny Policy deleted, a Pod without limits is admitted.
-            delete_policies(cluster, &[&deny]).await?;
-            let no_limits = pod("unlimited", scene.ns())
-                .replace("    resources: {limits: {cpu: 100m, memory: 64Mi}}\n", "");
-            await_condition("the Deny Policy to be unwired", WAIT, || async {
-                let out = cluster
-                    .kubectl_output(["create", "--dry-run=server", "-f", "-"], Some(&no_limits))
-                    .await?;
-                Ok(out.status.success().then_some(()))
-            })
-            .await?;
-            Ok(())
-        }
-        .await;
-        scene
-            .finish(&[&spaced, &typed, &deny, &later], result)
-            .await
+        // Others are still wired...
+        apply_sidecar(cluster, &later, scene.ns()).await?;
+        let wired = wired_groups(cluster).await?;
+        let is_wired = |p: &str| wired.iter().any(|g| g.members.iter().any(|m| m == p));
+        ensure!(is_wired(&later), "{wired:?}");
+        ensure!(!is_wired(&typed), "{wired:?}");
+        // ...and unwired: with the Deny Policy deleted, a Pod without limits is admitted.
+        delete_policies(cluster, &[&deny]).await?;
+        let no_limits = pod("unlimited", scene.ns())
+            .replace("    resources: {limits: {cpu: 100m, memory: 64Mi}}\n", "");
+        await_condition("the Deny Policy to be unwired", WAIT, || async {
+            let out = cluster
+                .kubectl_output(["create", "--dry-run=server", "-f", "-"], Some(&no_limits))
+                .await?;
+            Ok(out.status.success().then_some(()))
+        })
+        .await?;
+        Ok(())
     })
     .await;
 }
@@ -410,25 +385,24 @@ async fn a_policy_the_api_server_refuses_blocks_nothing() {
 #[tokio::test]
 async fn a_partitioned_leader_stops_writing_before_another_takes_over() {
     run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
-        let home = TestNamespace::new(cluster, "gh-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-partition").await?;
         let kubeconfig_text = std::fs::read_to_string(cluster.kubeconfig())?;
         let proxy =
             FreezableProxy::start(gatehouse_e2e::proxy::api_server(&kubeconfig_text)?).await?;
         let proxied = proxy.kubeconfig(cluster.kubeconfig(), cluster.state_dir())?;
         // Lease 6s: renew deadline 4s, a round every second.
         let options = || Options::url().arg("--lease-duration", "6s");
-        let mut a = Gatehouse::start(cluster, home.name(), options().kubeconfig(proxied)).await?;
+        // A (Scene::gh) reaches the API server through the proxy.
+        let scene = Scene::start(cluster, "gh-partition", options().kubeconfig(proxied)).await?;
+        scene.run(async |scene| {
         await_condition("A leads", WAIT, || async {
-            Ok((leader_gauge(&a).await? == 1.0).then_some(()))
+            Ok((leader_gauge(&scene.gh).await? == 1.0).then_some(()))
         })
         .await?;
-        let b = Gatehouse::start(cluster, home.name(), options()).await?;
-        let id = unique(&ns);
-        let (first, second) = (format!("first-{id}"), format!("second-{id}"));
-        let result = async {
-            apply_sidecar(cluster, &first, ns.name()).await?;
+        scene.replica(options()).await?;
+        let ns = scene.ns().to_string();
+        let (first, second) = (scene.policy("first"), scene.policy("second"));
+        let (a, b) = (&scene.gh, &scene.replicas[0]);
+            apply_sidecar(cluster, &first, &ns).await?;
             let urls = || async {
                 let cfg = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
                     .await?
@@ -448,7 +422,7 @@ async fn a_partitioned_leader_stops_writing_before_another_takes_over() {
             ensure!(points_at(&urls().await?, a.port), "A should have wired: {:?}", urls().await?);
 
             // A sees a change and is about to write when its network freezes.
-            apply(cluster, &policy(&second, ns.name(), 100, &sidecar_body(true, false))).await?;
+            apply(cluster, &policy(&second, &ns, sidecar(100, true, false))).await?;
             tokio::time::sleep(Duration::from_millis(300)).await;
             let frozen_at = Instant::now();
             proxy.freeze();
@@ -463,10 +437,10 @@ async fn a_partitioned_leader_stops_writing_before_another_takes_over() {
                     frozen_at.elapsed() < Duration::from_secs(40),
                     "no handover within 40s (A stopped {a_stopped:?}, B started {b_started:?})"
                 );
-                if a_stopped.is_none() && leader_gauge(&a).await? == 0.0 {
+                if a_stopped.is_none() && leader_gauge(a).await? == 0.0 {
                     a_stopped = Some(frozen_at.elapsed());
                 }
-                if b_started.is_none() && leader_gauge(&b).await? == 1.0 {
+                if b_started.is_none() && leader_gauge(b).await? == 1.0 {
                     b_started = Some(frozen_at.elapsed());
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -506,7 +480,7 @@ async fn a_partitioned_leader_stops_writing_before_another_takes_over() {
             ensure!(points_at(&urls().await?, b.port), "entries moved away from B");
             let status_after = resource_versions(cluster, &[&first, &second]).await?;
             ensure!(status_before == status_after, "a Policy was written after B took over");
-            ensure!(leader_gauge(&a).await? == 0.0, "A leads again after the partition healed");
+            ensure!(leader_gauge(a).await? == 0.0, "A leads again after the partition healed");
             let a_writes_after = a
                 .metric_sum("gatehouse_reconcile_webhook_configuration_writes_total", "")
                 .await?;
@@ -515,15 +489,8 @@ async fn a_partitioned_leader_stops_writing_before_another_takes_over() {
                 "A counted configuration writes during or after the partition ({a_writes_before} → {a_writes_after})"
             );
             Ok(())
-        }
-        .await;
-        delete_policies(cluster, &[&first, &second]).await?;
-        let _ = a.stop().await;
-        b.shutdown().await?;
-        drop(proxy);
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result
+        })
+        .await
     })
     .await;
 }

@@ -6,5 +6,6 @@ mod install;
 mod ipam;
 mod lockout;
 mod operator;
+mod scene;
 mod shared;
 mod smoke;

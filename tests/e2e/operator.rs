@@ -2,64 +2,95 @@
 //! Each scenario runs its own Gatehouse (service mode unless said otherwise) in its own
 //! namespace, and its Policies select only the scenario's namespace.
 
+use std::cell::RefCell;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use ::gatehouse::controller::wiring;
 use ::gatehouse::engine::group::{Group, GroupPhase};
 use anyhow::{Context, bail, ensure};
-use gatehouse_e2e::gatehouse::{self, Gatehouse, Options};
-use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
+use gatehouse_e2e::instance::Options;
+use gatehouse_e2e::{Cluster, await_condition, run_test, tls_client};
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
+
+use crate::scene::{Scene, Stage, scenario};
 
 pub(crate) const WAIT: Duration = Duration::from_secs(60);
 
-/// A Policy's YAML, selecting only namespace `ns`, with `body` (indented two spaces) as the rest
-/// of its spec.
-pub(crate) fn policy(name: &str, ns: &str, priority: i32, body: &str) -> String {
-    format!(
-        r#"apiVersion: gatehouse.dev/v1alpha1
-kind: Policy
-metadata:
-  name: {name}
-spec:
-  priority: {priority}
-  match:
-    rules:
-    - operations: ["CREATE", "UPDATE"]
-      apiGroups: [""]
-      apiVersions: ["v1"]
-      resources: ["pods"]
-      scope: Namespaced
-    namespaceSelector:
-      matchLabels: {{kubernetes.io/metadata.name: {ns}}}
-{body}"#
-    )
+/// `options` with a CA and a serving certificate valid for `ca` and `cert` (each rotated at
+/// about two thirds of that), and 2 s allowed for a new CA bundle to reach the API server.
+pub(crate) fn rotating(options: Options, ca: &str, cert: &str) -> Options {
+    options
+        .arg("--ca-validity", ca)
+        .arg("--cert-validity", cert)
+        .arg("--bundle-propagation", "2s")
 }
 
-pub(crate) fn sidecar_body(limits: bool, reinvoke: bool) -> String {
-    let limits = if limits {
-        "\n          resources: {limits: {cpu: 100m, memory: 64Mi}}"
-    } else {
-        ""
-    };
-    let reinvocation = if reinvoke {
-        "  reinvocationPolicy: IfNeeded\n"
-    } else {
-        ""
-    };
-    format!(
-        "{reinvocation}  mutate:\n  - merge:\n      spec:\n        containers:\n        - name: proxy\n          image: example.com/proxy:1.0{limits}\n"
-    )
+/// A Policy for Pods (CREATE and UPDATE) in namespace `ns` only, with `spec` merged over that
+/// (objects field by field, anything else replaced).
+pub(crate) fn policy(name: &str, ns: &str, spec: Value) -> Value {
+    pod_policy(name, ns, &["CREATE", "UPDATE"], spec)
 }
 
-pub(crate) const REQUIRE_LIMITS: &str = r#"  validate:
-  - expression: "object.spec.containers.all(c, has(c.resources) && has(c.resources.limits))"
-    message: "every container must declare resource limits"
-"#;
+/// A Policy for `operations` on Pods in namespace `ns` only, with `spec` merged over that.
+pub(crate) fn pod_policy(name: &str, ns: &str, operations: &[&str], spec: Value) -> Value {
+    let mut full = json!({
+        "match": {
+            "rules": [{"operations": operations, "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+        },
+    });
+    merge(&mut full, spec);
+    policy_object(name, full)
+}
+
+/// The Policy `name` with exactly `spec`.
+pub(crate) fn policy_object(name: &str, spec: Value) -> Value {
+    json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": name}, "spec": spec})
+}
+
+/// Merges `from` into `into`: objects field by field, anything else replaced.
+pub(crate) fn merge(into: &mut Value, from: Value) {
+    match (into, from) {
+        (Value::Object(a), Value::Object(b)) => {
+            for (k, v) in b {
+                merge(a.entry(k).or_insert(Value::Null), v);
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+/// A mutation adding the sidecar `proxy` (with resource limits if `limits`), reinvoked if
+/// `reinvoke`, at `priority`.
+pub(crate) fn sidecar(priority: i32, limits: bool, reinvoke: bool) -> Value {
+    let mut proxy = json!({"name": "proxy", "image": "example.com/proxy:1.0"});
+    if limits {
+        proxy["resources"] = json!({"limits": {"cpu": "100m", "memory": "64Mi"}});
+    }
+    let mut spec =
+        json!({"priority": priority, "mutate": [{"merge": {"spec": {"containers": [proxy]}}}]});
+    if reinvoke {
+        spec["reinvocationPolicy"] = json!("IfNeeded");
+    }
+    spec
+}
+
+/// A mutation setting the label `key: value`, at `priority`.
+pub(crate) fn label(priority: i32, key: &str, value: &str) -> Value {
+    json!({"priority": priority, "mutate": [{"merge": {"metadata": {"labels": {key: value}}}}]})
+}
+
+/// A validation refusing Pods with a container without resource limits.
+pub(crate) fn require_limits() -> Value {
+    json!({"priority": 100, "validate": [{
+        "expression": "object.spec.containers.all(c, has(c.resources) && has(c.resources.limits))",
+        "message": "every container must declare resource limits",
+    }]})
+}
 
 pub(crate) fn pod(name: &str, ns: &str) -> String {
     format!(
@@ -77,13 +108,26 @@ spec:
     )
 }
 
-/// A unique suffix for cluster-scoped names of one scenario.
-pub(crate) fn unique(ns: &TestNamespace) -> String {
-    ns.name().rsplit('-').next().unwrap_or("x").to_string()
+/// `kubectl apply` of one object, or of a `v1` `List` of them.
+pub(crate) async fn apply(cluster: &Cluster, object: &Value) -> anyhow::Result<String> {
+    cluster
+        .kubectl_ok(["apply", "-f", "-"], Some(&object.to_string()))
+        .await
 }
 
-pub(crate) async fn apply(cluster: &Cluster, yaml: &str) -> anyhow::Result<String> {
-    cluster.kubectl_ok(["apply", "-f", "-"], Some(yaml)).await
+/// `kubectl apply` of `object`, succeeding or not.
+pub(crate) async fn try_apply(
+    cluster: &Cluster,
+    object: &Value,
+) -> anyhow::Result<std::process::Output> {
+    cluster
+        .kubectl_output(["apply", "-f", "-"], Some(&object.to_string()))
+        .await
+}
+
+/// The objects as one `v1` `List`, applied with one `kubectl apply`.
+pub(crate) fn list(items: impl IntoIterator<Item = Value>) -> Value {
+    json!({"apiVersion": "v1", "kind": "List", "items": items.into_iter().collect::<Vec<_>>()})
 }
 
 pub(crate) async fn get_json(cluster: &Cluster, args: &[&str]) -> anyhow::Result<Option<Value>> {
@@ -123,20 +167,18 @@ pub(crate) async fn await_ready(
 }
 
 /// Applies a Policy and waits until it is Ready for its current generation.
-pub(crate) async fn apply_ready(cluster: &Cluster, name: &str, yaml: &str) -> anyhow::Result<()> {
-    apply(cluster, yaml).await?;
+pub(crate) async fn apply_ready(cluster: &Cluster, policy: &Value) -> anyhow::Result<()> {
+    apply(cluster, policy).await?;
+    let name = policy["metadata"]["name"]
+        .as_str()
+        .context("a Policy without a name")?;
     await_ready(cluster, name, "True").await?;
     Ok(())
 }
 
 /// The sidecar injector (with limits) most scenarios use, applied and Ready.
 pub(crate) async fn apply_sidecar(cluster: &Cluster, name: &str, ns: &str) -> anyhow::Result<()> {
-    apply_ready(
-        cluster,
-        name,
-        &policy(name, ns, 100, &sidecar_body(true, false)),
-    )
-    .await
+    apply_ready(cluster, &policy(name, ns, sidecar(100, true, false))).await
 }
 
 /// The groups both live configurations hold, read from their membership annotation by the
@@ -191,20 +233,23 @@ pub(crate) async fn create_pod_until<F>(
     ns: &str,
     name: &str,
     extra_args: &[&str],
-    mut done: F,
+    done: F,
 ) -> anyhow::Result<std::process::Output>
 where
     F: FnMut(&std::process::Output) -> bool,
 {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let mut args = vec!["create", "-f", "-"];
-        args.extend_from_slice(extra_args);
-        let out = cluster.kubectl_output(&args, Some(&pod(name, ns))).await?;
-        if done(&out) {
-            return Ok(out);
+    let mut args = vec!["create", "-f", "-"];
+    args.extend_from_slice(extra_args);
+    let dry_run = extra_args.contains(&"--dry-run=server");
+    let (pod, done) = (pod(name, ns), RefCell::new(done));
+    let (args, pod, done) = (&args, &pod, &done);
+    let what = format!("the outcome wanted of creating pod {name}");
+    await_condition(&what, WAIT, move || async move {
+        let out = cluster.kubectl_output(args, Some(pod)).await?;
+        if (done.borrow_mut())(&out) {
+            return Ok(Some(out));
         }
-        if out.status.success() && !extra_args.contains(&"--dry-run=server") {
+        if out.status.success() && !dry_run {
             cluster
                 .kubectl_ok(
                     [
@@ -220,16 +265,36 @@ where
                 )
                 .await?;
         }
-        if Instant::now() > deadline {
-            bail!(
-                "pod {name}: outcome never matched; last: status {} stdout {} stderr {}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+        bail!(
+            "status {} stdout {} stderr {}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+    .await
+}
+
+/// Creates Pod `name` (retrying until it is admitted) and checks that the sidecar was injected
+/// into it; `when` says when, for the error.
+async fn create_mutated_pod(
+    cluster: &Cluster,
+    ns: &str,
+    name: &str,
+    when: &str,
+) -> anyhow::Result<()> {
+    let out = create_pod_until(cluster, ns, name, &["-o", "json"], |o| o.status.success()).await?;
+    let p: Value = serde_json::from_slice(&out.stdout)?;
+    ensure!(
+        container_names(&p) == ["app", "proxy"],
+        "not mutated {when}"
+    );
+    Ok(())
+}
+
+/// Whether Pod `name` exists in `ns`.
+async fn pod_stored(cluster: &Cluster, ns: &str, name: &str) -> anyhow::Result<bool> {
+    Ok(get_json(cluster, &["pod", name, "-n", ns]).await?.is_some())
 }
 
 pub(crate) fn stderr(out: &std::process::Output) -> String {
@@ -257,516 +322,402 @@ pub(crate) async fn delete_policies(cluster: &Cluster, names: &[&str]) -> anyhow
     Ok(())
 }
 
-/// One scenario's world: the lock on the configurations, Gatehouse's home namespace, the
-/// namespace its Policies select, and the running Gatehouse.
-pub(crate) struct Scene {
-    _serial: tokio::sync::MutexGuard<'static, ()>,
-    pub(crate) home: TestNamespace,
-    pub(crate) ns: TestNamespace,
-    pub(crate) gh: Gatehouse,
-}
-
-impl Scene {
-    pub(crate) async fn start(
-        cluster: &'static Cluster,
-        prefix: &str,
-        options: Options,
-    ) -> anyhow::Result<Self> {
-        let serial = gatehouse::exclusive().await;
-        let home = TestNamespace::new(cluster, "gh-home").await?;
-        let ns = TestNamespace::new(cluster, prefix).await?;
-        let gh = Gatehouse::start(cluster, home.name(), options).await?;
-        Ok(Self {
-            _serial: serial,
-            home,
-            ns,
-            gh,
-        })
-    }
-
-    pub(crate) fn home(&self) -> &str {
-        self.home.name()
-    }
-
-    pub(crate) fn ns(&self) -> &str {
-        self.ns.name()
-    }
-
-    /// A suffix unique to this scenario, for cluster-scoped names.
-    pub(crate) fn id(&self) -> String {
-        unique(&self.ns)
-    }
-
-    /// Deletes the scenario's Policies, stops Gatehouse (removing its configurations) and the
-    /// namespaces; the scenario's own outcome comes first.
-    pub(crate) async fn finish(
-        self,
-        policies: &[&str],
-        result: anyhow::Result<()>,
-    ) -> anyhow::Result<()> {
-        let cluster = self.gh.cluster();
-        let cleanup = async {
-            delete_policies(cluster, policies).await?;
-            self.gh.shutdown().await?;
-            self.ns.cleanup().await?;
-            self.home.cleanup().await
-        }
-        .await;
-        result.and(cleanup)
-    }
-}
-
 /// Scenario 1, in the given mode.
-async fn order_matters(cluster: &'static Cluster, options: Options) -> anyhow::Result<()> {
-    let scene = Scene::start(cluster, "gh-order", options).await?;
-    let id = scene.id();
-    let (inject, limits) = (format!("inject-{id}"), format!("require-limits-{id}"));
-    let result = async {
-        let no_limits = policy(&inject, scene.ns(), 100, &sidecar_body(false, false));
-        apply_ready(cluster, &inject, &no_limits).await?;
-        apply_ready(
-            cluster,
-            &limits,
-            &policy(&limits, scene.ns(), 100, REQUIRE_LIMITS),
-        )
-        .await?;
+async fn order_matters(scene: &mut Scene) -> anyhow::Result<()> {
+    let cluster = scene.cluster;
+    let (inject, limits) = (scene.policy("inject"), scene.policy("require-limits"));
+    let no_limits = policy(&inject, scene.ns(), sidecar(100, false, false));
+    apply_ready(cluster, &no_limits).await?;
+    apply_ready(cluster, &policy(&limits, scene.ns(), require_limits())).await?;
 
-        // The sidecar injected by the mutating Policy has no limits, and the validating Policy
-        // judges the final object: the Pod is rejected, naming the validating Policy.
-        let out =
-            create_pod_until(cluster, scene.ns(), "app", &[], |o| !o.status.success()).await?;
-        let err = stderr(&out);
-        ensure!(
-            err.contains(&limits) && err.contains("every container must declare resource limits"),
-            "rejection should name {limits} and its message: {err}"
-        );
+    // The sidecar injected by the mutating Policy has no limits, and the validating Policy
+    // judges the final object: the Pod is rejected, naming the validating Policy.
+    let out = create_pod_until(cluster, scene.ns(), "app", &[], |o| !o.status.success()).await?;
+    let err = stderr(&out);
+    ensure!(
+        err.contains(&limits) && err.contains("every container must declare resource limits"),
+        "rejection should name {limits} and its message: {err}"
+    );
 
-        // Give the sidecar limits: admitted, with the sidecar exactly once.
-        apply_sidecar(cluster, &inject, scene.ns()).await?;
-        create_pod_until(cluster, scene.ns(), "app", &[], |o| o.status.success()).await?;
-        let stored = get_json(cluster, &["pod", "app", "-n", scene.ns()])
-            .await?
-            .context("pod not stored")?;
-        let names = container_names(&stored);
-        ensure!(names == ["app", "proxy"], "containers: {names:?}");
-        Ok(())
-    }
-    .await;
-    scene.finish(&[&inject, &limits], result).await
+    // Give the sidecar limits: admitted, with the sidecar exactly once.
+    apply_sidecar(cluster, &inject, scene.ns()).await?;
+    create_pod_until(cluster, scene.ns(), "app", &[], |o| o.status.success()).await?;
+    let stored = get_json(cluster, &["pod", "app", "-n", scene.ns()])
+        .await?
+        .context("pod not stored")?;
+    let names = container_names(&stored);
+    ensure!(names == ["app", "proxy"], "containers: {names:?}");
+    Ok(())
 }
 
 #[tokio::test]
 async fn order_matters_service_mode() {
-    run_test(|cluster| order_matters(cluster, Options::service())).await;
+    scenario("gh-order", Options::service(), order_matters).await;
 }
 
 #[tokio::test]
 async fn order_matters_url_mode() {
-    run_test(|cluster| order_matters(cluster, Options::url())).await;
+    scenario("gh-order", Options::url(), order_matters).await;
 }
 
 #[tokio::test]
 async fn reinvocation_keeps_one_sidecar() {
-    run_test(|cluster| async move {
-        let scene = Scene::start(cluster, "gh-reinvoke", Options::service()).await?;
-        let id = scene.id();
-        let (a, b) = (format!("a-sidecar-{id}"), format!("b-label-{id}"));
-        let result = async {
-            apply_ready(
-                cluster,
-                &a,
-                &policy(&a, scene.ns(), 10, &sidecar_body(true, true)),
-            )
-            .await?;
-            let label = "  mutate:\n  - merge: {metadata: {labels: {team: platform}}}\n";
-            apply_ready(cluster, &b, &policy(&b, scene.ns(), 20, label)).await?;
-            // A reinvokes and B does not: two runs, two entries, A's first.
-            let order = entries(cluster, "mutatingwebhookconfiguration").await?;
-            let (entry_a, entry_b) = (
-                entry_of(cluster, &a, GroupPhase::Mutating)
-                    .await?
-                    .context("A unwired")?,
-                entry_of(cluster, &b, GroupPhase::Mutating)
-                    .await?
-                    .context("B unwired")?,
-            );
-            let pos = |e: &str| order.iter().position(|x| x == e);
-            ensure!(
-                entry_a != entry_b && pos(&entry_a) < pos(&entry_b),
-                "entry order {order:?}"
-            );
-
-            // Wait until both are in effect (a dry run shows label and sidecar), then create
-            // one Pod and count how often A was asked.
-            create_pod_until(
-                cluster,
-                scene.ns(),
-                "probe",
-                &["--dry-run=server", "-o", "json"],
-                |o| {
-                    serde_json::from_slice::<Value>(&o.stdout).is_ok_and(|p| {
-                        p["metadata"]["labels"]["team"] == "platform"
-                            && container_names(&p).len() == 2
-                    })
-                },
-            )
-            .await?;
-            let evaluations = "gatehouse_policy_decisions_total";
-            let of_a = format!("policy=\"{a}\"");
-            let before = scene.gh.metric_sum(evaluations, &of_a).await?;
-            cluster
-                .kubectl_ok(["create", "-f", "-"], Some(&pod("app", scene.ns())))
-                .await?;
-            let after = scene.gh.metric_sum(evaluations, &of_a).await?;
-            let stored = get_json(cluster, &["pod", "app", "-n", scene.ns()])
+    scenario("gh-reinvoke", Options::service(), async |scene| {
+        let cluster = scene.cluster;
+        let (a, b) = (scene.policy("a-sidecar"), scene.policy("b-label"));
+        apply_ready(cluster, &policy(&a, scene.ns(), sidecar(10, true, true))).await?;
+        apply_ready(
+            cluster,
+            &policy(&b, scene.ns(), label(20, "team", "platform")),
+        )
+        .await?;
+        // A reinvokes and B does not: two runs, two entries, A's first.
+        let order = entries(cluster, "mutatingwebhookconfiguration").await?;
+        let (entry_a, entry_b) = (
+            entry_of(cluster, &a, GroupPhase::Mutating)
                 .await?
-                .context("pod")?;
-            ensure!(
-                container_names(&stored) == ["app", "proxy"],
-                "containers {:?}",
-                container_names(&stored)
-            );
-            ensure!(
-                stored["metadata"]["labels"]["team"] == "platform",
-                "label missing: {stored}"
-            );
-            // B changed the object after A, so the API server invoked A a second time, and A's
-            // second run added nothing.
-            ensure!(
-                after - before == 2.0,
-                "policy A was called {} times, want 2",
-                after - before
-            );
-            Ok(())
-        }
-        .await;
-        scene.finish(&[&a, &b], result).await
+                .context("A unwired")?,
+            entry_of(cluster, &b, GroupPhase::Mutating)
+                .await?
+                .context("B unwired")?,
+        );
+        let pos = |e: &str| order.iter().position(|x| x == e);
+        ensure!(
+            entry_a != entry_b && pos(&entry_a) < pos(&entry_b),
+            "entry order {order:?}"
+        );
+
+        // Wait until both are in effect (a dry run shows label and sidecar), then create
+        // one Pod and count how often A was asked.
+        create_pod_until(
+            cluster,
+            scene.ns(),
+            "probe",
+            &["--dry-run=server", "-o", "json"],
+            |o| {
+                serde_json::from_slice::<Value>(&o.stdout).is_ok_and(|p| {
+                    p["metadata"]["labels"]["team"] == "platform" && container_names(&p).len() == 2
+                })
+            },
+        )
+        .await?;
+        let evaluations = "gatehouse_policy_decisions_total";
+        let of_a = format!("policy=\"{a}\"");
+        let before = scene.gh.metric_sum(evaluations, &of_a).await?;
+        cluster
+            .kubectl_ok(["create", "-f", "-"], Some(&pod("app", scene.ns())))
+            .await?;
+        let after = scene.gh.metric_sum(evaluations, &of_a).await?;
+        let stored = get_json(cluster, &["pod", "app", "-n", scene.ns()])
+            .await?
+            .context("pod")?;
+        ensure!(
+            container_names(&stored) == ["app", "proxy"],
+            "containers {:?}",
+            container_names(&stored)
+        );
+        ensure!(
+            stored["metadata"]["labels"]["team"] == "platform",
+            "label missing: {stored}"
+        );
+        // B changed the object after A, so the API server invoked A a second time, and A's
+        // second run added nothing.
+        ensure!(
+            after - before == 2.0,
+            "policy A was called {} times, want 2",
+            after - before
+        );
+        Ok(())
     })
     .await;
 }
 
 #[tokio::test]
 async fn server_dry_run_previews_and_stores_nothing() {
-    run_test(|cluster| async move {
-        let scene = Scene::start(cluster, "gh-dryrun", Options::service()).await?;
-        let inject = format!("inject-{}", scene.id());
-        let result = async {
-            apply_sidecar(cluster, &inject, scene.ns()).await?;
-            let deadline = Instant::now() + WAIT;
-            let preview = loop {
-                let out = cluster
-                    .kubectl_ok(
-                        ["apply", "--dry-run=server", "-o", "json", "-f", "-"],
-                        Some(&pod("preview", scene.ns())),
-                    )
-                    .await?;
-                let p: Value = serde_json::from_str(&out)?;
-                if container_names(&p) == ["app", "proxy"] || Instant::now() > deadline {
-                    break p;
-                }
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            };
-            ensure!(
-                container_names(&preview) == ["app", "proxy"],
-                "dry run did not show the mutation: {preview}"
-            );
-            ensure!(
-                get_json(cluster, &["pod", "preview", "-n", scene.ns()])
-                    .await?
-                    .is_none(),
-                "server dry-run stored the Pod"
-            );
-            Ok(())
-        }
-        .await;
-        scene.finish(&[&inject], result).await
+    scenario("gh-dryrun", Options::service(), async |scene| {
+        let cluster = scene.cluster;
+        let inject = scene.policy("inject");
+        apply_sidecar(cluster, &inject, scene.ns()).await?;
+        let preview = pod("preview", scene.ns());
+        await_condition("the dry run to show the mutation", WAIT, || async {
+            let out = cluster
+                .kubectl_ok(
+                    ["apply", "--dry-run=server", "-o", "json", "-f", "-"],
+                    Some(&preview),
+                )
+                .await?;
+            let p: Value = serde_json::from_str(&out)?;
+            if container_names(&p) != ["app", "proxy"] {
+                bail!("dry run did not show the mutation: {p}");
+            }
+            Ok(Some(()))
+        })
+        .await?;
+        ensure!(
+            !pod_stored(cluster, scene.ns(), "preview").await?,
+            "server dry-run stored the Pod"
+        );
+        Ok(())
     })
     .await;
 }
 
 #[tokio::test]
 async fn warn_admits_and_warns() {
-    run_test(|cluster| async move {
-        let scene = Scene::start(cluster, "gh-warn", Options::service()).await?;
-        let warn = format!("warn-team-{}", scene.id());
-        let body = "  validate:\n  - expression: \"has(object.metadata.labels) && 'team' in object.metadata.labels\"\n    message: \"pods should carry a team label\"\n    action: Warn\n";
-        let result = async {
-            apply_ready(cluster, &warn, &policy(&warn, scene.ns(), 100, body)).await?;
-            let out = create_pod_until(cluster, scene.ns(), "app", &[], |o| {
-                o.status.success() && stderr(o).contains("pods should carry a team label")
-            })
-            .await?;
-            let err = stderr(&out);
-            ensure!(err.contains("Warning:") && err.contains(&warn), "kubectl printed: {err}");
-            ensure!(get_json(cluster, &["pod", "app", "-n", scene.ns()]).await?.is_some(), "pod not stored");
-            Ok(())
-        }
-        .await;
-        scene.finish(&[&warn], result).await
+    scenario("gh-warn", Options::service(), async |scene| {
+        let cluster = scene.cluster;
+        let warn = scene.policy("warn-team");
+        let spec = json!({"priority": 100, "validate": [{
+            "expression": "has(object.metadata.labels) && 'team' in object.metadata.labels",
+            "message": "pods should carry a team label",
+            "action": "Warn",
+        }]});
+        apply_ready(cluster, &policy(&warn, scene.ns(), spec)).await?;
+        let out = create_pod_until(cluster, scene.ns(), "app", &[], |o| {
+            o.status.success() && stderr(o).contains("pods should carry a team label")
+        })
+        .await?;
+        let err = stderr(&out);
+        ensure!(
+            err.contains("Warning:") && err.contains(&warn),
+            "kubectl printed: {err}"
+        );
+        ensure!(
+            pod_stored(cluster, scene.ns(), "app").await?,
+            "pod not stored"
+        );
+        Ok(())
     })
     .await;
 }
 
 #[tokio::test]
 async fn deleting_a_policy_unwires_it() {
-    run_test(|cluster| async move {
-        let scene = Scene::start(cluster, "gh-delete", Options::service()).await?;
-        let inject = format!("inject-{}", scene.id());
-        let result = async {
-            apply_sidecar(cluster, &inject, scene.ns()).await?;
-            ensure!(
-                entry_of(cluster, &inject, GroupPhase::Mutating)
-                    .await?
-                    .is_some()
-            );
-            create_pod_until(cluster, scene.ns(), "before", &[], |o| o.status.success()).await?;
-            cluster
-                .kubectl_ok(["delete", "policy", &inject], None)
-                .await?;
-            await_condition("unwired", WAIT, || async {
-                Ok(entry_of(cluster, &inject, GroupPhase::Mutating)
-                    .await?
-                    .is_none()
-                    .then_some(()))
-            })
+    scenario("gh-delete", Options::service(), async |scene| {
+        let cluster = scene.cluster;
+        let inject = scene.policy("inject");
+        apply_sidecar(cluster, &inject, scene.ns()).await?;
+        ensure!(
+            entry_of(cluster, &inject, GroupPhase::Mutating)
+                .await?
+                .is_some()
+        );
+        create_pod_until(cluster, scene.ns(), "before", &[], |o| o.status.success()).await?;
+        cluster
+            .kubectl_ok(["delete", "policy", &inject], None)
             .await?;
-            // Later Pods are untouched (allowing the API server a moment to see the change).
-            create_pod_until(cluster, scene.ns(), "after", &["-o", "json"], |o| {
-                o.status.success()
-                    && serde_json::from_slice::<Value>(&o.stdout)
-                        .is_ok_and(|p| container_names(&p) == ["app"])
-            })
-            .await?;
-            Ok(())
-        }
-        .await;
-        scene.finish(&[&inject], result).await
+        await_condition("unwired", WAIT, || async {
+            Ok(entry_of(cluster, &inject, GroupPhase::Mutating)
+                .await?
+                .is_none()
+                .then_some(()))
+        })
+        .await?;
+        // Later Pods are untouched (allowing the API server a moment to see the change).
+        create_pod_until(cluster, scene.ns(), "after", &["-o", "json"], |o| {
+            o.status.success()
+                && serde_json::from_slice::<Value>(&o.stdout)
+                    .is_ok_and(|p| container_names(&p) == ["app"])
+        })
+        .await?;
+        Ok(())
     })
     .await;
 }
 
 #[tokio::test]
 async fn drift_is_repaired() {
-    run_test(|cluster| async move {
-        let scene = Scene::start(cluster, "gh-drift", Options::service()).await?;
-        let inject = format!("inject-{}", scene.id());
-        let result = async {
-            apply_sidecar(cluster, &inject, scene.ns()).await?;
-            let entry = entry_of(cluster, &inject, GroupPhase::Mutating)
-                .await?
-                .context("the Policy's entry")?;
-            let timeout_of = |cfg: &Value| {
-                cfg["webhooks"].as_array().and_then(|ws| {
-                    ws.iter()
-                        .find(|w| w["name"] == entry.as_str())
-                        .map(|w| w["timeoutSeconds"].clone())
-                })
-            };
-            // Deleted: restored.
-            cluster
-                .kubectl_ok(
-                    ["delete", "mutatingwebhookconfiguration", "gatehouse"],
-                    None,
-                )
-                .await?;
-            let started = Instant::now();
-            await_condition(
-                "configuration restored",
-                Duration::from_secs(20),
-                || async {
-                    Ok(entries(cluster, "mutatingwebhookconfiguration")
-                        .await?
-                        .contains(&entry)
-                        .then_some(()))
-                },
+    scenario("gh-drift", Options::service(), async |scene| {
+        let cluster = scene.cluster;
+        let inject = scene.policy("inject");
+        apply_sidecar(cluster, &inject, scene.ns()).await?;
+        let entry = entry_of(cluster, &inject, GroupPhase::Mutating)
+            .await?
+            .context("the Policy's entry")?;
+        let timeout_of = |cfg: &Value| {
+            cfg["webhooks"].as_array().and_then(|ws| {
+                ws.iter()
+                    .find(|w| w["name"] == entry.as_str())
+                    .map(|w| w["timeoutSeconds"].clone())
+            })
+        };
+        // Deleted: restored.
+        cluster
+            .kubectl_ok(
+                ["delete", "mutatingwebhookconfiguration", "gatehouse"],
+                None,
             )
             .await?;
-            eprintln!("restored after delete in {:?}", started.elapsed());
-            // Edited: repaired.
-            let idx = entries(cluster, "mutatingwebhookconfiguration")
-                .await?
-                .iter()
-                .position(|e| e == &entry)
-                .context("entry")?;
-            let patch = format!(
-                r#"[{{"op":"replace","path":"/webhooks/{idx}/timeoutSeconds","value":29}}]"#
-            );
-            cluster
-                .kubectl_ok(
-                    [
-                        "patch",
-                        "mutatingwebhookconfiguration",
-                        "gatehouse",
-                        "--type=json",
-                        "-p",
-                        &patch,
-                    ],
-                    None,
-                )
-                .await?;
-            let started = Instant::now();
-            await_condition("edit repaired", Duration::from_secs(20), || async {
-                let cfg = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
+        let started = Instant::now();
+        await_condition(
+            "configuration restored",
+            Duration::from_secs(20),
+            || async {
+                Ok(entries(cluster, "mutatingwebhookconfiguration")
                     .await?
-                    .context("cfg")?;
-                Ok((timeout_of(&cfg) == Some(Value::from(10))).then_some(()))
-            })
+                    .contains(&entry)
+                    .then_some(()))
+            },
+        )
+        .await?;
+        eprintln!("restored after delete in {:?}", started.elapsed());
+        // Edited: repaired.
+        let idx = entries(cluster, "mutatingwebhookconfiguration")
+            .await?
+            .iter()
+            .position(|e| e == &entry)
+            .context("entry")?;
+        let patch =
+            format!(r#"[{{"op":"replace","path":"/webhooks/{idx}/timeoutSeconds","value":29}}]"#);
+        cluster
+            .kubectl_ok(
+                [
+                    "patch",
+                    "mutatingwebhookconfiguration",
+                    "gatehouse",
+                    "--type=json",
+                    "-p",
+                    &patch,
+                ],
+                None,
+            )
             .await?;
-            eprintln!("repaired after edit in {:?}", started.elapsed());
-            Ok(())
-        }
-        .await;
-        scene.finish(&[&inject], result).await
+        let started = Instant::now();
+        await_condition("edit repaired", Duration::from_secs(20), || async {
+            let cfg = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
+                .await?
+                .context("cfg")?;
+            Ok((timeout_of(&cfg) == Some(Value::from(10))).then_some(()))
+        })
+        .await?;
+        eprintln!("repaired after edit in {:?}", started.elapsed());
+        Ok(())
     })
     .await;
 }
 
 #[tokio::test]
 async fn match_everything_spares_system_namespaces() {
-    run_test(|cluster| async move {
-        let scene = Scene::start(cluster, "gh-everything", Options::service()).await?;
+    scenario("gh-everything", Options::service(), async |scene| {
+        let cluster = scene.cluster;
         let id = scene.id();
-        let name = format!("everything-{id}");
+        let name = scene.policy("everything");
         let label = format!("deny-{id}");
         // Matches every resource in every namespace; denies only objects carrying the label, so
         // that the rest of the (shared) test cluster keeps working.
-        let yaml = format!(
-            r#"apiVersion: gatehouse.dev/v1alpha1
-kind: Policy
-metadata: {{name: {name}}}
-spec:
-  match:
-    rules:
-    - operations: ["*"]
-      apiGroups: ["*"]
-      apiVersions: ["*"]
-      resources: ["*"]
-      scope: "*"
-  failurePolicy: Ignore
-  validate:
-  - expression: "!has(object.metadata) || !has(object.metadata.labels) || !('{label}' in object.metadata.labels)"
-    message: "labelled {label}"
-"#
-        );
+        let everything = policy_object(&name, json!({
+            "match": {"rules": [{"operations": ["*"], "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"], "scope": "*"}]},
+            "failurePolicy": "Ignore",
+            "validate": [{
+                "expression": format!("!has(object.metadata) || !has(object.metadata.labels) || !('{label}' in object.metadata.labels)"),
+                "message": format!("labelled {label}"),
+            }],
+        }));
         let cm = |namespace: &str| {
             format!("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: probe-{id}\n  namespace: {namespace}\n  labels: {{{label}: \"x\"}}\n")
         };
-        let result = async {
-            apply(cluster, &yaml).await?;
-            await_ready(cluster, &name, "True").await?;
-            await_condition("match-everything policy in effect", WAIT, || async {
-                let out = cluster.kubectl_output(["create", "--dry-run=server", "-f", "-"], Some(&cm(scene.ns()))).await?;
-                Ok((!out.status.success() && stderr(&out).contains(&format!("labelled {label}"))).then_some(()))
-            })
-            .await?;
-            for protected in ["kube-system", scene.home()] {
-                let out = cluster.kubectl_output(["create", "-f", "-"], Some(&cm(protected))).await?;
-                ensure!(out.status.success(), "create in {protected} was refused: {}", stderr(&out));
-                cluster.kubectl_ok(["delete", "configmap", &format!("probe-{id}"), "-n", protected], None).await?;
-            }
-            Ok(())
+        apply(cluster, &everything).await?;
+        await_ready(cluster, &name, "True").await?;
+        await_condition("match-everything policy in effect", WAIT, || async {
+            let out = cluster.kubectl_output(["create", "--dry-run=server", "-f", "-"], Some(&cm(scene.ns()))).await?;
+            Ok((!out.status.success() && stderr(&out).contains(&format!("labelled {label}"))).then_some(()))
+        })
+        .await?;
+        for protected in ["kube-system", scene.home()] {
+            let out = cluster.kubectl_output(["create", "-f", "-"], Some(&cm(protected))).await?;
+            ensure!(out.status.success(), "create in {protected} was refused: {}", stderr(&out));
+            cluster.kubectl_ok(["delete", "configmap", &format!("probe-{id}"), "-n", protected], None).await?;
         }
-        .await;
-        scene.finish(&[&name], result).await
+        Ok(())
     })
     .await;
 }
 
 #[tokio::test]
 async fn invalid_policies_are_refused_or_marked_not_ready() {
-    run_test(|cluster| async move {
-        let mut scene = Scene::start(cluster, "gh-invalid", Options::service()).await?;
+    scenario("gh-invalid", Options::service(), async |scene| {
+        let cluster = scene.cluster;
         let id = scene.id();
-        let (bad, slipped) = (format!("bad-cel-{id}"), format!("slipped-{id}"));
-        let bad_body = "  validate:\n  - expression: \"object.spec.containers.all(c, \"\n    message: \"broken\"\n";
-        let result = async {
-            // With Gatehouse up, kubectl apply fails with the exact reason.
-            let out = await_condition("invalid policy refused", WAIT, || async {
-                let out = cluster.kubectl_output(["apply", "-f", "-"], Some(&policy(&bad, scene.ns(), 100, bad_body))).await?;
-                if out.status.success() {
-                    // Our validation webhook was not yet registered; try again.
-                    cluster.kubectl_ok(["delete", "policy", &bad], None).await?;
-                    return Ok(None);
-                }
-                Ok(Some(out))
-            })
-            .await?;
-            let err = stderr(&out);
-            ensure!(err.contains("spec.validate[0].expression"), "kubectl said: {err}");
-            ensure!(get_json(cluster, &["policy", &bad]).await?.is_none(), "refused policy was stored");
-            // An expression over the cost budget is refused with its estimate.
-            let costly = format!("costly-{id}");
-            let three = "object.spec.containers.all(a, object.spec.containers.all(b, object.spec.containers.all(c, a.name != b.name || b.name != c.name)))";
-            let costly_body = format!("  validate:\n  - expression: {three:?}\n    message: \"too costly\"\n");
-            let out = cluster
-                .kubectl_output(["apply", "-f", "-"], Some(&policy(&costly, scene.ns(), 100, &costly_body)))
-                .await?;
-            let err = stderr(&out);
-            ensure!(
-                !out.status.success()
-                    && err.contains("spec.validate[0].expression: estimated cost")
-                    && err.contains("exceeds the budget of 1000000"),
-                "an over-budget Policy was not refused with its estimate: {err}"
-            );
-            ensure!(get_json(cluster, &["policy", &costly]).await?.is_none(), "refused policy was stored");
+        let (bad, slipped) = (scene.policy("bad-cel"), scene.policy("slipped"));
+        let broken = json!({"priority": 100, "validate": [{"expression": "object.spec.containers.all(c, ", "message": "broken"}]});
+        // With Gatehouse up, kubectl apply fails with the exact reason.
+        let out = await_condition("invalid policy refused", WAIT, || async {
+            let out = try_apply(cluster, &policy(&bad, scene.ns(), broken.clone())).await?;
+            if out.status.success() {
+                // Our validation webhook was not yet registered; try again.
+                cluster.kubectl_ok(["delete", "policy", &bad], None).await?;
+                return Ok(None);
+            }
+            Ok(Some(out))
+        })
+        .await?;
+        let err = stderr(&out);
+        ensure!(err.contains("spec.validate[0].expression"), "kubectl said: {err}");
+        ensure!(get_json(cluster, &["policy", &bad]).await?.is_none(), "refused policy was stored");
+        // An expression over the cost budget is refused with its estimate.
+        let costly = format!("costly-{id}");
+        let three = "object.spec.containers.all(a, object.spec.containers.all(b, object.spec.containers.all(c, a.name != b.name || b.name != c.name)))";
+        let costly_spec = json!({"priority": 100, "validate": [{"expression": three, "message": "too costly"}]});
+        let out = try_apply(cluster, &policy(&costly, scene.ns(), costly_spec)).await?;
+        let err = stderr(&out);
+        ensure!(
+            !out.status.success()
+                && err.contains("spec.validate[0].expression: estimated cost")
+                && err.contains("exceeds the budget of 1000000"),
+            "an over-budget Policy was not refused with its estimate: {err}"
+        );
+        ensure!(get_json(cluster, &["policy", &costly]).await?.is_none(), "refused policy was stored");
 
-            // With Gatehouse away, an invalid Policy slips in; once back, it is Ready=False with
-            // reason InvalidSpec and is not wired.
-            scene.gh.stop().await?;
-            // What the schema can say, the API server enforces even with Gatehouse away.
-            let empty = format!("apiVersion: gatehouse.dev/v1alpha1\nkind: Policy\nmetadata: {{name: empty-{}}}\nspec:\n  match:\n    rules: [{{operations: [CREATE], apiGroups: [\"\"], apiVersions: [v1], resources: [pods]}}]\n", scene.id());
-            let out = cluster.kubectl_output(["apply", "-f", "-"], Some(&empty)).await?;
-            ensure!(
-                !out.status.success() && stderr(&out).contains("a Policy needs at least one of mutate, validate or effects"),
-                "a Policy with neither mutate nor validate was not refused: {}",
-                stderr(&out)
-            );
-            apply(cluster, &policy(&slipped, scene.ns(), 100, bad_body)).await?;
-            scene.gh.restart().await?;
-            let cond = await_ready(cluster, &slipped, "False").await?;
-            ensure!(cond["reason"] == "InvalidSpec", "condition {cond}");
-            ensure!(
-                cond["message"].as_str().unwrap_or_default().contains("spec.validate[0].expression"),
-                "condition {cond}"
-            );
-            let wired = wired_groups(cluster).await?;
-            ensure!(
-                !wired.iter().any(|g| g.members.contains(&slipped)),
-                "the invalid Policy is wired: {wired:?}"
-            );
-            let events = await_condition("InvalidSpec event", WAIT, || async {
-                let out = cluster
-                    .kubectl_ok(["get", "events.events.k8s.io", "-A", "-o", "json"], None)
-                    .await?;
-                let v: Value = serde_json::from_str(&out)?;
-                Ok(v["items"].as_array().and_then(|items| {
-                    items.iter().find(|e| e["regarding"]["name"] == slipped.as_str() && e["reason"] == "InvalidSpec").cloned()
-                }))
-            })
-            .await?;
-            ensure!(events["type"] == "Warning");
-            Ok(())
-        }
-        .await;
-        scene.finish(&[&bad, &slipped], result).await
+        // With Gatehouse away, an invalid Policy slips in; once back, it is Ready=False with
+        // reason InvalidSpec and is not wired.
+        scene.gh.stop().await?;
+        // What the schema can say, the API server enforces even with Gatehouse away.
+        let empty = policy_object(&format!("empty-{id}"), json!({
+            "match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]},
+        }));
+        let out = try_apply(cluster, &empty).await?;
+        ensure!(
+            !out.status.success() && stderr(&out).contains("a Policy needs at least one of mutate, validate or effects"),
+            "a Policy with neither mutate nor validate was not refused: {}",
+            stderr(&out)
+        );
+        apply(cluster, &policy(&slipped, scene.ns(), broken)).await?;
+        scene.gh.restart().await?;
+        let cond = await_ready(cluster, &slipped, "False").await?;
+        ensure!(cond["reason"] == "InvalidSpec", "condition {cond}");
+        ensure!(
+            cond["message"].as_str().unwrap_or_default().contains("spec.validate[0].expression"),
+            "condition {cond}"
+        );
+        let wired = wired_groups(cluster).await?;
+        ensure!(
+            !wired.iter().any(|g| g.members.contains(&slipped)),
+            "the invalid Policy is wired: {wired:?}"
+        );
+        let events = await_condition("InvalidSpec event", WAIT, || async {
+            let out = cluster
+                .kubectl_ok(["get", "events.events.k8s.io", "-A", "-o", "json"], None)
+                .await?;
+            let v: Value = serde_json::from_str(&out)?;
+            Ok(v["items"].as_array().and_then(|items| {
+                items.iter().find(|e| e["regarding"]["name"] == slipped.as_str() && e["reason"] == "InvalidSpec").cloned()
+            }))
+        })
+        .await?;
+        ensure!(events["type"] == "Warning");
+        Ok(())
     })
     .await;
 }
 
 #[tokio::test]
 async fn rotation_under_load_fails_no_request() {
-    run_test(|cluster| async move {
-        let scene = Scene::start(
-            cluster,
-            "gh-rotate",
-            Options::service()
-                .arg("--ca-validity", "24s")
-                .arg("--cert-validity", "9s")
-                .arg("--bundle-propagation", "2s"),
-        )
-        .await?;
-        let inject = format!("inject-{}", scene.id());
-        let result = async {
+    scenario(
+        "gh-rotate",
+        rotating(Options::service(), "24s", "9s"),
+        async |scene| {
+            let cluster = scene.cluster;
+            let inject = scene.policy("inject");
             apply_sidecar(cluster, &inject, scene.ns()).await?;
             create_pod_until(
                 cluster,
@@ -851,145 +802,109 @@ async fn rotation_under_load_fails_no_request() {
                 certs.len().saturating_sub(1)
             );
             Ok(())
-        }
-        .await;
-        scene.finish(&[&inject], result).await
-    })
+        },
+    )
     .await;
 }
 
 #[tokio::test]
 async fn restart_loses_nothing() {
-    run_test(|cluster| async move {
-        let mut scene = Scene::start(cluster, "gh-restart", Options::service()).await?;
-        let inject = format!("inject-{}", scene.id());
-        let result = async {
-            apply_sidecar(cluster, &inject, scene.ns()).await?;
-            let secret = |c: &'static Cluster, home: String| async move {
-                get_json(c, &["secret", "gatehouse-tls", "-n", &home])
-                    .await?
-                    .context("secret")
-            };
-            let before = secret(cluster, scene.home().to_string()).await?;
-            let mwc_before = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
+    scenario("gh-restart", Options::service(), async |scene| {
+        let cluster = scene.cluster;
+        let inject = scene.policy("inject");
+        apply_sidecar(cluster, &inject, scene.ns()).await?;
+        let secret = |c: &'static Cluster, home: String| async move {
+            get_json(c, &["secret", "gatehouse-tls", "-n", &home])
                 .await?
-                .context("mwc")?;
-            scene.gh.kill().await?;
-            scene.gh.restart().await?;
-            let after = secret(cluster, scene.home().to_string()).await?;
-            ensure!(
-                before["data"]["ca.crt"] == after["data"]["ca.crt"],
-                "CA changed across a restart"
-            );
-            let mwc_after = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
-                .await?
-                .context("mwc")?;
-            ensure!(
-                mwc_before["webhooks"] == mwc_after["webhooks"],
-                "configuration changed across a restart"
-            );
-            let out = create_pod_until(cluster, scene.ns(), "after", &["-o", "json"], |o| {
-                o.status.success()
-            })
-            .await?;
-            let p: Value = serde_json::from_slice(&out.stdout)?;
-            ensure!(
-                container_names(&p) == ["app", "proxy"],
-                "not mutated after restart"
-            );
-            Ok(())
-        }
-        .await;
-        scene.finish(&[&inject], result).await
+                .context("secret")
+        };
+        let before = secret(cluster, scene.home().to_string()).await?;
+        let mwc_before = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
+            .await?
+            .context("mwc")?;
+        scene.gh.kill().await?;
+        scene.gh.restart().await?;
+        let after = secret(cluster, scene.home().to_string()).await?;
+        ensure!(
+            before["data"]["ca.crt"] == after["data"]["ca.crt"],
+            "CA changed across a restart"
+        );
+        let mwc_after = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
+            .await?
+            .context("mwc")?;
+        ensure!(
+            mwc_before["webhooks"] == mwc_after["webhooks"],
+            "configuration changed across a restart"
+        );
+        create_mutated_pod(cluster, scene.ns(), "after", "after restart").await?;
+        Ok(())
     })
     .await;
 }
 
 #[tokio::test]
 async fn two_hundred_policies_coalesce_into_few_writes() {
-    run_test(|cluster| async move {
-        let scene = Scene::start(cluster, "gh-many", Options::service()).await?;
+    scenario("gh-many", Options::service(), async |scene| {
+        let cluster = scene.cluster;
         let id = scene.id();
-        let names: Vec<String> = (0..200).map(|i| format!("many-{id}-{i:03}")).collect();
-        let label = "  mutate:\n  - merge: {metadata: {labels: {many: \"yes\"}}}\n";
-        let all: String = names
-            .iter()
-            .map(|n| format!("---\n{}", policy(n, scene.ns(), 100, label)))
+        let names: Vec<String> = (0..200)
+            .map(|i| scene.track(format!("many-{id}-{i:03}")))
             .collect();
-        let result = async {
-            // The first pass after start-up writes both configurations once; count from here.
-            let writes = "gatehouse_reconcile_webhook_configuration_writes_total";
-            await_condition("initial configurations", WAIT, || async {
-                Ok((scene.gh.metric_sum(writes, "").await? >= 2.0).then_some(()))
-            })
-            .await?;
-            let before = scene.gh.metric_sum(writes, "").await?;
-            let started = Instant::now();
-            apply(cluster, &all).await?;
-            let applied = started.elapsed();
-            await_condition("200 Policies Ready", Duration::from_secs(120), || async {
-                let out = cluster
-                    .kubectl_ok(["get", "policies", "-o", "json"], None)
-                    .await?;
-                let v: Value = serde_json::from_str(&out)?;
-                let ready = v["items"]
-                    .as_array()
-                    .map(|items| {
-                        items
-                            .iter()
-                            .filter(|p| {
-                                p["metadata"]["name"].as_str().is_some_and(|n| n.starts_with(&format!("many-{id}-")))
-                                    && p["status"]["conditions"][0]["status"] == "True"
-                            })
-                            .count()
-                    })
-                    .unwrap_or(0);
-                Ok((ready == 200).then_some(()))
-            })
-            .await?;
-            let all_ready = started.elapsed();
-            // Shared: the 200 alike Policies are one entry, and every one of them is a member.
-            let count = entries(cluster, "mutatingwebhookconfiguration").await?.len();
-            ensure!(count == 1, "{count} mutating entries for 200 alike Policies");
-            let members: usize = wired_groups(cluster)
-                .await?
+        let all = list(
+            names
                 .iter()
-                .filter(|g| g.phase == GroupPhase::Mutating)
-                .map(|g| g.members.iter().filter(|m| names.contains(m)).count())
-                .sum();
-            ensure!(members == 200, "{members} of 200 Policies wired");
-            let writes = scene.gh.metric_sum(writes, "").await? - before;
-            eprintln!(
-                "200 Policies: kubectl apply took {applied:?}, all Ready after {all_ready:?}, {writes} configuration writes"
-            );
-            // Coalesced: a handful of writes of the growing configuration, not one per Policy.
-            ensure!(writes <= 20.0, "{writes} configuration writes for 200 Policies");
-            Ok(())
-        }
-        .await;
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        scene.finish(&refs, result).await
+                .map(|n| policy(n, scene.ns(), label(100, "many", "yes"))),
+        );
+        // The first pass after start-up writes both configurations once; count from here.
+        let writes = "gatehouse_reconcile_webhook_configuration_writes_total";
+        await_condition("initial configurations", WAIT, || async {
+            Ok((scene.gh.metric_sum(writes, "").await? >= 2.0).then_some(()))
+        })
+        .await?;
+        let before = scene.gh.metric_sum(writes, "").await?;
+        let started = Instant::now();
+        apply(cluster, &all).await?;
+        let applied = started.elapsed();
+        await_condition("200 Policies Ready", Duration::from_secs(120), || async {
+            let out = cluster
+                .kubectl_ok(["get", "policies", "-o", "json"], None)
+                .await?;
+            let v: Value = serde_json::from_str(&out)?;
+            let ready = v["items"]
+                .as_array()
+                .map(|items| {
+                    items
+                        .iter()
+                        .filter(|p| {
+                            p["metadata"]["name"].as_str().is_some_and(|n| n.starts_with(&format!("many-{id}-")))
+                                && p["status"]["conditions"][0]["status"] == "True"
+                        })
+                        .count()
+                })
+                .unwrap_or(0);
+            Ok((ready == 200).then_some(()))
+        })
+        .await?;
+        let all_ready = started.elapsed();
+        // Shared: the 200 alike Policies are one entry, and every one of them is a member.
+        let count = entries(cluster, "mutatingwebhookconfiguration").await?.len();
+        ensure!(count == 1, "{count} mutating entries for 200 alike Policies");
+        let members: usize = wired_groups(cluster)
+            .await?
+            .iter()
+            .filter(|g| g.phase == GroupPhase::Mutating)
+            .map(|g| g.members.iter().filter(|m| names.contains(m)).count())
+            .sum();
+        ensure!(members == 200, "{members} of 200 Policies wired");
+        let writes = scene.gh.metric_sum(writes, "").await? - before;
+        eprintln!(
+            "200 Policies: kubectl apply took {applied:?}, all Ready after {all_ready:?}, {writes} configuration writes"
+        );
+        // Coalesced: a handful of writes of the growing configuration, not one per Policy.
+        ensure!(writes <= 20.0, "{writes} configuration writes for 200 Policies");
+        Ok(())
     })
     .await;
-}
-
-/// Completes a TLS handshake with 127.0.0.1:`port` trusting only `ca_pem`.
-pub(crate) async fn handshake_trusting(port: u16, ca_pem: &str) -> anyhow::Result<()> {
-    use std::sync::Arc;
-    gatehouse_e2e::install_crypto_provider();
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in rustls::pki_types::pem::PemObject::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert?)?;
-    }
-    let config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
-    tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
-        .await?;
-    Ok(())
 }
 
 pub(crate) fn decode_secret_key(secret: &Value, key: &str) -> anyhow::Result<String> {
@@ -1003,98 +918,73 @@ pub(crate) fn decode_secret_key(secret: &Value, key: &str) -> anyhow::Result<Str
 #[tokio::test]
 async fn replicas_share_one_ca_and_one_leader_fails_over() {
     run_test(|cluster| async move {
-        let _serial = gatehouse::exclusive().await;
-        let home = TestNamespace::new(cluster, "gh-home").await?;
-        let ns = TestNamespace::new(cluster, "gh-replicas").await?;
         let options = || Options::url().arg("--lease-duration", "4s");
-        let (a, b) = tokio::join!(
-            Gatehouse::start(cluster, home.name(), options()),
-            Gatehouse::start(cluster, home.name(), options())
-        );
-        let (mut a, mut b) = (a?, b?);
-        let inject = format!("inject-{}", unique(&ns));
-        let result = async {
-            // One CA, created race-free; both replicas serve certificates it signed.
-            let secret = get_json(cluster, &["secret", "gatehouse-tls", "-n", home.name()])
-                .await?
-                .context("TLS secret")?;
-            let ca = decode_secret_key(&secret, "ca.crt")?;
-            handshake_trusting(a.port, &ca).await?;
-            handshake_trusting(b.port, &ca).await?;
-
-            // One leader writes the configurations, pointing at itself.
-            apply_sidecar(cluster, &inject, ns.name()).await?;
-            let entry = entry_of(cluster, &inject, GroupPhase::Mutating).await?;
-            let url_of_entry = || async {
-                let cfg = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"]).await?;
-                Ok::<_, anyhow::Error>(cfg.and_then(|c| {
-                    c["webhooks"].as_array().and_then(|ws| {
-                        ws.iter()
-                            .find(|w| {
-                                Some(w["name"].as_str().unwrap_or_default()) == entry.as_deref()
-                            })
-                            .and_then(|w| w["clientConfig"]["url"].as_str().map(str::to_string))
-                    })
-                }))
-            };
-            let url = url_of_entry().await?.context("entry url")?;
-            let lease = get_json(
-                cluster,
-                &["lease", "gatehouse-controller", "-n", home.name()],
-            )
-            .await?
-            .context("lease")?;
-            let holder = lease["spec"]["holderIdentity"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-            ensure!(!holder.is_empty(), "nobody holds the lease: {lease}");
-            let leader_is_a = url.contains(&format!(":{}/", a.port));
-            ensure!(
-                leader_is_a || url.contains(&format!(":{}/", b.port)),
-                "entry url {url} is neither replica"
-            );
-            let (leader, follower) = if leader_is_a {
-                (&mut a, &mut b)
-            } else {
-                (&mut b, &mut a)
-            };
-            ensure!(
-                holder.ends_with(&format!("-{}", leader.pid().context("pid")?)),
-                "lease holder {holder} is not the replica the configuration points at"
-            );
-
-            // The leader dies without releasing the Lease; the follower takes over when it
-            // expires and rewires the configuration to itself.
-            leader.kill().await?;
-            let follower_port = follower.port;
-            await_condition("follower rewires the configuration", WAIT, || async {
-                Ok(url_of_entry()
+        let stage = Stage::open(cluster, "gh-replicas").await?;
+        let scene = stage.start_together(options(), options()).await?;
+        scene
+            .run(async |scene| {
+                let (home, ns) = (scene.home().to_string(), scene.ns().to_string());
+                let inject = scene.policy("inject");
+                let (a, b) = (&mut scene.gh, &mut scene.replicas[0]);
+                // One CA, created race-free; both replicas serve certificates it signed.
+                let secret = get_json(cluster, &["secret", "gatehouse-tls", "-n", &home])
                     .await?
-                    .filter(|u| u.contains(&format!(":{follower_port}/")))
-                    .map(|_| ()))
-            })
-            .await?;
-            let out =
-                create_pod_until(cluster, ns.name(), "after-failover", &["-o", "json"], |o| {
-                    o.status.success()
+                    .context("TLS secret")?;
+                let ca = decode_secret_key(&secret, "ca.crt")?;
+                tls_client(&ca)?.connect(a.port).await?;
+                tls_client(&ca)?.connect(b.port).await?;
+
+                // One leader writes the configurations, pointing at itself.
+                apply_sidecar(cluster, &inject, &ns).await?;
+                let entry = entry_of(cluster, &inject, GroupPhase::Mutating).await?;
+                let url_of_entry = || async {
+                    let cfg =
+                        get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"]).await?;
+                    Ok::<_, anyhow::Error>(cfg.and_then(|c| {
+                        c["webhooks"].as_array().and_then(|ws| {
+                            ws.iter()
+                                .find(|w| {
+                                    Some(w["name"].as_str().unwrap_or_default()) == entry.as_deref()
+                                })
+                                .and_then(|w| w["clientConfig"]["url"].as_str().map(str::to_string))
+                        })
+                    }))
+                };
+                let url = url_of_entry().await?.context("entry url")?;
+                let lease = get_json(cluster, &["lease", "gatehouse-controller", "-n", &home])
+                    .await?
+                    .context("lease")?;
+                let holder = lease["spec"]["holderIdentity"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                ensure!(!holder.is_empty(), "nobody holds the lease: {lease}");
+                let leader_is_a = url.contains(&format!(":{}/", a.port));
+                ensure!(
+                    leader_is_a || url.contains(&format!(":{}/", b.port)),
+                    "entry url {url} is neither replica"
+                );
+                let (leader, follower) = if leader_is_a { (a, b) } else { (b, a) };
+                ensure!(
+                    holder.ends_with(&format!("-{}", leader.pid().context("pid")?)),
+                    "lease holder {holder} is not the replica the configuration points at"
+                );
+
+                // The leader dies without releasing the Lease; the follower takes over when it
+                // expires and rewires the configuration to itself.
+                leader.kill().await?;
+                let follower_port = follower.port;
+                await_condition("follower rewires the configuration", WAIT, || async {
+                    Ok(url_of_entry()
+                        .await?
+                        .filter(|u| u.contains(&format!(":{follower_port}/")))
+                        .map(|_| ()))
                 })
                 .await?;
-            let p: Value = serde_json::from_slice(&out.stdout)?;
-            ensure!(
-                container_names(&p) == ["app", "proxy"],
-                "not mutated after failover"
-            );
-            Ok(())
-        }
-        .await;
-        delete_policies(cluster, &[&inject]).await?;
-        // Whichever is still running shuts down and removes the configurations.
-        let survivor = if a.pid().is_some() { a } else { b };
-        survivor.shutdown().await?;
-        ns.cleanup().await?;
-        home.cleanup().await?;
-        result
+                create_mutated_pod(cluster, &ns, "after-failover", "after failover").await?;
+                Ok(())
+            })
+            .await
     })
     .await;
 }

@@ -3,40 +3,23 @@
 
 use std::time::{Duration, Instant};
 
-use ::gatehouse::engine::group::GroupPhase;
+use ::gatehouse::api::v1alpha1::Policy;
+use ::gatehouse::controller::wiring;
+use ::gatehouse::engine::group::{self, GroupPhase};
 use anyhow::{Context, ensure};
-use gatehouse_e2e::gatehouse::Options;
-use gatehouse_e2e::{Cluster, TestWebhook, await_condition, run_test};
+use gatehouse_e2e::instance::Options;
+use gatehouse_e2e::{Cluster, TestWebhook, await_condition};
 use serde_json::{Value, json};
 
 use crate::operator::{
-    Scene, WAIT, apply, await_ready, container_names, create_pod_until, entries, entry_of,
-    get_json, pod, stderr,
+    WAIT, apply, await_ready, container_names, create_pod_until, entries, entry_of, get_json,
+    merge, pod, pod_policy, stderr,
 };
+use crate::scene::scenario;
 
-/// A Policy for Pods in `ns`, as JSON (kubectl applies JSON as it does YAML), with `spec` merged
-/// over the defaults: priority, rules for Pod CREATE/UPDATE/DELETE, the namespace selector.
-fn policy(name: &str, ns: &str, spec: Value) -> String {
-    let mut full = json!({
-        "match": {
-            "rules": [{"operations": ["CREATE", "UPDATE", "DELETE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-        },
-    });
-    merge(&mut full, spec);
-    json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": name}, "spec": full})
-        .to_string()
-}
-
-fn merge(into: &mut Value, from: Value) {
-    match (into, from) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, v) in b {
-                merge(a.entry(k).or_insert(Value::Null), v);
-            }
-        }
-        (slot, v) => *slot = v,
-    }
+/// A Policy for Pods in `ns` (CREATE, UPDATE and DELETE), with `spec` merged over that.
+fn policy(name: &str, ns: &str, spec: Value) -> Value {
+    pod_policy(name, ns, &["CREATE", "UPDATE", "DELETE"], spec)
 }
 
 /// Adds a container named `name`: the order of containers shows the order Policies ran in.
@@ -44,37 +27,34 @@ fn adds_container(name: &str) -> Value {
     json!({"mutate": [{"merge": {"spec": {"containers": [{"name": name, "image": "example.com/c:1"}]}}}]})
 }
 
-/// Applies all `policies` (name, JSON) and waits until each is Ready.
-async fn apply_all_ready(cluster: &Cluster, policies: &[(String, String)]) -> anyhow::Result<()> {
-    let all: Vec<&str> = policies.iter().map(|(_, p)| p.as_str()).collect();
-    for p in &all {
+/// Applies all `policies` and waits until each is Ready.
+async fn apply_all_ready(cluster: &Cluster, policies: &[Value]) -> anyhow::Result<()> {
+    for p in policies {
         apply(cluster, p).await?;
     }
-    for (name, _) in policies {
+    for p in policies {
+        let name = p["metadata"]["name"]
+            .as_str()
+            .context("a Policy without a name")?;
         await_ready(cluster, name, "True").await?;
     }
     Ok(())
 }
 
-fn names(policies: &[(String, String)]) -> Vec<&str> {
-    policies.iter().map(|(n, _)| n.as_str()).collect()
-}
-
 #[tokio::test]
 async fn sixteen_policies_share_one_entry_and_keep_their_order() {
-    run_test(|cluster| async move {
-        let scene = Scene::start(cluster, "gh-shared", Options::service()).await?;
+    scenario("gh-shared", Options::service(), async |scene| {
+        let cluster = scene.cluster;
         let (id, ns) = (scene.id(), scene.ns().to_string());
         // Priorities against name order, so that priority, not name, must decide.
-        let sixteen: Vec<(String, String)> = (0..16)
+        let sixteen: Vec<Value> = (0..16)
             .map(|i| {
-                let name = format!("p{i:02}-{id}");
+                let name = scene.track(format!("p{i:02}-{id}"));
                 let mut spec = adds_container(&format!("c{i:02}"));
                 merge(&mut spec, json!({"priority": 100 - i, "validate": [{"expression": "true", "message": "never"}]}));
-                (name.clone(), policy(&name, &ns, spec))
+                policy(&name, &ns, spec)
             })
             .collect();
-        let result = async {
             apply_all_ready(cluster, &sixteen).await?;
             let mutating = entries(cluster, "mutatingwebhookconfiguration").await?;
             let validating = entries(cluster, "validatingwebhookconfiguration").await?;
@@ -91,13 +71,12 @@ async fn sixteen_policies_share_one_entry_and_keep_their_order() {
             ensure!(container_names(&stored) == expected, "containers {:?}", container_names(&stored));
 
             // Mixed failure policies at interleaved priorities: the runs are exact.
-            let flipped: Vec<(String, String)> = [(2, "Ignore"), (3, "Ignore"), (9, "Ignore")]
+            let flipped: Vec<Value> = [(2, "Ignore"), (3, "Ignore"), (9, "Ignore")]
                 .into_iter()
                 .map(|(i, fp)| {
-                    let name = format!("p{i:02}-{id}");
                     let mut spec = adds_container(&format!("c{i:02}"));
                     merge(&mut spec, json!({"priority": 100 - i, "failurePolicy": fp, "validate": [{"expression": "true", "message": "never"}]}));
-                    (name.clone(), policy(&name, &ns, spec))
+                    policy(&format!("p{i:02}-{id}"), &ns, spec)
                 })
                 .collect();
             apply_all_ready(cluster, &flipped).await?;
@@ -127,9 +106,6 @@ async fn sixteen_policies_share_one_entry_and_keep_their_order() {
             let stored: Value = serde_json::from_slice(&out.stdout)?;
             ensure!(container_names(&stored) == expected, "containers {:?}", container_names(&stored));
             Ok(())
-        }
-        .await;
-        scene.finish(&names(&sixteen), result).await
     })
     .await;
 }
@@ -152,15 +128,15 @@ async fn create_labelled(
 
 #[tokio::test]
 async fn selectors_and_conditions_choose_policies_inside_a_shared_entry() {
-    run_test(|cluster| async move {
-        let scene = Scene::start(cluster, "gh-select", Options::service()).await?;
-        let (id, ns) = (scene.id(), scene.ns().to_string());
+    scenario("gh-select", Options::service(), async |scene| {
+        let cluster = scene.cluster;
+        let ns = scene.ns().to_string();
         let deny = |message: &str| json!({"validate": [{"expression": "false", "message": message}]});
-        let by_ns = format!("by-ns-{id}");
-        let by_object = format!("by-object-{id}");
-        let by_condition = format!("by-condition-{id}");
-        let broken = format!("broken-{id}");
-        let works = format!("works-{id}");
+        let by_ns = scene.policy("by-ns");
+        let by_object = scene.policy("by-object");
+        let by_condition = scene.policy("by-condition");
+        let broken = scene.policy("broken");
+        let works = scene.policy("works");
         let mut ns_spec = deny("team a is closed");
         merge(&mut ns_spec, json!({"match": {"namespaceSelector": {"matchLabels": {"team": "a"}}}}));
         let mut object_spec = deny("db pods are frozen");
@@ -181,81 +157,77 @@ async fn selectors_and_conditions_choose_policies_inside_a_shared_entry() {
             "mutate": [{"merge": {"metadata": {"labels": {"works": "ran"}}}}],
         });
         let all = vec![
-            (by_ns.clone(), policy(&by_ns, &ns, ns_spec)),
-            (by_object.clone(), policy(&by_object, &ns, object_spec)),
-            (by_condition.clone(), policy(&by_condition, &ns, condition_spec)),
-            (broken.clone(), policy(&broken, &ns, broken_spec)),
-            (works.clone(), policy(&works, &ns, works_spec)),
+            policy(&by_ns, &ns, ns_spec),
+            policy(&by_object, &ns, object_spec),
+            policy(&by_condition, &ns, condition_spec),
+            policy(&broken, &ns, broken_spec),
+            policy(&works, &ns, works_spec),
         ];
-        let result = async {
-            apply_all_ready(cluster, &all).await?;
-            let validating = entries(cluster, "validatingwebhookconfiguration").await?;
-            ensure!(validating.len() == 2, "one shared validating entry plus self: {validating:?}");
-            let mutating = entries(cluster, "mutatingwebhookconfiguration").await?;
-            ensure!(mutating.len() == 1, "one shared mutating entry: {mutating:?}");
+        apply_all_ready(cluster, &all).await?;
+        let validating = entries(cluster, "validatingwebhookconfiguration").await?;
+        ensure!(validating.len() == 2, "one shared validating entry plus self: {validating:?}");
+        let mutating = entries(cluster, "mutatingwebhookconfiguration").await?;
+        ensure!(mutating.len() == 1, "one shared mutating entry: {mutating:?}");
 
-            // The Ignore run: broken is skipped with a warning, works applies.
-            let out = create_pod_until(cluster, &ns, "web", &["-o", "json"], |o| {
-                serde_json::from_slice::<Value>(&o.stdout)
-                    .is_ok_and(|p| p["metadata"]["labels"]["works"] == "ran")
-            })
-            .await?;
-            let web: Value = serde_json::from_slice(&out.stdout)?;
-            ensure!(web["metadata"]["labels"].get("broken").is_none(), "{web}");
-            ensure!(
-                stderr(&out).contains(&format!("policy \"{broken}\"")) && stderr(&out).contains("failurePolicy is Ignore"),
-                "no warning for the skipped Policy: {}",
-                stderr(&out)
-            );
+        // The Ignore run: broken is skipped with a warning, works applies.
+        let out = create_pod_until(cluster, &ns, "web", &["-o", "json"], |o| {
+            serde_json::from_slice::<Value>(&o.stdout)
+                .is_ok_and(|p| p["metadata"]["labels"]["works"] == "ran")
+        })
+        .await?;
+        let web: Value = serde_json::from_slice(&out.stdout)?;
+        ensure!(web["metadata"]["labels"].get("broken").is_none(), "{web}");
+        ensure!(
+            stderr(&out).contains(&format!("policy \"{broken}\"")) && stderr(&out).contains("failurePolicy is Ignore"),
+            "no warning for the skipped Policy: {}",
+            stderr(&out)
+        );
 
-            // conditions
-            let out = create_labelled(cluster, &ns, "x-web", &[]).await?;
-            ensure!(!out.status.success() && stderr(&out).contains("x- pods are refused"), "{}", stderr(&out));
-            // objectSelector on UPDATE (object and oldObject) and DELETE (oldObject only).
-            let out = create_labelled(cluster, &ns, "db", &[("tier", "db")]).await?;
-            ensure!(out.status.success(), "CREATE is not selected: {}", stderr(&out));
-            let out = cluster.kubectl_output(["label", "pod", "db", "-n", &ns, "touched=yes"], None).await?;
-            ensure!(!out.status.success() && stderr(&out).contains("db pods are frozen"), "UPDATE: {}", stderr(&out));
-            let out = cluster.kubectl_output(["delete", "pod", "db", "-n", &ns, "--wait=false"], None).await?;
-            ensure!(!out.status.success() && stderr(&out).contains("db pods are frozen"), "DELETE: {}", stderr(&out));
-            let out = cluster.kubectl_output(["label", "pod", "web", "-n", &ns, "touched=yes"], None).await?;
-            ensure!(out.status.success(), "a web Pod is not selected: {}", stderr(&out));
+        // conditions
+        let out = create_labelled(cluster, &ns, "x-web", &[]).await?;
+        ensure!(!out.status.success() && stderr(&out).contains("x- pods are refused"), "{}", stderr(&out));
+        // objectSelector on UPDATE (object and oldObject) and DELETE (oldObject only).
+        let out = create_labelled(cluster, &ns, "db", &[("tier", "db")]).await?;
+        ensure!(out.status.success(), "CREATE is not selected: {}", stderr(&out));
+        let out = cluster.kubectl_output(["label", "pod", "db", "-n", &ns, "touched=yes"], None).await?;
+        ensure!(!out.status.success() && stderr(&out).contains("db pods are frozen"), "UPDATE: {}", stderr(&out));
+        let out = cluster.kubectl_output(["delete", "pod", "db", "-n", &ns, "--wait=false"], None).await?;
+        ensure!(!out.status.success() && stderr(&out).contains("db pods are frozen"), "DELETE: {}", stderr(&out));
+        let out = cluster.kubectl_output(["label", "pod", "web", "-n", &ns, "touched=yes"], None).await?;
+        ensure!(out.status.success(), "a web Pod is not selected: {}", stderr(&out));
 
-            // namespaceSelector: the Namespace is labelled now, after Gatehouse started.
-            let out = create_labelled(cluster, &ns, "before-label", &[]).await?;
-            ensure!(out.status.success(), "{}", stderr(&out));
-            cluster.kubectl_ok(["label", "namespace", &ns, "team=a"], None).await?;
-            let labelled = Instant::now();
-            let mut attempt = 0;
-            let took = await_condition("the label to select the namespace", WAIT, || {
-                attempt += 1;
-                let name = format!("after-label-{attempt}");
-                let ns = ns.clone();
-                async move {
-                    let out = create_labelled(cluster, &ns, &name, &[]).await?;
-                    Ok((!out.status.success() && stderr(&out).contains("team a is closed"))
-                        .then(|| labelled.elapsed()))
-                }
-            })
-            .await?;
-            eprintln!("a Namespace label took effect after {took:?}");
-            ensure!(took <= Duration::from_secs(1), "the label took {took:?} to take effect");
-            // Policies are deleted first; the namespace's Pods go with it.
-            Ok(())
-        }
-        .await;
-        scene.finish(&names(&all), result).await
+        // namespaceSelector: the Namespace is labelled now, after Gatehouse started.
+        let out = create_labelled(cluster, &ns, "before-label", &[]).await?;
+        ensure!(out.status.success(), "{}", stderr(&out));
+        cluster.kubectl_ok(["label", "namespace", &ns, "team=a"], None).await?;
+        let labelled = Instant::now();
+        let mut attempt = 0;
+        let took = await_condition("the label to select the namespace", WAIT, || {
+            attempt += 1;
+            let name = format!("after-label-{attempt}");
+            let ns = ns.clone();
+            async move {
+                let out = create_labelled(cluster, &ns, &name, &[]).await?;
+                Ok((!out.status.success() && stderr(&out).contains("team a is closed"))
+                    .then(|| labelled.elapsed()))
+            }
+        })
+        .await?;
+        eprintln!("a Namespace label took effect after {took:?}");
+        ensure!(took <= Duration::from_secs(1), "the label took {took:?} to take effect");
+        // Policies are deleted first; the namespace's Pods go with it.
+        Ok(())
     })
     .await;
 }
 
 #[tokio::test]
 async fn an_authorizer_condition_gets_its_own_entry() {
-    run_test(|cluster| async move {
-        let scene = Scene::start(cluster, "gh-authz", Options::service()).await?;
-        let (id, ns) = (scene.id(), scene.ns().to_string());
-        let admins = format!("admins-{id}");
-        let shared = format!("shared-{id}");
+    scenario("gh-authz", Options::service(), async |scene| {
+        let cluster = scene.cluster;
+        let ns = scene.ns().to_string();
+        let admins = scene.policy("admins");
+        let shared = scene.policy("shared");
         let admins_spec = json!({
             "priority": 10,
             "match": {"conditions": [{"name": "may-create", "expression": format!("authorizer.group('').resource('pods').namespace('{ns}').check('create').allowed()")}]},
@@ -263,41 +235,38 @@ async fn an_authorizer_condition_gets_its_own_entry() {
         });
         let shared_spec = json!({"priority": 20, "mutate": [{"merge": {"metadata": {"labels": {"shared": "yes"}}}}]});
         let all = vec![
-            (admins.clone(), policy(&admins, &ns, admins_spec)),
-            (shared.clone(), policy(&shared, &ns, shared_spec)),
+            policy(&admins, &ns, admins_spec),
+            policy(&shared, &ns, shared_spec),
         ];
-        let result = async {
-            apply_all_ready(cluster, &all).await?;
-            let cond = await_ready(cluster, &admins, "True").await?;
-            ensure!(
-                cond["message"].as_str().unwrap_or_default().contains("own webhook entry"),
-                "the status does not say so: {cond}"
-            );
-            let cfg = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
-                .await?
-                .context("mutating configuration")?;
-            let own = format!("{admins}.gatehouse.dev");
-            let entry = cfg["webhooks"]
-                .as_array()
-                .and_then(|ws| ws.iter().find(|w| w["name"] == own.as_str()))
-                .with_context(|| format!("no entry {own}: {cfg}"))?;
-            ensure!(entry["matchConditions"][0]["name"] == "may-create", "{entry}");
-            ensure!(
-                entry["clientConfig"]["service"]["path"] == format!("/mutate/policy/{admins}").as_str(),
-                "{entry}"
-            );
-            ensure!(entry_of(cluster, &shared, GroupPhase::Mutating).await? != Some(own.clone()));
-            // The API server evaluates authorizer (the test user may create Pods): both apply.
-            create_pod_until(cluster, &ns, "authorized", &["-o", "json"], |o| {
-                serde_json::from_slice::<Value>(&o.stdout).is_ok_and(|p| {
-                    p["metadata"]["labels"]["authorized"] == "yes" && p["metadata"]["labels"]["shared"] == "yes"
-                })
+        apply_all_ready(cluster, &all).await?;
+        let cond = await_ready(cluster, &admins, "True").await?;
+        ensure!(
+            cond["message"].as_str().unwrap_or_default().contains("own webhook entry"),
+            "the status does not say so: {cond}"
+        );
+        let cfg = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
+            .await?
+            .context("mutating configuration")?;
+        let admins_group = group::own(&serde_json::from_value::<Policy>(all[0].clone())?, GroupPhase::Mutating);
+        let own = wiring::group_entry_name(&admins_group);
+        let entry = cfg["webhooks"]
+            .as_array()
+            .and_then(|ws| ws.iter().find(|w| w["name"] == own.as_str()))
+            .with_context(|| format!("no entry {own}: {cfg}"))?;
+        ensure!(entry["matchConditions"][0]["name"] == "may-create", "{entry}");
+        ensure!(
+            entry["clientConfig"]["service"]["path"] == wiring::group_path(&admins_group).as_str(),
+            "{entry}"
+        );
+        ensure!(entry_of(cluster, &shared, GroupPhase::Mutating).await? != Some(own.clone()));
+        // The API server evaluates authorizer (the test user may create Pods): both apply.
+        create_pod_until(cluster, &ns, "authorized", &["-o", "json"], |o| {
+            serde_json::from_slice::<Value>(&o.stdout).is_ok_and(|p| {
+                p["metadata"]["labels"]["authorized"] == "yes" && p["metadata"]["labels"]["shared"] == "yes"
             })
-            .await?;
-            Ok(())
-        }
-        .await;
-        scene.finish(&names(&all), result).await
+        })
+        .await?;
+        Ok(())
     })
     .await;
 }
@@ -324,11 +293,11 @@ fn touch_label(request: &Value) -> Value {
 
 #[tokio::test]
 async fn a_later_foreign_webhook_reinvokes_the_group_without_duplicates() {
-    run_test(|cluster| async move {
-        let scene = Scene::start(cluster, "gh-foreign", Options::service()).await?;
+    scenario("gh-foreign", Options::service(), async |scene| {
+        let cluster = scene.cluster;
         let (id, ns) = (scene.id(), scene.ns().to_string());
-        let sidecar = format!("sidecar-{id}");
-        let label = format!("label-{id}");
+        let sidecar = scene.policy("sidecar");
+        let label = scene.policy("label");
         let mut sidecar_spec = adds_container("proxy");
         merge(&mut sidecar_spec, json!({"priority": 10, "reinvocationPolicy": "IfNeeded"}));
         let label_spec = json!({
@@ -336,8 +305,8 @@ async fn a_later_foreign_webhook_reinvokes_the_group_without_duplicates() {
             "mutate": [{"merge": {"metadata": {"labels": {"team": "platform"}}}}],
         });
         let all = vec![
-            (sidecar.clone(), policy(&sidecar, &ns, sidecar_spec)),
-            (label.clone(), policy(&label, &ns, label_spec)),
+            policy(&sidecar, &ns, sidecar_spec),
+            policy(&label, &ns, label_spec),
         ];
         // A foreign mutating webhook in a configuration that sorts after "gatehouse", so the
         // API server calls it after Gatehouse's entry and then reinvokes that entry.
@@ -355,35 +324,31 @@ async fn a_later_foreign_webhook_reinvokes_the_group_without_duplicates() {
                 "reinvocationPolicy": "Never", "timeoutSeconds": 5,
             }],
         });
-        apply(cluster, &config.to_string()).await?;
+        apply(cluster, &config).await?;
         let _guard = cluster.delete_on_drop("mutatingwebhookconfiguration", &foreign, None);
-        let result = async {
-            apply_all_ready(cluster, &all).await?;
-            let evaluations = "gatehouse_policy_decisions_total";
-            let of_sidecar = format!("policy=\"{sidecar}\"");
-            let out = create_pod_until(cluster, &ns, "probe", &["--dry-run=server", "-o", "json"], |o| {
-                serde_json::from_slice::<Value>(&o.stdout).is_ok_and(|p| {
-                    p["metadata"]["labels"]["external"] == "touched" && container_names(&p).len() == 2
-                })
+        apply_all_ready(cluster, &all).await?;
+        let evaluations = "gatehouse_policy_decisions_total";
+        let of_sidecar = format!("policy=\"{sidecar}\"");
+        let out = create_pod_until(cluster, &ns, "probe", &["--dry-run=server", "-o", "json"], |o| {
+            serde_json::from_slice::<Value>(&o.stdout).is_ok_and(|p| {
+                p["metadata"]["labels"]["external"] == "touched" && container_names(&p).len() == 2
             })
-            .await?;
-            drop(out);
-            let before = scene.gh.metric_sum(evaluations, &of_sidecar).await?;
-            let out = create_labelled(cluster, &ns, "app", &[]).await?;
-            ensure!(out.status.success(), "{}", stderr(&out));
-            let after = scene.gh.metric_sum(evaluations, &of_sidecar).await?;
-            let stored = get_json(cluster, &["pod", "app", "-n", &ns]).await?.context("pod")?;
-            ensure!(container_names(&stored) == ["app", "proxy"], "containers {:?}", container_names(&stored));
-            let labels = &stored["metadata"]["labels"];
-            ensure!(labels["team"] == "platform" && labels["external"] == "touched", "labels {labels}");
-            // The first call runs the sidecar, then the label, then the sidecar once more (it
-            // ran before the label changed the object); the API server's reinvocation after
-            // the foreign webhook's change runs it once more, changing nothing.
-            ensure!(after - before == 3.0, "the sidecar Policy ran {} times, want 3", after - before);
-            Ok(())
-        }
-        .await;
-        scene.finish(&names(&all), result).await
+        })
+        .await?;
+        drop(out);
+        let before = scene.gh.metric_sum(evaluations, &of_sidecar).await?;
+        let out = create_labelled(cluster, &ns, "app", &[]).await?;
+        ensure!(out.status.success(), "{}", stderr(&out));
+        let after = scene.gh.metric_sum(evaluations, &of_sidecar).await?;
+        let stored = get_json(cluster, &["pod", "app", "-n", &ns]).await?.context("pod")?;
+        ensure!(container_names(&stored) == ["app", "proxy"], "containers {:?}", container_names(&stored));
+        let labels = &stored["metadata"]["labels"];
+        ensure!(labels["team"] == "platform" && labels["external"] == "touched", "labels {labels}");
+        // The first call runs the sidecar, then the label, then the sidecar once more (it
+        // ran before the label changed the object); the API server's reinvocation after
+        // the foreign webhook's change runs it once more, changing nothing.
+        ensure!(after - before == 3.0, "the sidecar Policy ran {} times, want 3", after - before);
+        Ok(())
     })
     .await;
 }

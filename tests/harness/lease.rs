@@ -8,7 +8,7 @@ use kube::Api;
 use kube::api::{ObjectMeta, PostParams};
 
 use crate::Cluster;
-use crate::gatehouse::Gatehouse;
+use crate::instance::Gatehouse;
 
 /// Holds the Lease `gatehouse-controller` in `namespace` for a foreign identity, renewing it,
 /// until dropped: a leader nobody can reach, as far as Gatehouse can tell.

@@ -10,11 +10,12 @@
 
 mod cluster;
 pub mod cpu;
-pub mod gatehouse;
+pub mod instance;
 pub mod lease;
 mod namespace;
 pub mod pods;
 pub mod proxy;
+mod tls;
 mod wait;
 mod webhook;
 
@@ -23,5 +24,6 @@ pub use cluster::{
     try_cluster,
 };
 pub use namespace::{E2E_LABEL, TestNamespace};
+pub use tls::{Http1, TlsClient, tls_client};
 pub use wait::{await_condition, await_resource};
 pub use webhook::{Responder, TestWebhook, allow, deny, install_crypto_provider};
