@@ -14,10 +14,10 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::api::v1alpha1::{Operation, Policy};
+use crate::engine::admission::{GroupVersionKind, GroupVersionResource, UserInfo, review_value};
 use crate::engine::chain;
-use crate::engine::review::{GroupVersionKind, GroupVersionResource, UserInfo, review_json};
 use crate::engine::{
-    self, CompiledPolicy, Namespace, Request, Response, ReviewError, parse_review,
+    self, CompiledPolicy, Namespace, Request, Response, ReviewError, parse_request,
 };
 
 /// Exit status when every Policy admitted the request.
@@ -161,7 +161,7 @@ pub fn run(args: &EvalArgs, out: &mut impl Write, err: &mut impl Write) -> i32 {
         }
     };
     let printed = match args.output {
-        Output::Review => review_json(&admission.request, &admission.response),
+        Output::Review => review_value(&admission.request, &admission.response),
         Output::Object => admission.object.clone().unwrap_or(Value::Null),
     };
     let written = serde_json::to_string_pretty(&printed)
@@ -188,7 +188,7 @@ pub fn load(args: &EvalArgs) -> Result<(Request, Vec<CompiledPolicy>), EvalError
     let request = match &args.request {
         Some(path) => {
             let body = read(path)?;
-            // A YAML review is accepted too: parse_review wants JSON bytes.
+            // A YAML review is accepted too: parse_request wants JSON bytes.
             let body = match serde_json::from_slice::<Value>(&body) {
                 Ok(_) => body,
                 Err(_) => match yaml_documents(path, &body)?.into_iter().next() {
@@ -196,7 +196,7 @@ pub fn load(args: &EvalArgs) -> Result<(Request, Vec<CompiledPolicy>), EvalError
                     None => body,
                 },
             };
-            parse_review(&body).map_err(|source| EvalError::Review {
+            parse_request(&body).map_err(|source| EvalError::Review {
                 path: path.clone(),
                 source,
             })?

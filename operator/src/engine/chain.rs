@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::CompiledPolicy;
+use super::admission::{Phase, Request, Response, decide};
 use super::matcher::{self, MatchError, Namespace};
-use super::review::{self, Phase, Request, Response};
 use crate::api::v1alpha1::{FailurePolicy, ReinvocationPolicy};
 
 /// What one member did with the request.
@@ -234,7 +234,7 @@ pub fn validate(req: &Request, members: &[&CompiledPolicy], scope: Scope<'_>) ->
             }
             Ok(Some(decision)) => decision,
             Ok(None) => {
-                let resp = review::review(req, policy, Phase::Validating);
+                let resp = decide(req, policy, Phase::Validating);
                 over_budget |= resp.over_budget;
                 warnings.extend(resp.warnings.iter().cloned());
                 if resp.allowed && resp.ignored {
@@ -350,7 +350,7 @@ fn mutate_step(
     )? {
         return Ok(decision);
     }
-    let resp = review::review(&chain.current, policy, Phase::Mutating);
+    let resp = decide(&chain.current, policy, Phase::Mutating);
     *over_budget |= resp.over_budget;
     chain.warnings.extend(resp.warnings.iter().cloned());
     if !resp.allowed {

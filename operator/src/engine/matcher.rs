@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::Value;
 
-use super::cel::{self, Activation, CelError};
+use super::admission::{GroupVersionResource, Request, Variables};
+use super::cel::{self, CelError};
 use super::policy::CompiledPolicy;
-use super::review::Request;
 use crate::api::v1alpha1::{Operation, Rule, Scope};
 
 /// A match condition that could not be decided.
@@ -67,18 +67,8 @@ pub fn matches(
     if spec.conditions.is_empty() {
         return Ok(true);
     }
-    let needs = &policy.condition_needs;
-    let request = if needs.reads_request() {
-        req.cel_variable()
-    } else {
-        serde_json::Value::Null
-    };
-    let vars = Activation::with_needs(
-        req.object.as_ref(),
-        req.old_object.as_ref(),
-        &request,
-        needs,
-    );
+    let variables = Variables::new(req, [&policy.condition_needs]);
+    let vars = variables.activation(&policy.condition_needs);
     for (index, (condition, program)) in spec.conditions.iter().zip(&policy.conditions).enumerate()
     {
         let decided = cel::eval_bool(program, &vars).map_err(|source| MatchError::Condition {
@@ -113,7 +103,7 @@ pub fn rule_matches(rule: &Rule, req: &Request) -> bool {
 fn rule_matches_resource(
     rule: &Rule,
     req: &Request,
-    resource: &super::review::GroupVersionResource,
+    resource: &GroupVersionResource,
     sub_resource: &str,
 ) -> bool {
     let any = |list: &[String], value: &str| list.iter().any(|v| v == "*" || v == value);
