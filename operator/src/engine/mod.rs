@@ -7,7 +7,8 @@
 //!   once per Policy generation into a `Send + Sync` [`CompiledPolicy`]);
 //! * [`merge`](mod@merge): the idempotent JSON merge every mutation is made of;
 //! * [`mutate`]: a Policy's `mutate` list applied to a fixed point;
-//! * [`cel`]: the CEL environment, variable checks and evaluation;
+//! * [`cel`]: the CEL environment, variable checks, JSON conversion, needs analysis and
+//!   activation, one file each;
 //! * [`admission`]: AdmissionReview wire types and [`parse_request`], the decision for one Policy
 //!   ([`decide`]) and its encoding ([`encoded_review`]);
 //! * [`matcher`]: rules, objectSelector and match conditions, for offline evaluation;
