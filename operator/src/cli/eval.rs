@@ -19,6 +19,7 @@ use crate::engine::chain;
 use crate::engine::{
     self, CompiledPolicy, Namespace, Request, Response, ReviewError, parse_request,
 };
+use crate::error_chain::chain;
 
 /// Exit status when every Policy admitted the request.
 pub const ADMITTED: i32 = 0;
@@ -102,13 +103,13 @@ fn parse_operation(s: &str) -> Result<Operation, String> {
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
     /// A file could not be read.
-    #[error("{}: {source}", .path.display())]
+    #[error("{}", .path.display())]
     Read {
         path: PathBuf,
         source: std::io::Error,
     },
     /// A file is not YAML/JSON.
-    #[error("{}: not YAML or JSON: {source}", .path.display())]
+    #[error("{}: not YAML or JSON", .path.display())]
     Parse {
         path: PathBuf,
         // Boxed: the parser's error carries a snippet of the document and is large.
@@ -131,7 +132,7 @@ pub enum EvalError {
     #[error("{}: {message}", .path.display())]
     BadObject { path: PathBuf, message: String },
     /// The --request file is not an AdmissionReview.
-    #[error("{}: {source}", .path.display())]
+    #[error("{}", .path.display())]
     Review { path: PathBuf, source: ReviewError },
     /// Printing failed.
     #[error("writing the output: {0}")]
@@ -156,7 +157,7 @@ pub fn run(args: &EvalArgs, out: &mut impl Write, err: &mut impl Write) -> i32 {
         Ok((request, policies)) => admit(&request, &policies),
         Err(e) => {
             // Nothing useful is left to do if stderr itself fails.
-            let _ = writeln!(err, "gatehouse eval: {e}");
+            let _ = writeln!(err, "gatehouse eval: {}", chain(&e));
             return BAD_INPUT;
         }
     };
@@ -168,7 +169,7 @@ pub fn run(args: &EvalArgs, out: &mut impl Write, err: &mut impl Write) -> i32 {
         .map_err(|e| EvalError::Write(e.to_string()))
         .and_then(|s| writeln!(out, "{s}").map_err(|e| EvalError::Write(e.to_string())));
     if let Err(e) = written {
-        let _ = writeln!(err, "gatehouse eval: {e}");
+        let _ = writeln!(err, "gatehouse eval: {}", chain(&e));
         return BAD_INPUT;
     }
     for warning in &admission.response.warnings {

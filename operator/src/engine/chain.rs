@@ -308,7 +308,7 @@ fn offered(
             *over_budget |= matches!(
                 e,
                 MatchError::Condition {
-                    source: super::cel::CelError::OverBudget(_),
+                    error: super::cel::CelError::OverBudget(_),
                     ..
                 }
             );

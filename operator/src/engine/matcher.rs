@@ -19,11 +19,14 @@ pub enum MatchError {
     /// API server then follows the failurePolicy: Fail rejects the request, Ignore skips the
     /// webhook. `authorizer` is not available outside the API server, so a condition using it
     /// ends up here offline (in the cluster such a Policy has an entry of its own).
-    #[error("spec.match.conditions[{index}] ({name:?}): {source}")]
+    ///
+    /// The message is a whole line of an admission response, so the CEL error is part of it
+    /// (`error`, not a `source` that a chain would print a second time).
+    #[error("spec.match.conditions[{index}] ({name:?}): {error}")]
     Condition {
         index: usize,
         name: String,
-        source: CelError,
+        error: CelError,
     },
     /// The request's Namespace could not be read, so the namespaceSelector cannot be decided.
     #[error(
@@ -71,10 +74,10 @@ pub fn matches(
     let vars = variables.activation(&policy.condition_needs);
     for (index, (condition, program)) in spec.conditions.iter().zip(&policy.conditions).enumerate()
     {
-        let decided = cel::eval_bool(program, &vars).map_err(|source| MatchError::Condition {
+        let decided = cel::eval_bool(program, &vars).map_err(|error| MatchError::Condition {
             index,
             name: condition.name.clone(),
-            source,
+            error,
         })?;
         if !decided {
             return Ok(false);

@@ -15,9 +15,10 @@ pub const KIND: &str = "AdmissionReview";
 /// Why a request body is not an AdmissionReview; the server answers HTTP 400.
 #[derive(Debug, thiserror::Error)]
 pub enum ReviewError {
-    /// The body is not JSON.
+    /// The body is not JSON. The message is the HTTP 400 body, so the decoder's error is part
+    /// of it rather than a `source` that a chain would print a second time (likewise below).
     #[error("malformed AdmissionReview: not JSON: {0}")]
-    Json(#[source] serde_json::Error),
+    Json(serde_json::Error),
     /// The body is JSON but not an object.
     #[error("malformed AdmissionReview: not a JSON object")]
     NotAnObject,
@@ -35,7 +36,7 @@ pub enum ReviewError {
     MissingUid,
     /// `request` does not decode.
     #[error("malformed AdmissionReview: request: {0}")]
-    Request(#[source] serde_json::Error),
+    Request(serde_json::Error),
     /// `request.operation` is `*`, which only rules may say.
     #[error("malformed AdmissionReview: request.operation \"*\" is not an operation")]
     Operation,
