@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 use gatehouse::api::v1alpha1::Policy;
-use gatehouse::engine::{Phase, compile, parse_request, decide};
+use gatehouse::engine::{Phase, compile, decide, parse_request};
 use libfuzzer_sys::fuzz_target;
 use serde_json::json;
 
