@@ -189,31 +189,31 @@ fn main() {
     let policies = policies();
 
     let mut baseline = || {
-        let req = engine::parse_review(black_box(&body)).expect("parses");
-        black_box(engine::response_review(&req, &Response::allow()));
+        let req = engine::parse_request(black_box(&body)).expect("parses");
+        black_box(engine::encoded_review(&req, &Response::allow()));
     };
 
     // What the webhook server does per HTTP request: one Policy per request. Ten requests, one
     // per Policy in the phase it is registered for; reported per request.
     let mut per_policy = || {
         for p in &policies {
-            let req = engine::parse_review(black_box(&body)).expect("parses");
+            let req = engine::parse_request(black_box(&body)).expect("parses");
             let phase = if p.has_mutations() {
                 Phase::Mutating
             } else {
                 Phase::Validating
             };
-            let resp = engine::review(&req, p, phase);
-            black_box(engine::response_review(&req, &resp));
+            let resp = engine::decide(&req, p, phase);
+            black_box(engine::encoded_review(&req, &resp));
         }
     };
 
     // What `gatehouse eval` (and the API server's chain) does: all ten Policies, mutations feeding
     // each other, reinvocation bookkeeping, then validation of the final object.
     let mut chain = || {
-        let req = engine::parse_review(black_box(&body)).expect("parses");
+        let req = engine::parse_request(black_box(&body)).expect("parses");
         let admission = admit(&req, &policies);
-        black_box(engine::review::review_json(
+        black_box(engine::admission::review_value(
             &admission.request,
             &admission.response,
         ));
@@ -240,7 +240,7 @@ fn main() {
 
 /// Each layer against its reference; `review` is the time of one single-Policy review.
 fn layers(body: &[u8], policies: &[CompiledPolicy], review: Duration) {
-    let req = engine::parse_review(body).expect("parses");
+    let req = engine::parse_request(body).expect("parses");
     let pod = req.object.clone().expect("a Pod");
     let request = req.cel_variable();
     let mutating: Vec<&CompiledPolicy> = policies.iter().filter(|p| p.has_mutations()).collect();
@@ -272,11 +272,11 @@ fn layers(body: &[u8], policies: &[CompiledPolicy], review: Duration) {
 
     // The typed decoder against JSON value first, then the request: every review parses.
     let t = measure(&mut [
-        &mut || drop(black_box(engine::parse_review(black_box(body)))),
+        &mut || drop(black_box(engine::parse_request(black_box(body)))),
         &mut || {
-            drop(black_box(engine::review::parse_review_generic(black_box(
-                body,
-            ))))
+            drop(black_box(engine::admission::request::parse_generic(
+                black_box(body),
+            )))
         },
     ]);
     report("parse", t[0], t[1], 1);

@@ -7,6 +7,7 @@ pub mod cli;
 pub mod controller;
 pub mod effects;
 pub mod engine;
+pub mod error_chain;
 pub mod lease;
 pub mod reconcile;
 pub mod serve;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use gatehouse::api::v1alpha1::{Policy, ReinvocationPolicy};
 use gatehouse::engine::chain::{self, Decision, Scope};
-use gatehouse::engine::{CompiledPolicy, Namespace, Request, compile, parse_review};
+use gatehouse::engine::{CompiledPolicy, Namespace, Request, compile, parse_request};
 use serde_json::{Value, json};
 
 fn policy(name: &str, spec: Value) -> CompiledPolicy {
@@ -40,7 +40,7 @@ fn request(operation: &str, labels: Value) -> Request {
     }
     let body =
         json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": r});
-    parse_review(body.to_string().as_bytes()).expect("test review parses")
+    parse_request(body.to_string().as_bytes()).expect("test review parses")
 }
 
 const ASSUMED: Scope<'static> = Scope {

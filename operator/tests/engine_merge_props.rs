@@ -374,7 +374,7 @@ fn review_of(object: &Value) -> gatehouse::engine::Request {
             "object": object,
         }
     });
-    gatehouse::engine::parse_review(body.to_string().as_bytes()).expect("a valid review")
+    gatehouse::engine::parse_request(body.to_string().as_bytes()).expect("a valid review")
 }
 
 proptest! {

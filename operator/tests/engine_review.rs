@@ -8,8 +8,8 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use gatehouse::api::v1alpha1::Policy;
 use gatehouse::engine::{
-    self, CompiledPolicy, MatchError, Namespace, Phase, Request, ReviewError, compile,
-    parse_review, response_review, review, review_policy_object,
+    self, CompiledPolicy, MatchError, Namespace, Phase, Request, ReviewError, compile, decide,
+    decide_policy_object, encoded_review, parse_request,
 };
 use serde_json::{Value, json};
 
@@ -57,7 +57,7 @@ fn request(operation: &str, object: Option<Value>, old_object: Option<Value>) ->
     if let Some(o) = old_object {
         r["oldObject"] = o;
     }
-    parse_review(&review_body(r)).expect("test review parses")
+    parse_request(&review_body(r)).expect("test review parses")
 }
 
 fn create(object: Value) -> Request {
@@ -65,7 +65,7 @@ fn create(object: Value) -> Request {
 }
 
 fn wire(req: &Request, resp: &engine::Response) -> Value {
-    serde_json::from_slice(&response_review(req, resp)).expect("response is JSON")
+    serde_json::from_slice(&encoded_review(req, resp)).expect("response is JSON")
 }
 
 fn decoded_patch(wire: &Value) -> Value {
@@ -107,7 +107,7 @@ fn parse_review_reports_what_is_wrong() {
         ),
     ];
     for (body, want) in cases {
-        let err: ReviewError = parse_review(&body).expect_err(want);
+        let err: ReviewError = parse_request(&body).expect_err(want);
         assert!(
             err.to_string().contains(want),
             "{err} should contain {want}"
@@ -122,7 +122,7 @@ fn a_kubernetes_review_parses() {
         "/testdata/reviews/pod-create.json"
     ))
     .unwrap();
-    let req = parse_review(&body).unwrap();
+    let req = parse_request(&body).unwrap();
     assert_eq!(req.uid(), "705ab4f5-6393-11e8-b7cc-42010a800002");
     assert_eq!(req.kind_name(), "Pod");
     assert_eq!(req.namespace(), "shop");
@@ -138,7 +138,7 @@ fn a_kubernetes_review_parses() {
 #[test]
 fn a_mutation_goes_on_the_wire_as_a_base64_json_patch() {
     let req = create(pod(json!([{"name": "app", "image": "app:1"}])));
-    let resp = review(&req, &sidecar(), Phase::Mutating);
+    let resp = decide(&req, &sidecar(), Phase::Mutating);
     assert!(resp.allowed() && resp.patched());
     let wire = wire(&req, &resp);
     assert_eq!(wire["apiVersion"], "admission.k8s.io/v1");
@@ -157,10 +157,10 @@ fn a_mutation_goes_on_the_wire_as_a_base64_json_patch() {
 fn applying_the_patch_and_reviewing_again_patches_nothing() {
     let req = create(pod(json!([{"name": "app", "image": "app:1"}])));
     let policy = sidecar();
-    let first = review(&req, &policy, Phase::Mutating);
+    let first = decide(&req, &policy, Phase::Mutating);
     let mut object = req.object.clone().unwrap();
     json_patch::patch(&mut object, &first.patch).unwrap();
-    let again = review(&create(object), &policy, Phase::Mutating);
+    let again = decide(&create(object), &policy, Phase::Mutating);
     assert!(again.allowed() && !again.patched());
     let wire = wire(&req, &again);
     assert!(wire["response"].get("patch").is_none());
@@ -170,7 +170,7 @@ fn applying_the_patch_and_reviewing_again_patches_nothing() {
 #[test]
 fn a_delete_is_not_mutated() {
     let req = request("DELETE", None, Some(pod(json!([{"name": "app"}]))));
-    let resp = review(&req, &sidecar(), Phase::Mutating);
+    let resp = decide(&req, &sidecar(), Phase::Mutating);
     assert!(resp.allowed() && !resp.patched());
 }
 
@@ -188,7 +188,7 @@ fn limits() -> CompiledPolicy {
 #[test]
 fn a_deny_names_the_policy_and_the_rule() {
     let req = create(pod(json!([{"name": "app", "image": "app:1"}])));
-    let resp = review(&req, &limits(), Phase::Validating);
+    let resp = decide(&req, &limits(), Phase::Validating);
     assert!(!resp.allowed());
     let wire = wire(&req, &resp);
     assert_eq!(wire["response"]["uid"], "uid-1");
@@ -206,7 +206,7 @@ fn several_denials_are_joined_and_warnings_kept() {
     let req = create(pod(
         json!([{"name": "a", "image": "a"}, {"name": "b", "image": "b"}]),
     ));
-    let resp = review(&req, &limits(), Phase::Validating);
+    let resp = decide(&req, &limits(), Phase::Validating);
     assert_eq!(
         resp.message(),
         Some(
@@ -230,10 +230,10 @@ fn compliant_objects_are_allowed_without_status() {
     let req = create(pod(
         json!([{"name": "a", "image": "a:1", "resources": {"limits": {"cpu": "1"}}}]),
     ));
-    let resp = review(&req, &limits(), Phase::Validating);
+    let resp = decide(&req, &limits(), Phase::Validating);
     assert!(resp.allowed() && resp.warnings.is_empty() && resp.status.is_none());
     // A validating-only Policy reached through the mutating webhook changes nothing.
-    assert!(!review(&req, &limits(), Phase::Mutating).patched());
+    assert!(!decide(&req, &limits(), Phase::Mutating).patched());
 }
 
 fn broken(failure_policy: &str) -> CompiledPolicy {
@@ -249,7 +249,7 @@ fn broken(failure_policy: &str) -> CompiledPolicy {
 #[test]
 fn run_time_errors_follow_the_failure_policy() {
     let req = create(pod(json!([])));
-    let fail = review(&req, &broken("Fail"), Phase::Validating);
+    let fail = decide(&req, &broken("Fail"), Phase::Validating);
     assert!(!fail.allowed());
     let status = fail.status.clone().unwrap();
     assert_eq!(
@@ -265,7 +265,7 @@ fn run_time_errors_follow_the_failure_policy() {
         status.message
     );
 
-    let ignore = review(&req, &broken("Ignore"), Phase::Validating);
+    let ignore = decide(&req, &broken("Ignore"), Phase::Validating);
     assert!(ignore.allowed());
     assert_eq!(ignore.warnings.len(), 2);
     assert!(
@@ -284,14 +284,14 @@ fn a_failing_when_follows_the_failure_policy() {
         ]})
     };
     let req = create(pod(json!([{"name": "app"}])));
-    let fail = review(&req, &compiled("guarded", spec("Fail")), Phase::Mutating);
+    let fail = decide(&req, &compiled("guarded", spec("Fail")), Phase::Mutating);
     assert!(!fail.allowed() && !fail.patched());
     assert!(
         fail.message()
             .unwrap()
             .starts_with("policy \"guarded\": spec.mutate[0].when: evaluation failed")
     );
-    let ignore = review(&req, &compiled("guarded", spec("Ignore")), Phase::Mutating);
+    let ignore = decide(&req, &compiled("guarded", spec("Ignore")), Phase::Mutating);
     assert!(ignore.allowed() && !ignore.patched());
     assert_eq!(
         ignore.warnings.len(),
@@ -312,7 +312,7 @@ fn guards_see_element_object_and_request() {
         ]}),
     );
     let req = create(pod(json!([{"name": "app"}, {"name": "proxy"}])));
-    let resp = review(&req, &policy, Phase::Mutating);
+    let resp = decide(&req, &policy, Phase::Mutating);
     let mut object = req.object.clone().unwrap();
     json_patch::patch(&mut object, &resp.patch).unwrap();
     assert_eq!(
@@ -334,13 +334,13 @@ fn a_for_each_before_an_append_still_reaches_the_new_element() {
         ]}),
     );
     let req = create(pod(json!([{"name": "app"}])));
-    let resp = review(&req, &policy, Phase::Mutating);
+    let resp = decide(&req, &policy, Phase::Mutating);
     let mut object = req.object.clone().unwrap();
     json_patch::patch(&mut object, &resp.patch).unwrap();
     let sc = json!({"allowPrivilegeEscalation": false});
     assert_eq!(object["spec"]["containers"][0]["securityContext"], sc);
     assert_eq!(object["spec"]["containers"][1]["securityContext"], sc);
-    assert!(!review(&create(object), &policy, Phase::Mutating).patched());
+    assert!(!decide(&create(object), &policy, Phase::Mutating).patched());
 }
 
 #[test]
@@ -351,7 +351,7 @@ fn compiled_policies_are_shared_across_threads() {
             let policy = Arc::clone(&policy);
             std::thread::spawn(move || {
                 let req = create(pod(json!([{"name": "a", "image": "a:1"}])));
-                review(&req, &policy, Phase::Validating).allowed()
+                decide(&req, &policy, Phase::Validating).allowed()
             })
         })
         .collect();
@@ -366,7 +366,7 @@ fn the_policy_webhook_lists_every_problem() {
         "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": "bad"},
         "spec": {"match": {"rules": []}, "timeoutSeconds": 0},
     });
-    let resp = review_policy_object(&create(bad));
+    let resp = decide_policy_object(&create(bad));
     assert!(!resp.allowed());
     let status = resp.status.unwrap();
     assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
@@ -380,9 +380,9 @@ fn the_policy_webhook_lists_every_problem() {
         json!({"match": pod_rules(), "validate": [{"expression": "true", "message": "m"}]}),
     ))
     .unwrap();
-    assert!(review_policy_object(&create(good)).allowed());
+    assert!(decide_policy_object(&create(good)).allowed());
     let undecodable = json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": "u"}, "spec": {"match": 1}});
-    let resp = review_policy_object(&create(undecodable));
+    let resp = decide_policy_object(&create(undecodable));
     assert!(
         resp.message()
             .unwrap()
@@ -463,7 +463,7 @@ fn rules_also_match_the_original_request_resource() {
     );
     let mut req = with_resource(create(pod(json!([]))), "apps", "v1", "deployments", None);
     assert!(!matches(&req, &policy).unwrap());
-    req.request_resource = Some(gatehouse::engine::review::GroupVersionResource {
+    req.request_resource = Some(gatehouse::engine::admission::GroupVersionResource {
         group: "apps".into(),
         version: "v1beta2".into(),
         resource: "deployments".into(),
@@ -593,7 +593,7 @@ fn patch_paths_escape_slashes_and_tildes() {
         json!({"match": pod_rules(), "mutate": [{"merge": {"metadata": {"labels": {"gatehouse.dev/managed": "true", "a~b": "x"}}}}]}),
     );
     let req = create(pod(json!([])));
-    let resp = review(&req, &policy, Phase::Mutating);
+    let resp = decide(&req, &policy, Phase::Mutating);
     let ops = decoded_patch(&wire(&req, &resp));
     let paths: Vec<&str> = ops
         .as_array()
@@ -629,7 +629,7 @@ fn an_ipam_effect_marks_created_pods_only() {
         }),
     );
     let original = pod(json!([{"name": "app", "image": "app:1"}]));
-    let resp = review(
+    let resp = decide(
         &request("CREATE", Some(original.clone()), None),
         &p,
         Phase::Mutating,
@@ -647,14 +647,14 @@ fn an_ipam_effect_marks_created_pods_only() {
         json!([{"name": "gatehouse.dev/ipam"}])
     );
     // Reinvocation on the marked Pod changes nothing.
-    let again = review(
+    let again = decide(
         &request("CREATE", Some(marked.clone()), None),
         &p,
         Phase::Mutating,
     );
     assert!(again.patch.0.is_empty(), "{:?}", again.patch);
     // UPDATE is mutated but never marked (the API server refuses new gates after CREATE).
-    let update = review(
+    let update = decide(
         &request("UPDATE", Some(original.clone()), Some(original.clone())),
         &p,
         Phase::Mutating,
@@ -668,7 +668,7 @@ fn an_ipam_effect_marks_created_pods_only() {
         json!({"match": pod_rules(), "effects": [{"ipam": {"pool": "p", "annotation": "example.com/ip"}}]}),
     );
     assert!(only.is_mutating() && !only.has_mutations());
-    let resp = review(
+    let resp = decide(
         &request("CREATE", Some(original), None),
         &only,
         Phase::Mutating,

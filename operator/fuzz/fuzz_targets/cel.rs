@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 use gatehouse::api::v1alpha1::Policy;
-use gatehouse::engine::{Phase, compile, parse_review, review};
+use gatehouse::engine::{Phase, compile, decide, parse_request};
 use libfuzzer_sys::fuzz_target;
 use serde_json::json;
 
@@ -22,7 +22,7 @@ fn request() -> &'static gatehouse::engine::Request {
                 "spec": {"containers": [{"name": "app", "image": "app:1", "resources": {"limits": {"cpu": "1"}}},
                                         {"name": "side", "image": "side:2"}]}},
         }});
-        parse_review(body.to_string().as_bytes()).expect("the fuzz review parses")
+        parse_request(body.to_string().as_bytes()).expect("the fuzz review parses")
     })
 }
 
@@ -38,5 +38,5 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let Ok(compiled) = compile(&policy) else { return };
-    let _ = review(request(), &compiled, Phase::Validating);
+    let _ = decide(request(), &compiled, Phase::Validating);
 });

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use gatehouse::api::v1alpha1::{Policy, ReinvocationPolicy};
 use gatehouse::engine::chain::{self, Scope};
-use gatehouse::engine::{CompiledPolicy, Namespace, compile, parse_review};
+use gatehouse::engine::{CompiledPolicy, Namespace, compile, parse_request};
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
 
@@ -34,7 +34,7 @@ fn policies() -> &'static [CompiledPolicy] {
 }
 
 fuzz_target!(|body: &[u8]| {
-    let Ok(req) = parse_review(body) else { return };
+    let Ok(req) = parse_request(body) else { return };
     let scope = Scope { namespace: Namespace::Assumed, matched: false };
     let all: Vec<&CompiledPolicy> = policies().iter().collect();
     let out = chain::mutate(&req, &all[..2], ReinvocationPolicy::IfNeeded, scope);

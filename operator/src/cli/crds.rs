@@ -17,12 +17,12 @@ pub struct CrdsArgs {
 /// Errors of CRD generation.
 #[derive(Debug, thiserror::Error)]
 pub enum CrdsError {
-    #[error("serializing CRD {name} to YAML: {source}")]
+    #[error("serializing CRD {name} to YAML")]
     Serialize {
         name: String,
         source: serde_saphyr::SerializeError,
     },
-    #[error("writing {path}: {source}")]
+    #[error("writing {path}")]
     Write {
         path: PathBuf,
         source: std::io::Error,

@@ -14,11 +14,12 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::api::v1alpha1::{Operation, Policy};
+use crate::engine::admission::{GroupVersionKind, GroupVersionResource, UserInfo, review_value};
 use crate::engine::chain;
-use crate::engine::review::{GroupVersionKind, GroupVersionResource, UserInfo, review_json};
 use crate::engine::{
-    self, CompiledPolicy, Namespace, Request, Response, ReviewError, parse_review,
+    self, CompiledPolicy, Namespace, Request, Response, ReviewError, parse_request,
 };
+use crate::error_chain::chain;
 
 /// Exit status when every Policy admitted the request.
 pub const ADMITTED: i32 = 0;
@@ -102,13 +103,13 @@ fn parse_operation(s: &str) -> Result<Operation, String> {
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
     /// A file could not be read.
-    #[error("{}: {source}", .path.display())]
+    #[error("{}", .path.display())]
     Read {
         path: PathBuf,
         source: std::io::Error,
     },
     /// A file is not YAML/JSON.
-    #[error("{}: not YAML or JSON: {source}", .path.display())]
+    #[error("{}: not YAML or JSON", .path.display())]
     Parse {
         path: PathBuf,
         // Boxed: the parser's error carries a snippet of the document and is large.
@@ -131,7 +132,7 @@ pub enum EvalError {
     #[error("{}: {message}", .path.display())]
     BadObject { path: PathBuf, message: String },
     /// The --request file is not an AdmissionReview.
-    #[error("{}: {source}", .path.display())]
+    #[error("{}", .path.display())]
     Review { path: PathBuf, source: ReviewError },
     /// Printing failed.
     #[error("writing the output: {0}")]
@@ -156,19 +157,19 @@ pub fn run(args: &EvalArgs, out: &mut impl Write, err: &mut impl Write) -> i32 {
         Ok((request, policies)) => admit(&request, &policies),
         Err(e) => {
             // Nothing useful is left to do if stderr itself fails.
-            let _ = writeln!(err, "gatehouse eval: {e}");
+            let _ = writeln!(err, "gatehouse eval: {}", chain(&e));
             return BAD_INPUT;
         }
     };
     let printed = match args.output {
-        Output::Review => review_json(&admission.request, &admission.response),
+        Output::Review => review_value(&admission.request, &admission.response),
         Output::Object => admission.object.clone().unwrap_or(Value::Null),
     };
     let written = serde_json::to_string_pretty(&printed)
         .map_err(|e| EvalError::Write(e.to_string()))
         .and_then(|s| writeln!(out, "{s}").map_err(|e| EvalError::Write(e.to_string())));
     if let Err(e) = written {
-        let _ = writeln!(err, "gatehouse eval: {e}");
+        let _ = writeln!(err, "gatehouse eval: {}", chain(&e));
         return BAD_INPUT;
     }
     for warning in &admission.response.warnings {
@@ -188,7 +189,7 @@ pub fn load(args: &EvalArgs) -> Result<(Request, Vec<CompiledPolicy>), EvalError
     let request = match &args.request {
         Some(path) => {
             let body = read(path)?;
-            // A YAML review is accepted too: parse_review wants JSON bytes.
+            // A YAML review is accepted too: parse_request wants JSON bytes.
             let body = match serde_json::from_slice::<Value>(&body) {
                 Ok(_) => body,
                 Err(_) => match yaml_documents(path, &body)?.into_iter().next() {
@@ -196,7 +197,7 @@ pub fn load(args: &EvalArgs) -> Result<(Request, Vec<CompiledPolicy>), EvalError
                     None => body,
                 },
             };
-            parse_review(&body).map_err(|source| EvalError::Review {
+            parse_request(&body).map_err(|source| EvalError::Review {
                 path: path.clone(),
                 source,
             })?

@@ -4,6 +4,7 @@ pub mod duration;
 pub mod eval;
 pub mod run;
 
+use crate::error_chain::chain;
 use clap::{Parser, Subcommand};
 
 /// `gatehouse --version`: the crate version and the git revision it was built from.
@@ -50,7 +51,7 @@ pub async fn main(cli: Cli) -> i32 {
         Command::Crds(args) => match crds::run(&args, &mut std::io::stdout().lock()) {
             Ok(()) => 0,
             Err(e) => {
-                eprintln!("gatehouse crds: {e}");
+                eprintln!("gatehouse crds: {}", chain(&e));
                 1
             }
         },

@@ -14,6 +14,7 @@ use crate::admin::{self, AdminState};
 use crate::controller::wiring::{CONFIGURATION_NAME, Endpoint, Wiring};
 use crate::controller::{self, Context, Readiness};
 use crate::effects::ipam::{self, IpamConfig};
+use crate::error_chain::chain;
 use crate::lease::{self, Leadership, LeaseConfig};
 use crate::serve;
 use crate::telemetry::{self, CertLabels, Metrics};
@@ -289,7 +290,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         let stopped = stopped();
         async move {
             if let Err(e) = manager.run(stopped).await {
-                error!(error = %e, "TLS manager stopped");
+                error!(error = %chain(&e), "TLS manager stopped");
             }
         }
     };

@@ -28,6 +28,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::api::v1alpha1::{IPPool, Policy};
 use crate::engine;
+use crate::error_chain::chain;
 use crate::lease::Leadership;
 use crate::reconcile::{NotLeading, Window, coalesce, fenced, reflect};
 use crate::telemetry::{Metrics, ReconcileLabels};
@@ -49,13 +50,13 @@ const RESYNC: Duration = Duration::from_secs(60);
 /// Errors of one reconcile pass.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
-    #[error("applying {kind}/{name}: {source}")]
+    #[error("applying {kind}/{name}")]
     ApplyConfiguration {
         kind: String,
         name: String,
         source: kube::Error,
     },
-    #[error("dry-running {kind}/{name} to find the Policy the API server refuses: {source}")]
+    #[error("dry-running {kind}/{name} to find the Policy the API server refuses")]
     DryRunConfiguration {
         kind: String,
         name: String,
@@ -63,9 +64,9 @@ pub enum ReconcileError {
     },
     #[error("the API server refuses the configurations even without any Policy: {reason}")]
     RefusedWithoutPolicies { reason: String },
-    #[error("writing status of Policy {name}: {source}")]
+    #[error("writing status of Policy {name}")]
     WriteStatus { name: String, source: kube::Error },
-    #[error("serializing {what}: {source}")]
+    #[error("serializing {what}")]
     Serialize {
         what: &'static str,
         source: serde_json::Error,
@@ -241,7 +242,7 @@ pub async fn run(
                 }
                 Err(e) => {
                     ctx.metrics.reconcile_failures.get_or_create(&labels).inc();
-                    warn!(error = %e, "reconcile failed; retrying");
+                    warn!(error = %chain(&e), "reconcile failed; retrying");
                     Duration::from_secs(1)
                 }
             };
@@ -402,7 +403,7 @@ async fn wire(
         return first;
     }
     if let Err(e) = &first {
-        warn!(error = %e, "the API server refused the configurations; finding the Policy to blame");
+        warn!(error = %chain(e), "the API server refused the configurations; finding the Policy to blame");
     }
     let (_, refused) = isolate::refused(candidates, |subset: Vec<&Policy>| {
         let desired = wiring::desired(&subset, &wiring, bundle);

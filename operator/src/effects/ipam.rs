@@ -47,6 +47,7 @@ use crate::api::v1alpha1::{
     DEFAULT_IPAM_ANNOTATION, IPAM_GATE, IPAM_POOL_LABEL, IPAllocation, IPAllocationSpec, IPPool,
     IPPoolStatus, OWNER_UID_LABEL, Owner, POOL_LABEL, Policy,
 };
+use crate::error_chain::chain;
 use crate::lease::Leadership;
 use crate::reconcile::{
     FIELD_MANAGER, NotLeading, Window, coalesce, fenced, reflect, watch_events,
@@ -78,24 +79,24 @@ pub struct IpamConfig {
 /// Errors of one pass, named after the failing step.
 #[derive(Debug, thiserror::Error)]
 pub enum IpamError {
-    #[error("creating IPAllocation {name}: {source}")]
+    #[error("creating IPAllocation {name}")]
     CreateAllocation { name: String, source: kube::Error },
-    #[error("deleting IPAllocation {name}: {source}")]
+    #[error("deleting IPAllocation {name}")]
     DeleteAllocation { name: String, source: kube::Error },
-    #[error("patching Pod {namespace}/{name}: {source}")]
+    #[error("patching Pod {namespace}/{name}")]
     PatchPod {
         namespace: String,
         name: String,
         source: kube::Error,
     },
-    #[error("writing IPPool {name}: {source}")]
+    #[error("writing IPPool {name}")]
     WritePool { name: String, source: kube::Error },
-    #[error("listing {what} for garbage collection: {source}")]
+    #[error("listing {what} for garbage collection")]
     List {
         what: &'static str,
         source: kube::Error,
     },
-    #[error("re-reading Pod {namespace}/{name} before collecting its allocation: {source}")]
+    #[error("re-reading Pod {namespace}/{name} before collecting its allocation")]
     ReadPod {
         namespace: String,
         name: String,
@@ -186,7 +187,7 @@ pub async fn run(
                     Ok(false) => {}
                     Ok(true) => trigger.notify_one(),
                     Err(e) => {
-                        warn!(error = %e, "IPAM pass failed; retrying");
+                        warn!(error = %chain(&e), "IPAM pass failed; retrying");
                         trigger.notify_one();
                     }
                 }
@@ -198,7 +199,7 @@ pub async fn run(
                     {
                         Ok(0) => {}
                         Ok(n) => info!(collected = n, "collected orphaned IP allocations"),
-                        Err(e) => warn!(error = %e, "IPAM garbage collection failed"),
+                        Err(e) => warn!(error = %chain(&e), "IPAM garbage collection failed"),
                     }
                 }
             } else {

@@ -20,9 +20,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::CompiledPolicy;
+use super::admission::{Phase, Request, Response, decide, decide_in_place};
 use super::diff;
 use super::matcher::{self, MatchError, Namespace};
-use super::review::{self, Phase, Request, Response};
 use crate::api::v1alpha1::{FailurePolicy, ReinvocationPolicy};
 
 /// What one member did with the request.
@@ -283,7 +283,7 @@ pub fn validate(req: &Request, members: &[&CompiledPolicy], scope: Scope<'_>) ->
             }
             Ok(Some(decision)) => decision,
             Ok(None) => {
-                let resp = review::review(req, policy, Phase::Validating);
+                let resp = decide(req, policy, Phase::Validating);
                 over_budget |= resp.over_budget;
                 warnings.extend(resp.warnings.iter().cloned());
                 if resp.allowed && resp.ignored {
@@ -357,7 +357,7 @@ fn offered(
             *over_budget |= matches!(
                 e,
                 MatchError::Condition {
-                    source: super::cel::CelError::OverBudget(_),
+                    error: super::cel::CelError::OverBudget(_),
                     ..
                 }
             );
@@ -401,13 +401,13 @@ fn mutate_step(
         return Ok(decision);
     }
     let (resp, changed) = if last && chain.working.is_none() {
-        let mut resp = review::review(chain.original, policy, Phase::Mutating);
+        let mut resp = decide(chain.original, policy, Phase::Mutating);
         let ops = std::mem::take(&mut resp.patch.0);
         let changed = !ops.is_empty();
         chain.pending = ops;
         (resp, changed)
     } else {
-        review::review_in_place(chain.working(), policy)
+        decide_in_place(chain.working(), policy)
     };
     *over_budget |= resp.over_budget;
     chain.warnings.extend(resp.warnings.iter().cloned());

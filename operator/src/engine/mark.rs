@@ -6,7 +6,7 @@
 //! the allocation itself happens after the Pod is stored, keyed by its UID.
 use serde_json::{Map, Value};
 
-use super::review::Request;
+use super::admission::Request;
 use crate::api::v1alpha1::{IPAM_GATE, IPAM_POOL_LABEL, Operation};
 
 /// Whether admission marks this request: the creation of a Pod. The API server refuses new

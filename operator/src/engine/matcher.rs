@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::Value;
 
-use super::cel::{self, Activation, CelError};
+use super::admission::{GroupVersionResource, Request, Variables};
+use super::cel::{self, CelError};
 use super::policy::CompiledPolicy;
-use super::review::Request;
 use crate::api::v1alpha1::{Operation, Rule, Scope};
 
 /// A match condition that could not be decided.
@@ -19,11 +19,14 @@ pub enum MatchError {
     /// API server then follows the failurePolicy: Fail rejects the request, Ignore skips the
     /// webhook. `authorizer` is not available outside the API server, so a condition using it
     /// ends up here offline (in the cluster such a Policy has an entry of its own).
-    #[error("spec.match.conditions[{index}] ({name:?}): {source}")]
+    ///
+    /// The message is a whole line of an admission response, so the CEL error is part of it
+    /// (`error`, not a `source` that a chain would print a second time).
+    #[error("spec.match.conditions[{index}] ({name:?}): {error}")]
     Condition {
         index: usize,
         name: String,
-        source: CelError,
+        error: CelError,
     },
     /// The request's Namespace could not be read, so the namespaceSelector cannot be decided.
     #[error(
@@ -67,24 +70,14 @@ pub fn matches(
     if spec.conditions.is_empty() {
         return Ok(true);
     }
-    let needs = &policy.condition_needs;
-    let request = if needs.reads_request() {
-        req.cel_variable()
-    } else {
-        serde_json::Value::Null
-    };
-    let vars = Activation::with_needs(
-        req.object.as_ref(),
-        req.old_object.as_ref(),
-        &request,
-        needs,
-    );
+    let variables = Variables::new(req, [&policy.condition_needs]);
+    let vars = variables.activation(&policy.condition_needs);
     for (index, (condition, program)) in spec.conditions.iter().zip(&policy.conditions).enumerate()
     {
-        let decided = cel::eval_bool(program, &vars).map_err(|source| MatchError::Condition {
+        let decided = cel::eval_bool(program, &vars).map_err(|error| MatchError::Condition {
             index,
             name: condition.name.clone(),
-            source,
+            error,
         })?;
         if !decided {
             return Ok(false);
@@ -113,7 +106,7 @@ pub fn rule_matches(rule: &Rule, req: &Request) -> bool {
 fn rule_matches_resource(
     rule: &Rule,
     req: &Request,
-    resource: &super::review::GroupVersionResource,
+    resource: &GroupVersionResource,
     sub_resource: &str,
 ) -> bool {
     let any = |list: &[String], value: &str| list.iter().any(|v| v == "*" || v == value);

@@ -7,11 +7,13 @@
 //!   once per Policy generation into a `Send + Sync` [`CompiledPolicy`]);
 //! * [`merge`](mod@merge): the idempotent JSON merge every mutation is made of;
 //! * [`mutate`]: a Policy's `mutate` list applied to a fixed point;
-//! * [`cel`]: the CEL environment, variable checks and evaluation;
-//! * [`review`](mod@review): AdmissionReview wire types, [`parse_review`], [`review`](fn@review)
-//!   and [`response_review`];
+//! * [`cel`]: the CEL environment, variable checks, JSON conversion, needs analysis and
+//!   activation, one file each;
+//! * [`admission`]: AdmissionReview wire types and [`parse_request`], the decision for one Policy
+//!   ([`decide`]) and its encoding ([`encoded_review`]);
 //! * [`matcher`]: rules, objectSelector and match conditions, for offline evaluation;
 //! * [`mark`]: the scheduling gate and label that hand a Pod to the effects loop.
+pub mod admission;
 pub mod cel;
 pub mod chain;
 pub mod cost;
@@ -23,12 +25,11 @@ pub mod matcher;
 pub mod merge;
 pub mod mutate;
 pub mod policy;
-pub mod review;
 
+pub use admission::{
+    Phase, Request, Response, ReviewError, Status, decide, decide_policy_object, encoded_review,
+    parse_request,
+};
 pub use matcher::{MatchError, Namespace, matches};
 pub use merge::merge;
 pub use policy::{CompiledPolicy, InvalidPolicy, Problem, compile, is_mutating, validate};
-pub use review::{
-    Phase, Request, Response, ReviewError, Status, parse_review, response_review, review,
-    review_policy_object,
-};

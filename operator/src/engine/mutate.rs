@@ -37,9 +37,11 @@ use crate::api::v1alpha1::FailurePolicy;
 /// A `when` guard that failed at run time.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum MutateError {
-    /// `spec.mutate[index].when` raised an error or did not return a bool.
-    #[error("spec.mutate[{index}].when: {source}")]
-    When { index: usize, source: CelError },
+    /// `spec.mutate[index].when` raised an error or did not return a bool. The message is a
+    /// whole line of an admission response, so the CEL error is part of it (`error`, not a
+    /// `source` that a chain would print a second time).
+    #[error("spec.mutate[{index}].when: {error}")]
+    When { index: usize, error: CelError },
 }
 
 impl MutateError {
@@ -48,7 +50,7 @@ impl MutateError {
         matches!(
             self,
             MutateError::When {
-                source: CelError::OverBudget(_),
+                error: CelError::OverBudget(_),
                 ..
             }
         )
@@ -223,8 +225,8 @@ fn pass(
 ) -> Result<bool, MutateError> {
     let spec = policy.spec();
     let mut changed = false;
-    let mut failed = |index: usize, source: CelError| {
-        let e = MutateError::When { index, source };
+    let mut failed = |index: usize, error: CelError| {
+        let e = MutateError::When { index, error };
         match spec.failure_policy {
             FailurePolicy::Fail => Err(e),
             FailurePolicy::Ignore => {

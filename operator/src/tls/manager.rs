@@ -38,6 +38,7 @@ use super::rotation::{
     KEY_NEXT_CA_KEY, KEY_PREVIOUS_CA_CERT, KEY_PREVIOUS_RETIRED_AT, KEY_ROTATION_STARTED_AT,
     KEY_TLS_CERT, KEY_TLS_KEY, Reason, TlsMaterial, TlsState,
 };
+use crate::error_chain::chain;
 use crate::telemetry::{Metrics, RotationLabels};
 
 /// Keys owned by the manager; anything else a user adds to the Secret is left alone.
@@ -242,7 +243,7 @@ impl TlsManager {
                             }
                         }
                         Err(error) => {
-                            warn!(%error, retry_in = ?backoff, "TLS Secret reconcile failed");
+                            warn!(error = %chain(&error), retry_in = ?backoff, "TLS Secret reconcile failed");
                             retry_not_before = Instant::now() + backoff;
                             next_reconcile = retry_not_before;
                             backoff = (backoff * 2).min(ERROR_BACKOFF_MAX);
@@ -281,7 +282,7 @@ impl TlsManager {
         if self.resolver.current_cert_pem().as_deref() != Some(serving.cert_pem.as_str()) {
             if let Err(error) = self.resolver.set_pem(&serving.cert_pem, &serving.key_pem) {
                 // The plan will re-issue it; until then the previous certificate is served.
-                warn!(%error, "cannot load the serving certificate from the TLS Secret");
+                warn!(error = %chain(&error), "cannot load the serving certificate from the TLS Secret");
                 return;
             }
             info!(

@@ -39,30 +39,30 @@ pub use rotation::{Action, Confirmed, Reason, TlsMaterial, TlsState, apply, plan
 pub enum TlsError {
     #[error("invalid TLS configuration: {reason}")]
     InvalidConfig { reason: String },
-    #[error("generating the {what} key pair: {source}")]
+    #[error("generating the {what} key pair")]
     GenerateKey {
         what: &'static str,
         #[source]
         source: rcgen::Error,
     },
-    #[error("signing the {what}: {source}")]
+    #[error("signing the {what}")]
     SignCertificate {
         what: &'static str,
         #[source]
         source: rcgen::Error,
     },
-    #[error("invalid DNS SAN {san:?}: {source}")]
+    #[error("invalid DNS SAN {san:?}")]
     InvalidSan {
         san: String,
         #[source]
         source: rcgen::Error,
     },
-    #[error("loading the CA private key: {source}")]
+    #[error("loading the CA private key")]
     LoadCaKey {
         #[source]
         source: rcgen::Error,
     },
-    #[error("loading the CA certificate as issuer: {source}")]
+    #[error("loading the CA certificate as issuer")]
     LoadCaCertificate {
         #[source]
         source: rcgen::Error,
@@ -71,12 +71,12 @@ pub enum TlsError {
     ParsePem { what: &'static str, reason: String },
     #[error("parsing a certificate: {reason}")]
     ParseCertificate { reason: String },
-    #[error("loading the serving certificate and key into rustls: {source}")]
+    #[error("loading the serving certificate and key into rustls")]
     LoadServingKey {
         #[source]
         source: rustls::Error,
     },
-    #[error("building the rustls server config: {source}")]
+    #[error("building the rustls server config")]
     BuildServerConfig {
         #[source]
         source: rustls::Error,
@@ -86,31 +86,31 @@ pub enum TlsError {
         action: &'static str,
         reason: &'static str,
     },
-    #[error("reading Secret {name}: {source}")]
+    #[error("reading Secret {name}")]
     ReadSecret {
         name: String,
         #[source]
         source: kube::Error,
     },
-    #[error("creating Secret {name}: {source}")]
+    #[error("creating Secret {name}")]
     CreateSecret {
         name: String,
         #[source]
         source: kube::Error,
     },
-    #[error("updating Secret {name}: {source}")]
+    #[error("updating Secret {name}")]
     UpdateSecret {
         name: String,
         #[source]
         source: kube::Error,
     },
-    #[error("reading webhook configuration {name} to confirm the CA bundle: {source}")]
+    #[error("reading webhook configuration {name} to confirm the CA bundle")]
     ReadConfiguration {
         name: String,
         #[source]
         source: kube::Error,
     },
-    #[error("listing the replicas' serving records: {source}")]
+    #[error("listing the replicas' serving records")]
     ListReplicas {
         #[source]
         source: kube::Error,

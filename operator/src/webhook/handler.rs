@@ -130,7 +130,7 @@ async fn review_entry(
     body: &[u8],
 ) -> Response<Full<Bytes>> {
     let started = Instant::now();
-    let request = match engine::parse_review(body) {
+    let request = match engine::parse_request(body) {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
@@ -186,7 +186,7 @@ async fn review_entry(
                 } else {
                     tracing::info!(reason = response.message().unwrap_or_default(), "denied");
                 }
-                let body = engine::response_review(&request, &response);
+                let body = engine::encoded_review(&request, &response);
                 (response.allowed(), body)
             })
         }
@@ -298,12 +298,12 @@ async fn namespace_labels(
 /// Gatehouse's own webhook for Policy objects: `kubectl apply` of an invalid Policy fails with
 /// every problem the controller would otherwise report in status.
 fn validate_policy_object(body: &[u8]) -> Response<Full<Bytes>> {
-    let request = match engine::parse_review(body) {
+    let request = match engine::parse_request(body) {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    let response = engine::review_policy_object(&request);
-    json(StatusCode::OK, engine::response_review(&request, &response))
+    let response = engine::decide_policy_object(&request);
+    json(StatusCode::OK, engine::encoded_review(&request, &response))
 }
 
 /// The request's content type when it names something other than JSON (the API server always

@@ -1,0 +1,298 @@
+//! The decision for one request and one Policy.
+use serde_json::Value;
+
+use super::request::{Request, Variables};
+use crate::api::v1alpha1::{FailurePolicy, Policy, ValidationAction};
+use crate::engine::cel;
+use crate::engine::policy::{self, CompiledPolicy};
+use crate::engine::{diff, mark, mutate};
+
+/// Which webhook configuration the request came through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    Mutating,
+    Validating,
+}
+
+impl Phase {
+    /// For paths, logs and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Mutating => "mutating",
+            Phase::Validating => "validating",
+        }
+    }
+}
+
+/// `metav1.Status` of a denial.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Status {
+    pub code: u16,
+    pub reason: String,
+    pub message: String,
+}
+
+/// The decision for one request. The uid is not part of it: [`encoded_review`](super::encoded_review) echoes the
+/// request's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Response {
+    pub allowed: bool,
+    /// Set when denied.
+    pub status: Option<Status>,
+    /// RFC 6902 operations from the original object to the mutated one; empty for none.
+    pub patch: json_patch::Patch,
+    pub warnings: Vec<String>,
+    /// A run-time error was skipped because the failurePolicy is `Ignore` (a warning says
+    /// which); not part of the wire response, for the per-Policy metrics.
+    pub ignored: bool,
+    /// An expression was not evaluated because its cost budget was exceeded (for the metric).
+    pub over_budget: bool,
+}
+
+impl Response {
+    /// Admit unchanged.
+    pub fn allow() -> Self {
+        Response {
+            allowed: true,
+            status: None,
+            patch: json_patch::Patch::default(),
+            warnings: Vec::new(),
+            ignored: false,
+            over_budget: false,
+        }
+    }
+
+    /// Reject with a `metav1.Status`.
+    pub fn deny(code: u16, reason: &str, message: String) -> Self {
+        Response {
+            allowed: false,
+            status: Some(Status {
+                code,
+                reason: reason.to_string(),
+                message,
+            }),
+            ..Response::allow()
+        }
+    }
+
+    /// For tracing and metrics.
+    pub fn allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// Whether the response carries a patch.
+    pub fn patched(&self) -> bool {
+        !self.patch.0.is_empty()
+    }
+
+    /// The denial message, if denied.
+    pub fn message(&self) -> Option<&str> {
+        self.status.as_ref().map(|s| s.message.as_str())
+    }
+}
+
+/// Decides `req` for one Policy in one phase. The API server only sends requests the Policy's
+/// webhook entry matches (rules, selectors, match conditions), so this does not match again.
+pub fn decide(req: &Request, policy: &CompiledPolicy, phase: Phase) -> Response {
+    match phase {
+        Phase::Mutating => mutating(req, policy),
+        Phase::Validating => validating(req, policy),
+    }
+}
+
+fn prefix(policy: &CompiledPolicy) -> String {
+    format!("policy {:?}", policy.name())
+}
+
+fn mutating(req: &Request, policy: &CompiledPolicy) -> Response {
+    // DELETE and CONNECT carry no object to mutate.
+    let Some(object) = req.object.as_ref().filter(|_| policy.is_mutating()) else {
+        return Response::allow();
+    };
+    let mut resp = if policy.has_mutations() {
+        match mutations(req, policy, object) {
+            Ok(resp) => resp,
+            Err(e) => {
+                let mut denial =
+                    Response::deny(500, "InternalError", format!("{}: {e}", prefix(policy)));
+                denial.over_budget = e.is_over_budget();
+                return denial;
+            }
+        }
+    } else {
+        Response::allow()
+    };
+    if let Some(ipam) = policy.ipam().filter(|_| mark::marks(req)) {
+        // The mark may touch what the mutations touched (labels): one copy, one diff.
+        let mut marked = object.clone();
+        if let Err(e) = json_patch::patch(&mut marked, &resp.patch) {
+            return Response::deny(500, "InternalError", format!("{}: {e}", prefix(policy)));
+        }
+        if mark::mark_for_ipam(&mut marked, &ipam.pool) {
+            resp.patch = diff::diff(object, &marked);
+        }
+    }
+    resp
+}
+
+fn mutations(
+    req: &Request,
+    policy: &CompiledPolicy,
+    object: &Value,
+) -> Result<Response, mutate::MutateError> {
+    // Guards that do not mention `request` never resolve it.
+    let variables = Variables::new(req, &policy.when_needs);
+    let outcome = mutate::patch(policy, object, req.old_object.as_ref(), variables.request())?;
+    let mut resp = mutated_answer(policy, &outcome.ignored, outcome.settled);
+    // Equal to json_patch::diff(object, mutated object).
+    resp.patch = outcome.patch;
+    Ok(resp)
+}
+
+/// The answer of a mutating Policy whose mutations ran, without its patch: the warnings for
+/// the guards `ignored` under `failurePolicy: Ignore`, and for a list that did not settle.
+fn mutated_answer(
+    policy: &CompiledPolicy,
+    ignored: &[mutate::MutateError],
+    settled: bool,
+) -> Response {
+    let mut resp = Response::allow();
+    resp.ignored = !ignored.is_empty();
+    resp.over_budget = ignored.iter().any(mutate::MutateError::is_over_budget);
+    resp.warnings = ignored
+        .iter()
+        .map(|e| format!("{}: {e} (skipped: failurePolicy is Ignore)", prefix(policy)))
+        .collect();
+    if !settled {
+        resp.warnings.push(format!(
+            "{}: mutations did not settle after {} passes; a when guard probably reads a \
+             field another mutation writes",
+            prefix(policy),
+            mutate::max_passes(policy)
+        ));
+    }
+    resp
+}
+
+/// [`decide`] for a mutating Policy that changes `req.object` itself, as a member of a mutating
+/// group does to the group's working copy: the answer (never with a patch) and whether the
+/// object changed. A denial may leave the object half-mutated.
+pub fn decide_in_place(req: &mut Request, policy: &CompiledPolicy) -> (Response, bool) {
+    if req.object.is_none() || !policy.is_mutating() {
+        return (Response::allow(), false);
+    }
+    let request = Variables::new(req, &policy.when_needs).request().clone();
+    let marks = mark::marks(req);
+    let Request {
+        object: Some(object),
+        old_object,
+        ..
+    } = req
+    else {
+        return (Response::allow(), false);
+    };
+    let (resp, mut changed) = if policy.has_mutations() {
+        match mutate::apply_in_place(policy, object, old_object.as_ref(), &request) {
+            Ok(outcome) => (
+                mutated_answer(policy, &outcome.ignored, outcome.settled),
+                outcome.changed,
+            ),
+            Err(e) => {
+                let mut denial =
+                    Response::deny(500, "InternalError", format!("{}: {e}", prefix(policy)));
+                denial.over_budget = e.is_over_budget();
+                return (denial, false);
+            }
+        }
+    } else {
+        (Response::allow(), false)
+    };
+    if let Some(ipam) = policy.ipam().filter(|_| marks) {
+        changed |= mark::mark_for_ipam(object, &ipam.pool);
+    }
+    (resp, changed)
+}
+
+fn validating(req: &Request, policy: &CompiledPolicy) -> Response {
+    if !policy.has_validations() {
+        return Response::allow();
+    }
+    let variables = Variables::new(req, [&policy.validation_needs]);
+    let vars = variables.activation(&policy.validation_needs);
+    let (mut denials, mut failures, mut warnings) = (Vec::new(), Vec::new(), Vec::new());
+    let mut ignored = false;
+    let mut over_budget = false;
+    for (i, (rule, program)) in policy
+        .spec()
+        .validate
+        .iter()
+        .zip(&policy.validations)
+        .enumerate()
+    {
+        match cel::eval_bool(program, &vars) {
+            Ok(true) => {}
+            Ok(false) => {
+                let message = format!("{}: {}", prefix(policy), rule.message);
+                match rule.action {
+                    ValidationAction::Deny => denials.push(message),
+                    ValidationAction::Warn => warnings.push(message),
+                }
+            }
+            Err(e) => {
+                over_budget |= matches!(e, cel::CelError::OverBudget(_));
+                let message = format!("{}: spec.validate[{i}].expression: {e}", prefix(policy));
+                match policy.spec().failure_policy {
+                    FailurePolicy::Fail => failures.push(message),
+                    FailurePolicy::Ignore => {
+                        warnings.push(format!("{message} (ignored: failurePolicy is Ignore)"));
+                        ignored = true;
+                    }
+                }
+            }
+        }
+    }
+    let mut resp = if !denials.is_empty() {
+        denials.extend(failures);
+        Response::deny(403, "Forbidden", denials.join("; "))
+    } else if !failures.is_empty() {
+        Response::deny(500, "InternalError", failures.join("; "))
+    } else {
+        Response::allow()
+    };
+    resp.warnings = warnings;
+    resp.ignored = ignored;
+    resp.over_budget = over_budget;
+    resp
+}
+
+/// Gatehouse's own validating webhook for Policy objects: denies a Policy that [`policy::validate`]
+/// finds problems with, listing every one, so `kubectl apply` fails the way the controller's
+/// status would otherwise report later.
+pub fn decide_policy_object(req: &Request) -> Response {
+    let Some(object) = &req.object else {
+        return Response::allow();
+    };
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or(&req.name);
+    let invalid = |message: String| {
+        Response::deny(
+            422,
+            "Invalid",
+            format!("Policy {name:?} is invalid: {message}"),
+        )
+    };
+    match serde_json::from_value::<Policy>(object.clone()) {
+        Err(e) => invalid(format!("spec: {e}")),
+        Ok(policy) => {
+            let problems = policy::validate(&policy);
+            if problems.is_empty() {
+                Response::allow()
+            } else {
+                let list: Vec<String> = problems.iter().map(ToString::to_string).collect();
+                invalid(list.join("; "))
+            }
+        }
+    }
+}

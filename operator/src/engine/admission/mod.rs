@@ -1,0 +1,20 @@
+//! AdmissionReview in, AdmissionReview out, one job a file:
+//!
+//! * [`request`]: the wire types of the request, [`parse_request`] and the CEL [`Variables`] of a
+//!   request;
+//! * `typed_decode`: the fast path of [`parse_request`], one typed pass for what the API server
+//!   sends;
+//! * [`decision`]: the [`Response`] for one Policy ([`decide`]) and for Gatehouse's own Policy
+//!   webhook ([`decide_policy_object`]);
+//! * [`encode`]: the AdmissionReview answering a request ([`encoded_review`], [`review_value`]).
+pub mod decision;
+pub mod encode;
+pub mod request;
+mod typed_decode;
+
+pub use decision::{Phase, Response, Status, decide, decide_in_place, decide_policy_object};
+pub use encode::{encoded_review, review_value};
+pub use request::{
+    API_VERSION, GroupVersionKind, GroupVersionResource, KIND, Request, ReviewError, UserInfo,
+    Variables, parse_request,
+};

@@ -1,0 +1,189 @@
+//! The variables of one evaluation.
+use std::collections::BTreeSet;
+use std::sync::OnceLock;
+
+use ::cel::common::types::CelNull;
+use ::cel::common::value::{CowVal, Val};
+use ::cel::context::VariableResolver;
+use serde_json::Value;
+
+use super::convert::{to_val_pruned_sized, to_val_sized};
+use super::needs::{Need, Needs};
+
+/// The variables of one evaluation: `object`, `oldObject` and `request` (null when absent),
+/// converted to CEL values on first use and then borrowed by every expression of the review, so
+/// a guard that only reads `element` never pays for converting the whole object. With
+/// [`Activation::with_needs`], only what the expressions read is converted.
+pub struct Activation<'a> {
+    object: Lazy<'a>,
+    old_object: Lazy<'a>,
+    request: Lazy<'a>,
+}
+
+/// A JSON value and its CEL conversion, made on first use.
+struct Lazy<'a> {
+    json: Option<&'a Value>,
+    /// `None`: all of it.
+    need: Option<&'a Need>,
+    /// The value, and the size of the largest collection in it.
+    val: OnceLock<(Box<dyn Val + 'a>, usize)>,
+}
+
+impl<'a> Lazy<'a> {
+    fn new(json: Option<&'a Value>, need: Option<&'a Need>) -> Self {
+        Lazy {
+            json,
+            need,
+            val: OnceLock::new(),
+        }
+    }
+
+    fn converted(&self) -> &(Box<dyn Val + 'a>, usize) {
+        self.val.get_or_init(|| {
+            let mut largest = 0;
+            let val = match (self.json, self.need) {
+                (Some(v), Some(need)) => to_val_pruned_sized(v, need, &mut largest),
+                (Some(v), None) => to_val_sized(v, &mut largest),
+                (None, _) => Box::new(CelNull),
+            };
+            (val, largest)
+        })
+    }
+
+    fn get(&self) -> &(dyn Val + 'a) {
+        self.converted().0.as_ref()
+    }
+}
+
+impl<'a> Activation<'a> {
+    /// Binds the three variables every expression sees.
+    pub fn new(
+        object: Option<&'a Value>,
+        old_object: Option<&'a Value>,
+        request: &'a Value,
+    ) -> Self {
+        Activation {
+            object: Lazy::new(object, None),
+            old_object: Lazy::new(old_object, None),
+            request: Lazy::new(Some(request), None),
+        }
+    }
+
+    /// [`Activation::new`] for expressions that read no more than `needs`: converts only that.
+    pub fn with_needs(
+        object: Option<&'a Value>,
+        old_object: Option<&'a Value>,
+        request: &'a Value,
+        needs: &'a Needs,
+    ) -> Self {
+        Activation {
+            object: Lazy::new(object, needs.object.as_ref()),
+            old_object: Lazy::new(old_object, needs.old_object.as_ref()),
+            request: Lazy::new(Some(request), needs.request.as_ref()),
+        }
+    }
+
+    /// These variables plus `element`, for a `forEach` guard.
+    pub fn with_element<'b>(&'b self, element: &'b Value) -> ElementActivation<'b, 'a> {
+        self.with_element_need(element, None)
+    }
+
+    /// [`Activation::with_element`] for a guard that reads no more than `need` of `element`
+    /// (all of it when `None`).
+    pub fn with_element_need<'b>(
+        &'b self,
+        element: &'b Value,
+        need: Option<&Need>,
+    ) -> ElementActivation<'b, 'a> {
+        let mut largest = 0;
+        let element = match need {
+            Some(need) => to_val_pruned_sized(element, need, &mut largest),
+            None => to_val_sized(element, &mut largest),
+        };
+        ElementActivation {
+            base: self,
+            element,
+            largest,
+        }
+    }
+}
+
+/// The variables of an evaluation, and how large their collections are.
+pub trait Bindings: VariableResolver {
+    /// The size of the largest array or object among the `variables` named (as converted,
+    /// converting them if that has not happened yet).
+    fn largest_collection(&self, variables: &BTreeSet<&str>) -> usize;
+}
+
+impl Bindings for Activation<'_> {
+    fn largest_collection(&self, variables: &BTreeSet<&str>) -> usize {
+        [
+            ("object", &self.object),
+            ("oldObject", &self.old_object),
+            ("request", &self.request),
+        ]
+        .into_iter()
+        .filter(|(name, _)| variables.contains(name))
+        .map(|(_, lazy)| lazy.converted().1)
+        .max()
+        .unwrap_or(0)
+    }
+}
+
+impl Bindings for ElementActivation<'_, '_> {
+    fn largest_collection(&self, variables: &BTreeSet<&str>) -> usize {
+        let element = if variables.contains("element") {
+            self.largest
+        } else {
+            0
+        };
+        element.max(self.base.largest_collection(variables))
+    }
+}
+
+impl VariableResolver for Activation<'_> {
+    fn resolve<'b>(&'b self, variable: &str) -> Option<CowVal<'b, 'b>> {
+        let value: &(dyn Val + 'b) = match variable {
+            "object" => self.object.get(),
+            "oldObject" => self.old_object.get(),
+            "request" => self.request.get(),
+            _ => return None,
+        };
+        Some(CowVal::Borrowed(value))
+    }
+}
+
+/// An [`Activation`] plus the `element` of a `forEach`.
+pub struct ElementActivation<'b, 'a> {
+    base: &'b Activation<'a>,
+    element: Box<dyn Val + 'b>,
+    largest: usize,
+}
+
+impl VariableResolver for ElementActivation<'_, '_> {
+    fn resolve<'c>(&'c self, variable: &str) -> Option<CowVal<'c, 'c>> {
+        if variable == "element" {
+            Some(CowVal::Borrowed(self.element.as_ref()))
+        } else {
+            self.base.resolve(variable)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cel::{compile, eval_bool};
+    use serde_json::json;
+
+    #[test]
+    fn element_is_bound_in_for_each_guards() {
+        let object = json!({});
+        let request = json!({});
+        let element = json!({"name": "proxy"});
+        let vars = Activation::new(Some(&object), None, &request);
+        let program = compile("element.name == 'proxy'").unwrap();
+        assert_eq!(eval_bool(&program, &vars.with_element(&element)), Ok(true));
+        assert!(eval_bool(&program, &vars).is_err());
+    }
+}

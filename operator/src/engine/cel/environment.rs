@@ -1,0 +1,128 @@
+//! The environment every Policy expression is compiled and run in.
+use std::sync::{Arc, LazyLock};
+
+use ::cel::{Context, Env, Program, Value as CelValue};
+
+use super::CelError;
+use super::activation::Bindings;
+use super::check::free_identifiers;
+use crate::engine::cost;
+
+/// The environment every Policy expression is compiled and run in: the standard library plus the
+/// strings, lists and math extensions, which Kubernetes' own CEL environment also offers. Built
+/// once; compiling against and executing with the same `Env` keeps macros and overloads in sync.
+static ENV: LazyLock<Result<Arc<Env>, CelError>> = LazyLock::new(|| {
+    let mut env = Env::stdlib();
+    for extension in [
+        ::cel::extensions::strings as fn(&mut Env) -> Result<(), ::cel::DeclarationError>,
+        ::cel::extensions::lists,
+        ::cel::extensions::math,
+    ] {
+        env.add_extension(extension)
+            .map_err(|e| CelError::Environment(e.to_string()))?;
+    }
+    Ok(Arc::new(env))
+});
+
+fn env() -> Result<&'static Arc<Env>, CelError> {
+    ENV.as_ref().map_err(Clone::clone)
+}
+
+/// Parses `source` into a program of the shared environment.
+pub fn compile(source: &str) -> Result<Program, CelError> {
+    env()?
+        .compile(source)
+        .map_err(|e| CelError::Parse(one_line(&e.to_string())))
+}
+
+/// Parse errors come as `ERROR: <input>:L:C: message` lines, each followed by a caret diagram; a
+/// Problem is one line, so keep the positions and messages only.
+fn one_line(s: &str) -> String {
+    let errors: Vec<&str> = s
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("ERROR: "))
+        .map(|l| l.strip_prefix("<input>:").unwrap_or(l))
+        .collect();
+    if errors.is_empty() {
+        s.split_whitespace().collect::<Vec<_>>().join(" ")
+    } else {
+        errors.join("; ")
+    }
+}
+
+/// Runs `program` and insists on a bool. A program whose cost depends on the request's
+/// collections is first estimated with their actual sizes, and not run past the budget.
+pub fn eval_bool(program: &Program, vars: &dyn Bindings) -> Result<bool, CelError> {
+    if cost::depends_on_input(program) {
+        let largest = vars.largest_collection(&free_identifiers(program)) as u64;
+        if let Some(reason) = cost::over_budget(program, largest) {
+            return Err(CelError::OverBudget(reason));
+        }
+    }
+    let mut context = Context::with_env(Arc::clone(env()?));
+    context.set_variable_resolver(vars);
+    match program.execute(&context) {
+        Ok(CelValue::Bool(b)) => Ok(b),
+        Ok(other) => Err(CelError::NotBool(type_name(&other).to_string())),
+        Err(e) => Err(CelError::Execute(e.to_string())),
+    }
+}
+
+fn type_name(v: &CelValue) -> &'static str {
+    match v {
+        CelValue::List(_) => "list",
+        CelValue::Map(_) => "map",
+        CelValue::Function(..) => "function",
+        CelValue::Int(_) => "int",
+        CelValue::UInt(_) => "uint",
+        CelValue::Float(_) => "double",
+        CelValue::String(_) => "string",
+        CelValue::Bytes(_) => "bytes",
+        CelValue::Bool(_) => "bool",
+        CelValue::Opaque(_) => "opaque",
+        CelValue::Struct(_) => "struct",
+        CelValue::Null => "null",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cel::Activation;
+    use serde_json::{Value, json};
+
+    fn run(src: &str, object: &Value) -> Result<bool, CelError> {
+        let program = compile(src)?;
+        let request = json!({"operation": "CREATE", "userInfo": {"username": "alice"}});
+        let vars = Activation::new(Some(object), None, &request);
+        eval_bool(&program, &vars)
+    }
+
+    #[test]
+    fn evaluates_against_the_object_and_request() {
+        let pod = json!({"spec": {"replicas": 3, "containers": [{"name": "a"}, {"name": "b"}]}});
+        assert_eq!(run("object.spec.replicas > 1", &pod), Ok(true));
+        assert_eq!(run("object.spec.replicas == 3", &pod), Ok(true));
+        assert_eq!(
+            run("object.spec.containers.all(c, c.name.size() == 1)", &pod),
+            Ok(true)
+        );
+        assert_eq!(run("oldObject == null", &pod), Ok(true));
+        assert_eq!(run("request.userInfo.username == 'alice'", &pod), Ok(true));
+        assert_eq!(run("'ABC'.lowerAscii() == 'abc'", &pod), Ok(true));
+        assert!(matches!(
+            run("object.spec.missing", &pod),
+            Err(CelError::Execute(_))
+        ));
+        assert_eq!(run("1", &pod), Err(CelError::NotBool("int".into())));
+    }
+
+    #[test]
+    fn parse_errors_are_one_line() {
+        let Err(CelError::Parse(msg)) = compile("object.spec.(") else {
+            panic!("expected a parse error");
+        };
+        assert!(!msg.contains('\n'), "{msg}");
+        assert!(msg.starts_with("1:13: Syntax error"), "{msg}");
+    }
+}

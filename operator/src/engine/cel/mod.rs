@@ -1,0 +1,46 @@
+//! CEL for Policies, one job a file:
+//!
+//! * [`environment`]: the shared environment, [`compile`] and [`eval_bool`];
+//! * [`check`]: which variables an expression may use where ([`Site`], [`unknown_variables`]);
+//! * [`convert`]: JSON to CEL values ([`to_val`], and [`to_val_pruned`] for what is read);
+//! * [`needs`]: what expressions read of each variable ([`Needs`]);
+//! * [`activation`]: the variables of one evaluation ([`Activation`]);
+//! * `scope`: the one AST walk, with comprehension scoping, that [`check`] and [`needs`] share.
+//!
+//! Expressions are compiled once per Policy generation ([`compile`]) and the resulting
+//! [`Program`](::cel::Program)s are evaluated on every request against borrowed views of the
+//! request's JSON ([`Activation`]), so the hot path converts the reviewed object into CEL values
+//! once per review and copies no strings.
+pub mod activation;
+pub mod check;
+pub mod convert;
+pub mod environment;
+pub mod needs;
+mod scope;
+
+pub use activation::{Activation, Bindings, ElementActivation};
+pub use check::{Site, reads_variable, unknown_variables};
+pub use convert::{to_val, to_val_pruned};
+pub use environment::{compile, eval_bool};
+pub use needs::{Need, Needs};
+
+/// Why an expression could not be compiled or evaluated.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CelError {
+    /// Building the shared environment (stdlib plus extensions) failed; a bug, not a user error.
+    #[error("the CEL environment could not be built: {0}")]
+    Environment(String),
+    /// The source does not parse.
+    #[error("does not compile: {0}")]
+    Parse(String),
+    /// Evaluation raised an error (missing key, no matching overload, ...).
+    #[error("evaluation failed: {0}")]
+    Execute(String),
+    /// Evaluation succeeded but did not produce a bool.
+    #[error("returned {0}, want bool")]
+    NotBool(String),
+    /// Not evaluated: with the collections of this request, the estimated cost exceeds the
+    /// budget ([`super::cost`]).
+    #[error("{0}")]
+    OverBudget(String),
+}
