@@ -70,8 +70,8 @@ pub fn matches(
     if spec.conditions.is_empty() {
         return Ok(true);
     }
-    let variables = Variables::new(req, [&policy.condition_needs]);
-    let vars = variables.activation(&policy.condition_needs);
+    let variables = Variables::new(req, [&policy.hints.condition_needs]);
+    let vars = variables.activation(&policy.hints.condition_needs);
     for (index, (condition, program)) in spec.conditions.iter().zip(&policy.conditions).enumerate()
     {
         let decided = cel::eval_bool(program, &vars).map_err(|error| MatchError::Condition {
@@ -84,6 +84,20 @@ pub fn matches(
         }
     }
     Ok(true)
+}
+
+/// Whether matching `policy` against `req` reads the request's object: an objectSelector, a
+/// match condition reading `object`, or a namespaceSelector when the request is for a Namespace
+/// (matched against its own labels). Otherwise a change to the object cannot change the match.
+pub fn reads_object(req: &Request, policy: &CompiledPolicy) -> bool {
+    let spec = &policy.spec().match_;
+    spec.object_selector.is_some()
+        || policy.hints.condition_needs.reads_object()
+        || (is_namespace(req) && spec.namespace_selector.is_some())
+}
+
+fn is_namespace(req: &Request) -> bool {
+    req.kind.group.is_empty() && req.kind.kind == "Namespace"
 }
 
 /// One `RuleWithOperations`, with the API server's meaning: `*` wildcards, `res/sub` resources
@@ -138,8 +152,7 @@ fn namespace_selector_matches(
     req: &Request,
     namespace: Namespace<'_>,
 ) -> Result<bool, MatchError> {
-    let is_namespace = req.kind.group.is_empty() && req.kind.kind == "Namespace";
-    if is_namespace {
+    if is_namespace(req) {
         let own = req.object.as_ref().or(req.old_object.as_ref());
         return Ok(selector_matches(
             selector,

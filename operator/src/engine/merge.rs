@@ -241,6 +241,20 @@ impl Reach {
         }
     }
 
+    /// Everything `other` reaches, too.
+    pub fn add(&mut self, other: &Reach) {
+        for (key, reach) in &other.0 {
+            match reach {
+                None => self.whole(key),
+                Some(reach) => {
+                    if let Some(mine) = self.descend(key) {
+                        mine.add(reach);
+                    }
+                }
+            }
+        }
+    }
+
     /// The member `key`, part of it from now on; `None` when it is already reached whole.
     fn descend(&mut self, key: &str) -> Option<&mut Reach> {
         self.0

@@ -108,7 +108,7 @@ pub fn apply_in_place(
 ) -> Result<Settled, MutateError> {
     // With `overwrite`, a pass can change a field and a later mutation change it back: only a
     // comparison tells whether the object changed.
-    let before = policy.overwrites.then(|| object.clone());
+    let before = policy.hints.overwrites.then(|| object.clone());
     let mut settled = settle(policy, object, old_object, request)?;
     if let Some(before) = before {
         settled.changed = *object != before;
@@ -136,7 +136,7 @@ pub fn patch(
     old_object: Option<&Value>,
     request: &Value,
 ) -> Result<Patched, MutateError> {
-    if let (Some(reach), Value::Object(whole)) = (&policy.reach, object) {
+    if let (Some(reach), Value::Object(whole)) = (&policy.hints.reach, object) {
         let mut part = Value::Object(reach.copy(whole));
         let settled = settle(policy, &mut part, old_object, request)?;
         // A merge into an object leaves an object: the fallback below is only a safety net.
@@ -178,11 +178,11 @@ fn settle(
     if !pass(policy, object, old_object, request, &mut ignored)? {
         return done(false, ignored, true);
     }
-    if policy.one_pass {
+    if policy.hints.one_pass {
         return done(true, ignored, true);
     }
     for _ in 1..max_passes(policy) {
-        if !policy.overwrites {
+        if !policy.hints.overwrites {
             // Without `overwrite`, a merge only adds keys and elements or fills nulls, and no
             // later merge can take that back: "something changed" is "the pass changed the
             // object", so no snapshot is needed.
@@ -237,7 +237,7 @@ fn pass(
             }
         }
     };
-    let guards = policy.whens.iter().zip(&policy.when_needs);
+    let guards = policy.whens.iter().zip(&policy.hints.when_needs);
     for (index, (mutation, (when, needs))) in spec.mutate.iter().zip(guards).enumerate() {
         match (&mutation.for_each, when) {
             (None, None) => changed |= merge_changed(object, &mutation.merge, mutation.overwrite),

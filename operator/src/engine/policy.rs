@@ -82,25 +82,41 @@ pub struct CompiledPolicy {
     pub(crate) whens: Vec<Option<Program>>,
     /// `spec.validate[i].expression`.
     pub(crate) validations: Vec<Program>,
-    /// What the match conditions read of the request's variables.
-    pub(crate) condition_needs: Needs,
-    /// What `spec.mutate[i].when` reads (nothing for an unguarded mutation).
-    pub(crate) when_needs: Vec<Needs>,
-    /// What the validations read, together: one conversion serves them all.
-    pub(crate) validation_needs: Needs,
-    /// Whether some mutation has `overwrite: true`, the only way a pass can undo what an earlier
-    /// mutation of the same pass did.
-    pub(crate) overwrites: bool,
-    /// Whether one pass of the mutate list always reaches its fixed point (see
-    /// [`settles_in_one_pass`]).
-    pub(crate) one_pass: bool,
-    /// What the mutate list can touch, when that is all it reads: `None` when a guard reads
-    /// `object` (it may look anywhere).
-    pub(crate) reach: Option<Reach>,
+    /// What the engine knows of the Policy's shape that lets it skip work.
+    pub(crate) hints: Hints,
     /// A match condition reads `authorizer`: see [`needs_own_entry`].
     own_entry: bool,
     /// The largest write-time cost estimate among its expressions ([`super::cost`]).
     heaviest: u64,
+}
+
+/// What compiling proves about a Policy that lets a review skip work. Each hint is a performance
+/// layer over the simple engine (convert every variable whole, copy and diff the whole object,
+/// apply the list until a pass changes nothing, compare each pass with a snapshot); each earns
+/// its place by its figure from `cargo bench -p gatehouse --bench engine` (a 10-container Pod,
+/// 10 Policies; shares are of one single-Policy review), and the property tests compare each
+/// fast path with the simple one.
+#[derive(Clone, Debug)]
+pub(crate) struct Hints {
+    /// What the match conditions read of the request's variables, and so what the activation
+    /// converts ([`Needs`]).
+    pub(crate) condition_needs: Needs,
+    /// What `spec.mutate[i].when` reads (nothing for an unguarded mutation).
+    pub(crate) when_needs: Vec<Needs>,
+    /// What the validations read, together: one conversion serves them all. Converting only
+    /// that: NEEDS_FIGURE.
+    pub(crate) validation_needs: Needs,
+    /// Whether some mutation has `overwrite: true`, the only way a pass can undo what an earlier
+    /// mutation of the same pass did. Without one, a pass that changes nothing proves the fixed
+    /// point, and no pass compares against a snapshot of the object: SNAPSHOT_FIGURE.
+    pub(crate) overwrites: bool,
+    /// Whether one pass of the mutate list always reaches its fixed point (see
+    /// [`settles_in_one_pass`]), sparing the pass that would confirm it: ONE_PASS_FIGURE.
+    pub(crate) one_pass: bool,
+    /// What the mutate list can touch, when that is all it reads: `None` when a guard reads
+    /// `object` (it may look anywhere). A lone Policy's patch copies and diffs only that
+    /// ([`super::mutate::patch`]): REACH_FIGURE.
+    pub(crate) reach: Option<Reach>,
 }
 
 impl CompiledPolicy {
@@ -123,7 +139,7 @@ impl CompiledPolicy {
     /// list a second time (the API server's reinvocation, or the engine's own check) changes
     /// nothing.
     pub fn settles_in_one_pass(&self) -> bool {
-        self.one_pass
+        self.hints.one_pass
     }
 
     /// Whether the Policy has a `mutate` list.
@@ -228,11 +244,18 @@ pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
                 .iter()
                 .map(|when| Needs::union(when.iter()))
                 .collect();
+            let hints = Hints {
+                condition_needs: Needs::union(&programs.conditions),
+                one_pass: settles_in_one_pass(&policy.spec.mutate, &when_needs),
+                reach: reach(&policy.spec.mutate, &when_needs),
+                when_needs,
+                validation_needs: Needs::union(&programs.validations),
+                overwrites: policy.spec.mutate.iter().any(|m| m.overwrite),
+            };
             Ok(CompiledPolicy {
                 name: policy.name_any(),
                 generation: policy.metadata.generation,
                 spec: policy.spec.clone(),
-                condition_needs: Needs::union(&programs.conditions),
                 own_entry: programs
                     .conditions
                     .iter()
@@ -245,11 +268,7 @@ pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
                     .map(|p| super::cost::estimate(p, super::cost::ASSUMED_COLLECTION_SIZE))
                     .max()
                     .unwrap_or(0),
-                one_pass: settles_in_one_pass(&policy.spec.mutate, &when_needs),
-                reach: reach(&policy.spec.mutate, &when_needs),
-                when_needs,
-                validation_needs: Needs::union(&programs.validations),
-                overwrites: policy.spec.mutate.iter().any(|m| m.overwrite),
+                hints,
                 conditions: programs.conditions,
                 whens: programs.whens,
                 validations: programs.validations,

@@ -141,7 +141,7 @@ fn mutations(
     object: &Value,
 ) -> Result<Response, mutate::MutateError> {
     // Guards that do not mention `request` never resolve it.
-    let variables = Variables::new(req, &policy.when_needs);
+    let variables = Variables::new(req, &policy.hints.when_needs);
     let outcome = mutate::patch(policy, object, req.old_object.as_ref(), variables.request())?;
     let mut resp = mutated_answer(policy, &outcome.ignored, outcome.settled);
     // Equal to json_patch::diff(object, mutated object).
@@ -174,25 +174,22 @@ fn mutated_answer(
     resp
 }
 
-/// [`decide`] for a mutating Policy that changes `req.object` itself, as a member of a mutating
-/// group does to the group's working copy: the answer (never with a patch) and whether the
-/// object changed. A denial may leave the object half-mutated.
-pub fn decide_in_place(req: &mut Request, policy: &CompiledPolicy) -> (Response, bool) {
-    if req.object.is_none() || !policy.is_mutating() {
+/// [`decide`] for a mutating Policy that changes `object` (the request's object, or the part of
+/// it the Policy can reach) itself, as a member of a mutating group does to the group's working
+/// copy: the answer (never with a patch) and whether the object changed. A denial may leave the
+/// object half-mutated.
+pub fn decide_in_place(
+    req: &Request,
+    object: &mut Value,
+    policy: &CompiledPolicy,
+) -> (Response, bool) {
+    if !policy.is_mutating() {
         return (Response::allow(), false);
     }
-    let request = Variables::new(req, &policy.when_needs).request().clone();
-    let marks = mark::marks(req);
-    let Request {
-        object: Some(object),
-        old_object,
-        ..
-    } = req
-    else {
-        return (Response::allow(), false);
-    };
     let (resp, mut changed) = if policy.has_mutations() {
-        match mutate::apply_in_place(policy, object, old_object.as_ref(), &request) {
+        let variables = Variables::new(req, &policy.hints.when_needs);
+        let old_object = req.old_object.as_ref();
+        match mutate::apply_in_place(policy, object, old_object, variables.request()) {
             Ok(outcome) => (
                 mutated_answer(policy, &outcome.ignored, outcome.settled),
                 outcome.changed,
@@ -207,7 +204,7 @@ pub fn decide_in_place(req: &mut Request, policy: &CompiledPolicy) -> (Response,
     } else {
         (Response::allow(), false)
     };
-    if let Some(ipam) = policy.ipam().filter(|_| marks) {
+    if let Some(ipam) = policy.ipam().filter(|_| mark::marks(req)) {
         changed |= mark::mark_for_ipam(object, &ipam.pool);
     }
     (resp, changed)
@@ -217,8 +214,8 @@ fn validating(req: &Request, policy: &CompiledPolicy) -> Response {
     if !policy.has_validations() {
         return Response::allow();
     }
-    let variables = Variables::new(req, [&policy.validation_needs]);
-    let vars = variables.activation(&policy.validation_needs);
+    let variables = Variables::new(req, [&policy.hints.validation_needs]);
+    let vars = variables.activation(&policy.hints.validation_needs);
     let (mut denials, mut failures, mut warnings) = (Vec::new(), Vec::new(), Vec::new());
     let mut ignored = false;
     let mut over_budget = false;

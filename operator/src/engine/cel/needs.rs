@@ -1,4 +1,6 @@
 //! What expressions read of each variable, so that only that is converted to CEL.
+//!
+//! What it saves: NEEDS_FIGURE (`cargo bench -p gatehouse --bench engine`, "needs").
 use std::collections::BTreeMap;
 
 use ::cel::Program;
