@@ -68,8 +68,9 @@ mod tests {
     use super::*;
     use std::sync::atomic::Ordering;
 
-    fn get(state: &AdminState, path: &str) -> Response<Full<Bytes>> {
-        handle(state, &Request::get(path).body(()).unwrap())
+    /// The status of the answer to a GET of `path`.
+    fn status_of(state: &AdminState, path: &str) -> StatusCode {
+        handle(state, &Request::get(path).body(()).unwrap()).status()
     }
 
     #[test]
@@ -78,25 +79,15 @@ mod tests {
             readiness: Arc::new(Readiness::default()),
             metrics: Arc::new(Metrics::new()),
         };
-        assert_eq!(get(&state, "/livez").status(), StatusCode::OK);
-        assert_eq!(
-            get(&state, "/readyz").status(),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-        state
-            .readiness
-            .policies_loaded
-            .store(true, Ordering::Release);
-        assert_eq!(
-            get(&state, "/readyz").status(),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-        state
-            .readiness
-            .certificate_loaded
-            .store(true, Ordering::Release);
-        assert_eq!(get(&state, "/readyz").status(), StatusCode::OK);
-        assert_eq!(get(&state, "/metrics").status(), StatusCode::OK);
-        assert_eq!(get(&state, "/nope").status(), StatusCode::NOT_FOUND);
+        assert_eq!(status_of(&state, "/livez"), StatusCode::OK);
+        let readyz = || status_of(&state, "/readyz");
+        assert_eq!(readyz(), StatusCode::SERVICE_UNAVAILABLE);
+        let readiness = &state.readiness;
+        readiness.policies_loaded.store(true, Ordering::Release);
+        assert_eq!(readyz(), StatusCode::SERVICE_UNAVAILABLE);
+        readiness.certificate_loaded.store(true, Ordering::Release);
+        assert_eq!(readyz(), StatusCode::OK);
+        assert_eq!(status_of(&state, "/metrics"), StatusCode::OK);
+        assert_eq!(status_of(&state, "/nope"), StatusCode::NOT_FOUND);
     }
 }

@@ -374,6 +374,15 @@ fn missing_pools(policy: &Policy, pools: &Store<IPPool>) -> Vec<String> {
         .collect()
 }
 
+/// The valid Policies the API server has not refused.
+fn not_rejected<'a>(valid: &'a [Arc<Policy>], applied: &Applied) -> Vec<&'a Policy> {
+    valid
+        .iter()
+        .map(|p| p.as_ref())
+        .filter(|p| !applied.rejected.contains_key(&p.name_any()))
+        .collect()
+}
+
 /// Writes both configurations from the valid Policies, leaving out the ones the API server
 /// refuses (found by bisecting with dry runs when a write is refused as invalid).
 async fn wire(
@@ -391,11 +400,7 @@ async fn wire(
     });
     let wiring = owned_wiring(ctx, applied).await;
     check_conditions(ctx, &wiring, valid, bundle, applied).await?;
-    let candidates: Vec<&Policy> = valid
-        .iter()
-        .map(|p| p.as_ref())
-        .filter(|p| !applied.rejected.contains_key(&p.name_any()))
-        .collect();
+    let candidates = not_rejected(valid, applied);
     let desired = wiring::desired(&candidates, &wiring, bundle);
     let first = apply_both(ctx, caches, desired, applied, leader).await;
     if !matches!(&first, Err(ReconcileError::ApplyConfiguration { source: kube::Error::Api(e), .. }) if e.code == 422)
@@ -425,11 +430,7 @@ async fn wire(
             ),
         );
     }
-    let kept: Vec<&Policy> = valid
-        .iter()
-        .map(|p| p.as_ref())
-        .filter(|p| !applied.rejected.contains_key(&p.name_any()))
-        .collect();
+    let kept = not_rejected(valid, applied);
     let desired = wiring::desired(&kept, &wiring, bundle);
     apply_both(ctx, caches, desired, applied, leader).await
 }

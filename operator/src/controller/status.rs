@@ -113,6 +113,11 @@ mod tests {
         p
     }
 
+    /// The status to write, if any, for `p` wired in a shared entry at `now`.
+    fn wired_status(p: Policy, now: Time) -> Option<PolicyStatus> {
+        desired_status(&p, &Outcome::Wired { own_entry: false }, now)
+    }
+
     #[test]
     fn invalid_lists_every_problem_and_is_not_ready() {
         let out = Outcome::Invalid(vec!["spec.a: bad".into(), "spec.b: worse".into()]);
@@ -129,27 +134,10 @@ mod tests {
 
     #[test]
     fn unchanged_status_needs_no_write_and_keeps_transition_time() {
-        let first = desired_status(
-            &policy(1, None),
-            &Outcome::Wired { own_entry: false },
-            at(10),
-        )
-        .unwrap();
-        assert!(
-            desired_status(
-                &policy(1, Some(first.clone())),
-                &Outcome::Wired { own_entry: false },
-                at(20)
-            )
-            .is_none()
-        );
+        let first = wired_status(policy(1, None), at(10)).unwrap();
+        assert!(wired_status(policy(1, Some(first.clone())), at(20)).is_none());
         // New generation, same truth: rewritten, but the transition time stays.
-        let second = desired_status(
-            &policy(2, Some(first)),
-            &Outcome::Wired { own_entry: false },
-            at(30),
-        )
-        .unwrap();
+        let second = wired_status(policy(2, Some(first)), at(30)).unwrap();
         assert_eq!(second.observed_generation, Some(2));
         assert_eq!(second.conditions[0].last_transition_time, at(10));
     }
@@ -171,12 +159,7 @@ mod tests {
 
     #[test]
     fn flipping_moves_the_transition_time() {
-        let wired = desired_status(
-            &policy(1, None),
-            &Outcome::Wired { own_entry: false },
-            at(10),
-        )
-        .unwrap();
+        let wired = wired_status(policy(1, None), at(10)).unwrap();
         let bad = desired_status(
             &policy(2, Some(wired)),
             &Outcome::Invalid(vec!["x: y".into()]),

@@ -287,37 +287,35 @@ const SIDE_EFFECTS: &str = "None";
 /// Rules match every version a resource is served at, as users expect of a policy.
 const MATCH_POLICY: &str = "Equivalent";
 
+/// Builds a webhook entry of type `$kind` from an `Entry`. The mutating and the validating
+/// types are distinct structs with the same fields, but for the `$extra` ones only a mutating
+/// entry has (`reinvocation_policy`), so one macro rather than a function serves both.
+macro_rules! webhook_entry {
+    ($kind:ident, $e:expr $(, $extra:ident)*) => {{
+        let e: &Entry = $e;
+        $kind {
+            name: e.name.clone(),
+            admission_review_versions: vec!["v1".to_string()],
+            client_config: e.client_config.clone(),
+            failure_policy: e.failure_policy.clone(),
+            match_conditions: e.match_conditions.clone(),
+            match_policy: Some(MATCH_POLICY.to_string()),
+            namespace_selector: e.namespace_selector.clone(),
+            object_selector: e.object_selector.clone(),
+            rules: e.rules.clone(),
+            side_effects: SIDE_EFFECTS.to_string(),
+            timeout_seconds: e.timeout_seconds,
+            $($extra: e.$extra.clone(),)*
+        }
+    }};
+}
+
 fn mutating_entry(e: &Entry) -> MutatingWebhook {
-    MutatingWebhook {
-        name: e.name.clone(),
-        admission_review_versions: vec!["v1".to_string()],
-        client_config: e.client_config.clone(),
-        failure_policy: e.failure_policy.clone(),
-        match_conditions: e.match_conditions.clone(),
-        match_policy: Some(MATCH_POLICY.to_string()),
-        namespace_selector: e.namespace_selector.clone(),
-        object_selector: e.object_selector.clone(),
-        reinvocation_policy: e.reinvocation_policy.clone(),
-        rules: e.rules.clone(),
-        side_effects: SIDE_EFFECTS.to_string(),
-        timeout_seconds: e.timeout_seconds,
-    }
+    webhook_entry!(MutatingWebhook, e, reinvocation_policy)
 }
 
 fn validating_entry(e: &Entry) -> ValidatingWebhook {
-    ValidatingWebhook {
-        name: e.name.clone(),
-        admission_review_versions: vec!["v1".to_string()],
-        client_config: e.client_config.clone(),
-        failure_policy: e.failure_policy.clone(),
-        match_conditions: e.match_conditions.clone(),
-        match_policy: Some(MATCH_POLICY.to_string()),
-        namespace_selector: e.namespace_selector.clone(),
-        object_selector: e.object_selector.clone(),
-        rules: e.rules.clone(),
-        side_effects: SIDE_EFFECTS.to_string(),
-        timeout_seconds: e.timeout_seconds,
-    }
+    webhook_entry!(ValidatingWebhook, e)
 }
 
 /// Gatehouse's own check of Policy objects. `failurePolicy: Ignore` on purpose: if Gatehouse is

@@ -615,22 +615,27 @@ fn check_effects(spec: &PolicySpec, problems: &mut Vec<Problem>) {
 
 /// A label key or match-condition name; the caller has already refused an empty one.
 fn check_qualified_name(path: &str, name: &str, problems: &mut Vec<Problem>) {
-    if let Err(messages) = is_qualified_name(name) {
-        for message in messages {
-            problems.push(Problem::new(
-                path,
-                format!("{name:?} is not a valid qualified name: {message}"),
-            ));
-        }
-    }
+    check_k8s_name(path, name, "qualified name", is_qualified_name, problems);
 }
 
 fn check_label_value(path: &str, value: &str, problems: &mut Vec<Problem>) {
-    if let Err(messages) = is_label_value(value) {
+    check_k8s_name(path, value, "label value", is_label_value, problems);
+}
+
+/// One problem at `path` for each message the Kubernetes validator `validate` gives `value`,
+/// saying which kind of name (`what`) it is not.
+fn check_k8s_name(
+    path: &str,
+    value: &str,
+    what: &str,
+    validate: fn(&str) -> Result<(), Vec<String>>,
+    problems: &mut Vec<Problem>,
+) {
+    if let Err(messages) = validate(value) {
         for message in messages {
             problems.push(Problem::new(
                 path,
-                format!("{value:?} is not a valid label value: {message}"),
+                format!("{value:?} is not a valid {what}: {message}"),
             ));
         }
     }

@@ -66,14 +66,17 @@ fn at(base: SystemTime, secs: f64) -> SystemTime {
     }
 }
 
+fn renew(reason: Reason) -> Action {
+    Action::RenewServing { reason }
+}
+
+fn create(reason: Reason) -> Action {
+    Action::Create { reason }
+}
+
 fn fresh(now: SystemTime, cfg: &TlsConfig) -> TlsMaterial {
     let m = TlsMaterial::default();
-    assert_eq!(
-        plan(&m, now, cfg, NONE),
-        Action::Create {
-            reason: Reason::Missing
-        }
-    );
+    assert_eq!(plan(&m, now, cfg, NONE), create(Reason::Missing));
     apply(&m, plan(&m, now, cfg, NONE), now, cfg).unwrap()
 }
 
@@ -124,6 +127,16 @@ fn verifies_both_names(bundle_pem: &str, cert_pem: &str, now: SystemTime) -> boo
     verifies(bundle_pem, cert_pem, DNS_NAME, now) && verifies(bundle_pem, cert_pem, IP_NAME, now)
 }
 
+/// Whether `m`'s own bundle trusts its serving certificate under both names.
+fn serves_both_names(m: &TlsMaterial, now: SystemTime) -> bool {
+    verifies_both_names(&m.ca_bundle_pem(), serving_pem(m), now)
+}
+
+/// Whether the plan for `m` at `now` is to keep it as it is.
+fn keeps(m: &TlsMaterial, now: SystemTime, cfg: &TlsConfig, confirmed: Confirmed) -> bool {
+    matches!(plan(m, now, cfg, confirmed), Action::Keep { .. })
+}
+
 fn issued_by_pem(cert_pem: &str, ca_pem: &str) -> bool {
     pki::issued_by(
         &parse_cert_pem(cert_pem).unwrap(),
@@ -144,11 +157,7 @@ fn fresh_material_is_created_and_then_kept() {
             next_check: at(t0, 5.0)
         }
     );
-    assert!(verifies_both_names(
-        &m.ca_bundle_pem(),
-        serving_pem(&m),
-        at(t0, 0.0)
-    ));
+    assert!(serves_both_names(&m, at(t0, 0.0)));
 }
 
 #[test]
@@ -218,27 +227,13 @@ fn serving_at_70_percent_is_renewed_under_the_same_ca() {
     let m = fresh(t0, &cfg);
     // 70% of the 9s lifetime starting at t0-1.
     let now = at(t0, -1.0 + 0.7 * 9.0);
-    let renewed = step(
-        &m,
-        now,
-        &cfg,
-        Action::RenewServing {
-            reason: Reason::NearExpiry,
-        },
-    );
+    let renewed = step(&m, now, &cfg, renew(Reason::NearExpiry));
     assert_eq!(renewed.ca, m.ca);
     assert_ne!(renewed.serving, m.serving);
     // No bundle change is needed for a renewal under the same CA.
     assert_eq!(renewed.ca_bundle_pem(), m.ca_bundle_pem());
-    assert!(verifies_both_names(
-        &renewed.ca_bundle_pem(),
-        serving_pem(&renewed),
-        now
-    ));
-    assert!(matches!(
-        plan(&renewed, now, &cfg, NONE),
-        Action::Keep { .. }
-    ));
+    assert!(serves_both_names(&renewed, now));
+    assert!(keeps(&renewed, now, &cfg, NONE));
 }
 
 #[test]
@@ -246,15 +241,7 @@ fn serving_is_capped_at_the_ca_expiry() {
     let (cfg, t0) = (cfg(), t0());
     let m = fresh(t0, &cfg);
     let late = at(t0, 15.0);
-    let renewed = apply(
-        &m,
-        Action::RenewServing {
-            reason: Reason::NearExpiry,
-        },
-        late,
-        &cfg,
-    )
-    .unwrap();
+    let renewed = apply(&m, renew(Reason::NearExpiry), late, &cfg).unwrap();
     let info = parse_cert_pem(serving_pem(&renewed)).unwrap();
     assert_eq!(info.not_after, at(t0, 20.0));
 }
@@ -267,14 +254,7 @@ fn ca_rotation_waits_for_each_confirmation() {
     let m = fresh(t0, &cfg);
     // Renew the serving certificate first (the first one has expired by t0+12), so that at
     // the CA's 70% only the CA is due.
-    let m = step(
-        &m,
-        at(t0, 12.0),
-        &cfg,
-        Action::RenewServing {
-            reason: Reason::Expired,
-        },
-    );
+    let m = step(&m, at(t0, 12.0), &cfg, renew(Reason::Expired));
     let old_ca = m.ca.clone().unwrap();
     let old_serving = m.serving.clone().unwrap();
 
@@ -298,30 +278,13 @@ fn ca_rotation_waits_for_each_confirmation() {
     assert_eq!(bundle_len(&m), 2);
     assert!(m.ca_bundle_pem().contains(old_ca.cert_pem.trim()));
     assert!(m.ca_bundle_pem().contains(next_ca.cert_pem.trim()));
-    assert!(verifies_both_names(
-        &m.ca_bundle_pem(),
-        serving_pem(&m),
-        started
-    ));
+    assert!(serves_both_names(&m, started));
 
     // Unconfirmed, the switch never happens: long past any grace the old CA keeps signing,
     // and an expiring serving certificate is renewed by it.
-    assert!(matches!(
-        plan(&m, at(t0, 15.9), &cfg, NONE),
-        Action::Keep { .. }
-    ));
-    assert!(matches!(
-        plan(&m, at(t0, 16.5), &cfg, UNUSED),
-        Action::Keep { .. }
-    ));
-    let renewed = step(
-        &m,
-        at(t0, 17.0),
-        &cfg,
-        Action::RenewServing {
-            reason: Reason::NearExpiry,
-        },
-    );
+    assert!(keeps(&m, at(t0, 15.9), &cfg, NONE));
+    assert!(keeps(&m, at(t0, 16.5), &cfg, UNUSED));
+    let renewed = step(&m, at(t0, 17.0), &cfg, renew(Reason::NearExpiry));
     assert!(issued_by_pem(serving_pem(&renewed), &old_ca.cert_pem));
     assert_eq!(renewed.next_ca.as_ref(), Some(&next_ca));
 
@@ -339,11 +302,7 @@ fn ca_rotation_waits_for_each_confirmation() {
     assert_eq!(m.previous_ca_pem.as_deref(), Some(old_ca.cert_pem.as_str()));
     assert!(issued_by_pem(serving_pem(&m), &next_ca.cert_pem));
     assert_eq!(bundle_len(&m), 2);
-    assert!(verifies_both_names(
-        &m.ca_bundle_pem(),
-        serving_pem(&m),
-        switched
-    ));
+    assert!(serves_both_names(&m, switched));
     assert!(verifies_both_names(
         &m.ca_bundle_pem(),
         &old_serving.cert_pem,
@@ -351,33 +310,20 @@ fn ca_rotation_waits_for_each_confirmation() {
     ));
 
     // The old CA stays until every replica is confirmed serving the new one.
-    assert!(matches!(
-        plan(&m, at(t0, 19.0), &cfg, NONE),
-        Action::Keep { .. }
-    ));
-    assert!(matches!(
-        plan(&m, at(t0, 19.0), &cfg, PUBLISHED),
-        Action::Keep { .. }
-    ));
+    assert!(keeps(&m, at(t0, 19.0), &cfg, NONE));
+    assert!(keeps(&m, at(t0, 19.0), &cfg, PUBLISHED));
     let dropped_at = at(t0, 19.0);
     let m = step_given(&m, dropped_at, &cfg, UNUSED, Action::DropOldCa);
     assert!(m.previous_ca_pem.is_none() && m.previous_retired_at.is_none());
     assert_eq!(bundle_len(&m), 1);
-    assert!(verifies_both_names(
-        &m.ca_bundle_pem(),
-        serving_pem(&m),
-        dropped_at
-    ));
+    assert!(serves_both_names(&m, dropped_at));
     assert!(!verifies(
         &m.ca_bundle_pem(),
         &old_serving.cert_pem,
         DNS_NAME,
         dropped_at
     ));
-    assert!(matches!(
-        plan(&m, dropped_at, &cfg, NONE),
-        Action::Keep { .. }
-    ));
+    assert!(keeps(&m, dropped_at, &cfg, NONE));
 }
 
 /// A stuck rotation keeps the current CA and certificate in use as long as they are valid;
@@ -386,14 +332,7 @@ fn ca_rotation_waits_for_each_confirmation() {
 fn an_unconfirmed_rotation_waits_until_the_old_ca_expires() {
     let (cfg, t0) = (cfg(), t0());
     let m = fresh(t0, &cfg);
-    let m = step(
-        &m,
-        at(t0, 14.0),
-        &cfg,
-        Action::RenewServing {
-            reason: Reason::Expired,
-        },
-    );
+    let m = step(&m, at(t0, 14.0), &cfg, renew(Reason::Expired));
     let m = step(
         &m,
         at(t0, 14.0),
@@ -409,12 +348,7 @@ fn an_unconfirmed_rotation_waits_until_the_old_ca_expires() {
             "t0+{s}: {action:?}"
         );
     }
-    assert_eq!(
-        plan(&m, at(t0, 20.0), &cfg, NONE),
-        Action::Create {
-            reason: Reason::Expired
-        }
-    );
+    assert_eq!(plan(&m, at(t0, 20.0), &cfg, NONE), create(Reason::Expired));
 }
 
 #[test]
@@ -424,19 +358,8 @@ fn no_new_rotation_while_the_previous_ca_is_still_in_the_bundle() {
     // A previous CA retired just now, while the current CA is already past its 2/3.
     m.previous_ca_pem = Some(fresh(t0, &cfg).ca.unwrap().cert_pem);
     m.previous_retired_at = Some(at(t0, 14.0));
-    m = apply(
-        &m,
-        Action::RenewServing {
-            reason: Reason::NearExpiry,
-        },
-        at(t0, 14.0),
-        &cfg,
-    )
-    .unwrap();
-    assert!(matches!(
-        plan(&m, at(t0, 14.5), &cfg, NONE),
-        Action::Keep { .. }
-    ));
+    m = apply(&m, renew(Reason::NearExpiry), at(t0, 14.0), &cfg).unwrap();
+    assert!(keeps(&m, at(t0, 14.5), &cfg, NONE));
     let m = step_given(&m, at(t0, 16.0), &cfg, UNUSED, Action::DropOldCa);
     assert_eq!(
         plan(&m, at(t0, 16.0), &cfg, NONE),
@@ -451,14 +374,7 @@ fn changed_sans_reissue_the_serving_certificate() {
     let (mut cfg, t0) = (cfg(), t0());
     let m = fresh(t0, &cfg);
     cfg.sans.push(San::parse("webhook.example.com"));
-    let m2 = step(
-        &m,
-        t0,
-        &cfg,
-        Action::RenewServing {
-            reason: Reason::SansChanged,
-        },
-    );
+    let m2 = step(&m, t0, &cfg, renew(Reason::SansChanged));
     assert_eq!(m2.ca, m.ca);
     assert!(verifies(
         &m2.ca_bundle_pem(),
@@ -469,7 +385,7 @@ fn changed_sans_reissue_the_serving_certificate() {
     // Order and case do not matter.
     cfg.sans.reverse();
     cfg.sans.push(San::Dns("GATEHOUSE".into()));
-    assert!(matches!(plan(&m2, t0, &cfg, NONE), Action::Keep { .. }));
+    assert!(keeps(&m2, t0, &cfg, NONE));
 }
 
 #[test]
@@ -477,7 +393,6 @@ fn broken_serving_material_is_reissued() {
     let (cfg, t0) = (cfg(), t0());
     let m = fresh(t0, &cfg);
     let other = fresh(t0, &cfg);
-    let renew = |reason| Action::RenewServing { reason };
 
     let mut bad = m.clone();
     bad.serving = None;
@@ -502,7 +417,6 @@ fn broken_or_expired_ca_is_replaced() {
     let (cfg, t0) = (cfg(), t0());
     let m = fresh(t0, &cfg);
     let other = fresh(t0, &cfg);
-    let create = |reason| Action::Create { reason };
 
     let mut bad = m.clone();
     bad.ca.as_mut().unwrap().key_pem = other.ca.as_ref().unwrap().key_pem.clone();
@@ -514,10 +428,7 @@ fn broken_or_expired_ca_is_replaced() {
     assert_eq!(plan(&m, at(t0, 20.0), &cfg, NONE), create(Reason::Expired));
     let replaced = apply(&m, create(Reason::Expired), at(t0, 20.0), &cfg).unwrap();
     assert_ne!(replaced.ca, m.ca);
-    assert!(matches!(
-        plan(&replaced, at(t0, 20.0), &cfg, NONE),
-        Action::Keep { .. }
-    ));
+    assert!(keeps(&replaced, at(t0, 20.0), &cfg, NONE));
 }
 
 #[test]
@@ -525,16 +436,9 @@ fn shorter_configured_validity_rotates_gracefully() {
     let t0 = t0();
     let long = TlsConfig::new("gatehouse-system", sans());
     let m = fresh(t0, &long);
-    assert!(matches!(plan(&m, t0, &long, NONE), Action::Keep { .. }));
+    assert!(keeps(&m, t0, &long, NONE));
     let short = cfg();
-    let m = step(
-        &m,
-        t0,
-        &short,
-        Action::RenewServing {
-            reason: Reason::ValidityChanged,
-        },
-    );
+    let m = step(&m, t0, &short, renew(Reason::ValidityChanged));
     // The long-lived CA is rotated the graceful way, never replaced outright.
     let m = step(
         &m,
@@ -555,15 +459,15 @@ fn rotation_timestamps_decide_nothing() {
     let m = fresh(t0, &cfg);
     let mut m1 = m.clone();
     m1.next_ca = fresh(t0, &cfg).ca;
-    assert!(matches!(plan(&m1, t0, &cfg, NONE), Action::Keep { .. }));
+    assert!(keeps(&m1, t0, &cfg, NONE));
     m1.rotation_started_at = Some(at(t0, -3600.0));
-    assert!(matches!(plan(&m1, t0, &cfg, NONE), Action::Keep { .. }));
+    assert!(keeps(&m1, t0, &cfg, NONE));
     assert_eq!(plan(&m1, t0, &cfg, PUBLISHED), Action::FinishCaRotation);
     let mut m2 = m.clone();
     m2.previous_ca_pem = fresh(t0, &cfg).ca.map(|c| c.cert_pem);
-    assert!(matches!(plan(&m2, t0, &cfg, NONE), Action::Keep { .. }));
+    assert!(keeps(&m2, t0, &cfg, NONE));
     m2.previous_retired_at = Some(at(t0, -3600.0));
-    assert!(matches!(plan(&m2, t0, &cfg, NONE), Action::Keep { .. }));
+    assert!(keeps(&m2, t0, &cfg, NONE));
     assert_eq!(plan(&m2, t0, &cfg, UNUSED), Action::DropOldCa);
     // A corrupt previous CA protects nobody.
     m2.previous_ca_pem = Some("garbage".into());
