@@ -360,3 +360,65 @@ fn an_expression_over_budget_at_run_time_is_not_run_and_its_failure_policy_decid
     assert_eq!(label(&huge, &out, "ran"), None);
     assert!(out.evaluated[0].over_budget);
 }
+
+/// Members whose lists only touch what they reach share a copy of just that part; a member that
+/// reads the object to match (objectSelector, a condition over `object`) must still see what
+/// the earlier members wrote, so it makes the chain work on the whole object.
+#[test]
+fn a_member_matching_on_the_object_sees_earlier_members_writes() {
+    let tier = policy(
+        "a-tier",
+        json!({"mutate": [{"merge": {"metadata": {"labels": {"tier": "db"}}}}]}),
+    );
+    let by_selector = policy(
+        "b-selector",
+        json!({
+            "match": {
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+                "objectSelector": {"matchLabels": {"tier": "db"}},
+            },
+            "mutate": [{"merge": {"metadata": {"labels": {"selected": "yes"}}}}],
+        }),
+    );
+    let by_condition = policy(
+        "c-condition",
+        json!({
+            "match": {
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+                "conditions": [{"name": "db", "expression": "object.metadata.labels.tier == 'db'"}],
+            },
+            "mutate": [{"merge": {"spec": {"containers": [{"name": "backup", "image": "backup:1"}]}}}],
+        }),
+    );
+    let req = request("CREATE", json!({"app": "web"}));
+    let out = chain::mutate(
+        &req,
+        &[&tier, &by_selector, &by_condition],
+        ReinvocationPolicy::Never,
+        ASSUMED,
+    );
+    assert!(out.response.allowed);
+    assert_eq!(
+        decisions(&out),
+        [
+            ("a-tier", Decision::Patched),
+            ("b-selector", Decision::Patched),
+            ("c-condition", Decision::Patched)
+        ]
+    );
+    let object = out.object(&req).unwrap();
+    assert_eq!(object["metadata"]["labels"]["selected"], "yes");
+    assert_eq!(object["spec"]["containers"][1]["name"], "backup");
+
+    // Without them, the other two share the reached part and answer with a patch within it.
+    let sidecar = policy(
+        "d-sidecar",
+        json!({"mutate": [{"merge": {"spec": {"containers": [{"name": "proxy", "image": "proxy:1"}]}}}]}),
+    );
+    let out = chain::mutate(&req, &[&tier, &sidecar], ReinvocationPolicy::Never, ASSUMED);
+    let object = out.object(&req).unwrap();
+    assert_eq!(object["metadata"]["labels"]["tier"], "db");
+    assert_eq!(object["metadata"]["labels"]["app"], "web");
+    assert_eq!(object["spec"]["containers"][1]["name"], "proxy");
+    assert_eq!(out.response.patch.0.len(), 2, "{:?}", out.response.patch);
+}
