@@ -277,9 +277,9 @@ proptest! {
         let compiled = compile(&policy(list, "Fail")).expect("the generated Policy is valid");
         let request = json!({});
         let once = mutate::apply(&compiled, &x, None, &request).expect("no guards, no errors");
-        prop_assert!(once.settled);
+        prop_assert!(once.run.settled);
         let twice = mutate::apply(&compiled, &once.object, None, &request).expect("no errors");
-        prop_assert!(twice.settled);
+        prop_assert!(twice.run.settled);
         prop_assert_eq!(twice.object, once.object);
     }
 
@@ -295,7 +295,7 @@ proptest! {
         let compiled = compile(&policy(list, "Ignore")).expect("the generated Policy is valid");
         let request = json!({});
         let once = mutate::apply(&compiled, &x, None, &request).expect("Ignore never fails");
-        if once.settled {
+        if once.run.settled {
             let twice = mutate::apply(&compiled, &once.object, None, &request).expect("settled");
             prop_assert_eq!(twice.object, once.object);
         }
@@ -324,8 +324,7 @@ proptest! {
         let want = serde_json::to_value(diff(&x, &applied.object)).expect("a patch serializes");
         let got = serde_json::to_value(&patched.patch).expect("a patch serializes");
         prop_assert_eq!(got, want);
-        prop_assert_eq!(patched.ignored, applied.ignored);
-        prop_assert_eq!(patched.settled, applied.settled);
+        prop_assert_eq!(patched.run, applied.run);
     }
 
     /// A list the compiler says settles in one pass does: the engine stops after that pass, and
@@ -337,7 +336,7 @@ proptest! {
         if compiled.settles_in_one_pass() {
             let request = json!({});
             let once = mutate::apply(&compiled, &x, None, &request).expect("Ignore never fails");
-            prop_assert!(once.settled);
+            prop_assert!(once.run.settled);
             let twice =
                 mutate::apply(&compiled, &once.object, None, &request).expect("Ignore never fails");
             prop_assert_eq!(twice.object, once.object);
@@ -440,7 +439,7 @@ proptest! {
                 Ok(mutated) => {
                     decisions.push(if mutated.object != object {
                         chain::Decision::Patched
-                    } else if !mutated.ignored.is_empty() {
+                    } else if !mutated.run.ignored.is_empty() {
                         chain::Decision::Ignored
                     } else {
                         chain::Decision::Allowed

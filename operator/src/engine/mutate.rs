@@ -57,15 +57,20 @@ impl MutateError {
     }
 }
 
-/// The mutated object and what happened on the way.
+/// What running a `mutate` list did, whatever it was run on.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Mutated {
-    /// The object after every mutation, a fixed point of the list when `settled`.
-    pub object: Value,
+pub struct Run {
     /// Guard failures skipped under `failurePolicy: Ignore`, each once.
     pub ignored: Vec<MutateError>,
     /// Whether the list reached a fixed point within the pass bound.
     pub settled: bool,
+}
+
+/// The mutated object, a fixed point of the list when `run.settled`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mutated {
+    pub object: Value,
+    pub run: Run,
 }
 
 /// Applies `policy`'s mutations to a copy of `object`. A guard failure under
@@ -77,23 +82,15 @@ pub fn apply(
     request: &Value,
 ) -> Result<Mutated, MutateError> {
     let mut object = object.clone();
-    let settled = settle(policy, &mut object, old_object, request)?;
-    Ok(Mutated {
-        object,
-        ignored: settled.ignored,
-        settled: settled.settled,
-    })
+    let run = settle(policy, &mut object, old_object, request)?.run;
+    Ok(Mutated { object, run })
 }
 
-/// What [`apply_in_place`] did to the object.
+/// What [`apply_in_place`] did: whether the object differs from what it was before.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settled {
-    /// Whether the object differs from what it was before.
     pub changed: bool,
-    /// As [`Mutated::ignored`].
-    pub ignored: Vec<MutateError>,
-    /// As [`Mutated::settled`].
-    pub settled: bool,
+    pub run: Run,
 }
 
 /// [`apply`] on `object` itself: what a member of a mutating group does to the group's working
@@ -116,15 +113,11 @@ pub fn apply_in_place(
     Ok(settled)
 }
 
-/// What [`apply`] does to `object`, as a JSONPatch.
+/// What [`apply`] does to `object`, as a JSONPatch: always `diff(object, apply(object).object)`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Patched {
-    /// Always `diff(object, apply(object).object)`.
     pub patch: Patch,
-    /// As [`Mutated::ignored`].
-    pub ignored: Vec<MutateError>,
-    /// As [`Mutated::settled`].
-    pub settled: bool,
+    pub run: Run,
 }
 
 /// [`apply`] followed by [`diff`], which is what a webhook answers. When no guard reads `object`,
@@ -138,25 +131,19 @@ pub fn patch(
 ) -> Result<Patched, MutateError> {
     if let (Some(reach), Value::Object(whole)) = (&policy.hints.reach, object) {
         let mut part = Value::Object(reach.copy(whole));
-        let settled = settle(policy, &mut part, old_object, request)?;
+        let run = settle(policy, &mut part, old_object, request)?.run;
         // A merge into an object leaves an object: the fallback below is only a safety net.
         if let Value::Object(part) = &part {
-            return Ok(Patched::new(diff_within(whole, part, reach), settled));
+            let patch = diff_within(whole, part, reach);
+            return Ok(Patched { patch, run });
         }
     }
     let mut mutated = object.clone();
-    let settled = settle(policy, &mut mutated, old_object, request)?;
-    Ok(Patched::new(diff(object, &mutated), settled))
-}
-
-impl Patched {
-    fn new(patch: Patch, settled: Settled) -> Patched {
-        Patched {
-            patch,
-            ignored: settled.ignored,
-            settled: settled.settled,
-        }
-    }
+    let run = settle(policy, &mut mutated, old_object, request)?.run;
+    Ok(Patched {
+        patch: diff(object, &mutated),
+        run,
+    })
 }
 
 /// Applies the list to `object` (a working copy) until it settles. `changed` is whether some
@@ -171,8 +158,7 @@ fn settle(
     let done = |changed, ignored, settled| {
         Ok(Settled {
             changed,
-            ignored,
-            settled,
+            run: Run { ignored, settled },
         })
     };
     if !pass(policy, object, old_object, request, &mut ignored)? {

@@ -143,7 +143,7 @@ fn mutations(
     // Guards that do not mention `request` never resolve it.
     let variables = Variables::new(req, &policy.hints.when_needs);
     let outcome = mutate::patch(policy, object, req.old_object.as_ref(), variables.request())?;
-    let mut resp = mutated_answer(policy, &outcome.ignored, outcome.settled);
+    let mut resp = mutated_answer(policy, &outcome.run);
     // Equal to json_patch::diff(object, mutated object).
     resp.patch = outcome.patch;
     Ok(resp)
@@ -151,19 +151,16 @@ fn mutations(
 
 /// The answer of a mutating Policy whose mutations ran, without its patch: the warnings for
 /// the guards `ignored` under `failurePolicy: Ignore`, and for a list that did not settle.
-fn mutated_answer(
-    policy: &CompiledPolicy,
-    ignored: &[mutate::MutateError],
-    settled: bool,
-) -> Response {
+fn mutated_answer(policy: &CompiledPolicy, run: &mutate::Run) -> Response {
     let mut resp = Response::allow();
-    resp.ignored = !ignored.is_empty();
-    resp.over_budget = ignored.iter().any(mutate::MutateError::is_over_budget);
-    resp.warnings = ignored
+    resp.ignored = !run.ignored.is_empty();
+    resp.over_budget = run.ignored.iter().any(mutate::MutateError::is_over_budget);
+    resp.warnings = run
+        .ignored
         .iter()
         .map(|e| format!("{}: {e} (skipped: failurePolicy is Ignore)", prefix(policy)))
         .collect();
-    if !settled {
+    if !run.settled {
         resp.warnings.push(format!(
             "{}: mutations did not settle after {} passes; a when guard probably reads a \
              field another mutation writes",
@@ -190,10 +187,7 @@ pub fn decide_in_place(
         let variables = Variables::new(req, &policy.hints.when_needs);
         let old_object = req.old_object.as_ref();
         match mutate::apply_in_place(policy, object, old_object, variables.request()) {
-            Ok(outcome) => (
-                mutated_answer(policy, &outcome.ignored, outcome.settled),
-                outcome.changed,
-            ),
+            Ok(outcome) => (mutated_answer(policy, &outcome.run), outcome.changed),
             Err(e) => {
                 let mut denial =
                     Response::deny(500, "InternalError", format!("{}: {e}", prefix(policy)));
