@@ -110,9 +110,6 @@ pub(crate) struct Hints {
     /// mutation of the same pass did. Without one, a pass that changes nothing proves the fixed
     /// point, and no pass compares against a snapshot of the object: SNAPSHOT_FIGURE.
     pub(crate) overwrites: bool,
-    /// Whether one pass of the mutate list always reaches its fixed point (see
-    /// [`settles_in_one_pass`]), sparing the pass that would confirm it: ONE_PASS_FIGURE.
-    pub(crate) one_pass: bool,
     /// What the mutate list can touch, when that is all it reads: `None` when a guard reads
     /// `object` (it may look anywhere). A lone Policy's patch copies and diffs only that
     /// ([`super::mutate::patch`]): REACH_FIGURE.
@@ -133,13 +130,6 @@ impl CompiledPolicy {
     /// The spec this was compiled from.
     pub fn spec(&self) -> &PolicySpec {
         &self.spec
-    }
-
-    /// Whether one pass of the mutate list is known to be its fixed point, so that applying the
-    /// list a second time (the API server's reinvocation, or the engine's own check) changes
-    /// nothing.
-    pub fn settles_in_one_pass(&self) -> bool {
-        self.hints.one_pass
     }
 
     /// Whether the Policy has a `mutate` list.
@@ -246,7 +236,6 @@ pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
                 .collect();
             let hints = Hints {
                 condition_needs: Needs::union(&programs.conditions),
-                one_pass: settles_in_one_pass(&policy.spec.mutate, &when_needs),
                 reach: reach(&policy.spec.mutate, &when_needs),
                 when_needs,
                 validation_needs: Needs::union(&programs.validations),
@@ -277,53 +266,6 @@ pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
         // An expression that does not compile always leaves a problem behind.
         (problems, _) => Err(InvalidPolicy { problems }),
     }
-}
-
-/// Whether one pass of `mutate` is always a fixed point of the list, whatever the object: the
-/// engine then skips the pass that would only confirm it. `when_needs[i]` is what
-/// `mutate[i].when` reads.
-///
-/// A single unguarded mutation qualifies because a merge is idempotent and a `forEach` merge into
-/// one element moves neither the array nor the other elements. A longer list qualifies when:
-///
-/// * no mutation overwrites: every merge then only adds (keys, elements, union members, values
-///   for nulls) and never renames an element, so whatever a later mutation does extends the
-///   output of an earlier one, and merging the same patch into an extension of its own output
-///   changes nothing;
-/// * no plain merge comes after a `forEach`: such a merge may append an element the earlier
-///   `forEach` never saw (a sidecar after a forEach defaulting), which a second pass would reach;
-/// * no guard reads `object`: later mutations change it, so a second pass could decide
-///   differently. A guard over `request`, `oldObject` and `element` decides the same again: the
-///   first two are fixed, and an element is only changed by its own array's `forEach`s (an array
-///   cannot lie inside another `forEach`'s elements, since a path never crosses an array);
-/// * after a guarded `forEach`, no later `forEach` has the same path: its merge could flip the
-///   guard for elements the first one skipped.
-pub fn settles_in_one_pass(mutate: &[Mutation], when_needs: &[Needs]) -> bool {
-    if let [only] = mutate
-        && only.when.is_none()
-    {
-        return true;
-    }
-    if mutate.iter().any(|m| m.overwrite) || when_needs.iter().any(Needs::reads_object) {
-        return false;
-    }
-    let mut seen_for_each = false;
-    for (i, mutation) in mutate.iter().enumerate() {
-        match &mutation.for_each {
-            None if seen_for_each => return false,
-            None => {}
-            Some(path) => {
-                seen_for_each = true;
-                let path_again = mutate[i + 1..]
-                    .iter()
-                    .any(|later| later.for_each.as_ref() == Some(path));
-                if mutation.when.is_some() && path_again {
-                    return false;
-                }
-            }
-        }
-    }
-    true
 }
 
 /// What `mutate` can read or write of an object, unless a guard reads `object`.
@@ -904,57 +846,6 @@ mod tests {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<CompiledPolicy>();
         assert_send_sync::<std::sync::Arc<CompiledPolicy>>();
-    }
-
-    #[test]
-    fn which_mutate_lists_settle_in_one_pass() {
-        let one_pass = |mutate: serde_json::Value| {
-            let p = policy(serde_json::json!({"match": rules(), "mutate": mutate}));
-            compile(&p).unwrap().settles_in_one_pass()
-        };
-        let sidecar = serde_json::json!({"merge": {"spec": {"containers": [{"name": "proxy"}]}}});
-        let drop_bpf = serde_json::json!({
-            "forEach": "spec.containers",
-            "when": "!element.image.startsWith('registry.internal/')",
-            "merge": {"securityContext": {"capabilities": {"drop": ["BPF"]}}}
-        });
-        // The sidecar first, then defaulting every container (the sidecar included).
-        assert!(one_pass(serde_json::json!([sidecar, drop_bpf])));
-        // Any single unguarded mutation, overwrite or not.
-        assert!(one_pass(
-            serde_json::json!([{"merge": {"a": null}, "overwrite": true}])
-        ));
-        // A guard over request and oldObject decides the same every pass.
-        assert!(one_pass(serde_json::json!([
-            {"when": "request.operation == 'CREATE' && oldObject == null", "merge": {"a": 1}},
-            drop_bpf
-        ])));
-        // Two forEach over different arrays.
-        assert!(one_pass(serde_json::json!([
-            drop_bpf,
-            {"forEach": "spec.initContainers", "when": "has(element.image)", "merge": {"b": 1}}
-        ])));
-
-        // Defaulting every container, then appending one: the new one is only reached next pass.
-        assert!(!one_pass(serde_json::json!([drop_bpf, sidecar])));
-        // A guard over `object` sees what later mutations wrote.
-        assert!(!one_pass(serde_json::json!([
-            {"when": "!has(object.metadata.labels)", "merge": {"a": 1}},
-            {"merge": {"metadata": {"labels": {"x": "y"}}}}
-        ])));
-        assert!(!one_pass(serde_json::json!([
-            {"when": "has(object.a)", "merge": {"b": 1}}
-        ])));
-        // An overwrite can take back what an earlier mutation did.
-        assert!(!one_pass(serde_json::json!([
-            {"merge": {"a": 1}},
-            {"merge": {"a": 2}, "overwrite": true}
-        ])));
-        // A later forEach over the same array can flip an earlier guard.
-        assert!(!one_pass(serde_json::json!([
-            {"forEach": "spec.containers", "when": "has(element.sc)", "merge": {"x": 1}},
-            {"forEach": "spec.containers", "merge": {"sc": {}}}
-        ])));
     }
 
     #[test]
