@@ -10,8 +10,10 @@
 //! borrowed tokens on the stack) when it emits an operation. It returns exactly the same [`Patch`]
 //! (same operations, same order, same paths, same values).
 //!
-//! What it saves: DIFF_FIGURE (`cargo bench -p gatehouse --bench engine`, "diff"; a mutating
-//! group's answer is one such diff of the whole object).
+//! What it saves (`cargo bench -p gatehouse --bench engine`, "diff"): a 10-container Pod against
+//! five Policies' result, 11.2 against 24.4 µs for `json_patch::diff`, 2.17x faster; 13 µs, 25 %
+//! of a single-Policy review. A mutating group whose members read the object answers with one
+//! such diff of the whole object.
 //!
 //! Why the result is identical, by the structure of json-patch 4.2's `diff_impl`:
 //!

@@ -1,6 +1,8 @@
 //! What expressions read of each variable, so that only that is converted to CEL.
 //!
-//! What it saves: NEEDS_FIGURE (`cargo bench -p gatehouse --bench engine`, "needs").
+//! What it saves (`cargo bench -p gatehouse --bench engine`, "needs"): evaluating the bench's five
+//! validations over a 10-container Pod, 64.5 against 225.3 µs when the whole Pod is converted,
+//! 3.49x faster; 32 µs per validation, 60 % of a single-Policy review.
 use std::collections::BTreeMap;
 
 use ::cel::Program;
