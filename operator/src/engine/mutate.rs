@@ -10,7 +10,8 @@
 //! single pass, detected by [`merge_changed`] without keeping a copy to compare with; a list that
 //! settles in one pass costs a second, which confirms it. (Proving from the list's shape that one
 //! pass always settles it, and skipping that second pass, saved 1–4 % of a single-Policy review
-//! in `cargo bench -p gatehouse --bench engine`: not worth its proof.) Unguarded lists settle
+//! in `cargo bench -p gatehouse --bench engine`, and nothing measurable for the group of eight
+//! of `benches/fixtures/chain-8.yaml`: not worth its proof.) Unguarded lists settle
 //! within a few passes; a
 //! `when` guard that reads a field a later mutation writes may not settle, in which case the last
 //! pass is kept and a warning says so (the bound is `mutate.len() + 2` passes).
