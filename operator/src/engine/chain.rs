@@ -257,11 +257,8 @@ impl<'r> Chain<'r> {
             self.pending = ops;
             return Ok(());
         }
-        self.flush()?;
-        if let Some(object) = self.working().object.as_mut() {
-            json_patch::patch(object, &ops)?;
-        }
-        Ok(())
+        self.pending.extend(ops);
+        self.flush()
     }
 
     /// Lets `policy` change the working copy in place: its answer and whether it changed.
@@ -272,6 +269,10 @@ impl<'r> Chain<'r> {
                 .part
                 .get_or_insert_with(|| Value::Object(reach.copy(whole)));
             return decide_in_place(original, part, policy);
+        }
+        // DELETE and CONNECT carry no object to mutate: no copy of the request for them.
+        if original.object.is_none() {
+            return (Response::allow(), false);
         }
         let working = self.working();
         let Some(mut object) = working.object.take() else {

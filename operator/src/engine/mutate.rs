@@ -140,11 +140,10 @@ pub fn patch(
             return Ok(Patched { patch, run });
         }
     }
-    let mut mutated = object.clone();
-    let run = settle(policy, &mut mutated, old_object, request)?.run;
+    let mutated = apply(policy, object, old_object, request)?;
     Ok(Patched {
-        patch: diff(object, &mutated),
-        run,
+        patch: diff(object, &mutated.object),
+        run: mutated.run,
     })
 }
 

@@ -112,12 +112,7 @@ fn mutating(req: &Request, policy: &CompiledPolicy) -> Response {
     let mut resp = if policy.has_mutations() {
         match mutations(req, policy, object) {
             Ok(resp) => resp,
-            Err(e) => {
-                let mut denial =
-                    Response::deny(500, "InternalError", format!("{}: {e}", prefix(policy)));
-                denial.over_budget = e.is_over_budget();
-                return denial;
-            }
+            Err(e) => return guard_failed(policy, &e),
         }
     } else {
         Response::allow()
@@ -147,6 +142,13 @@ fn mutations(
     // Equal to json_patch::diff(object, mutated object).
     resp.patch = outcome.patch;
     Ok(resp)
+}
+
+/// The denial for a `when` guard that failed under `failurePolicy: Fail`.
+fn guard_failed(policy: &CompiledPolicy, e: &mutate::MutateError) -> Response {
+    let mut denial = Response::deny(500, "InternalError", format!("{}: {e}", prefix(policy)));
+    denial.over_budget = e.is_over_budget();
+    denial
 }
 
 /// The answer of a mutating Policy whose mutations ran, without its patch: the warnings for
@@ -188,12 +190,7 @@ pub fn decide_in_place(
         let old_object = req.old_object.as_ref();
         match mutate::apply_in_place(policy, object, old_object, variables.request()) {
             Ok(outcome) => (mutated_answer(policy, &outcome.run), outcome.changed),
-            Err(e) => {
-                let mut denial =
-                    Response::deny(500, "InternalError", format!("{}: {e}", prefix(policy)));
-                denial.over_budget = e.is_over_budget();
-                return (denial, false);
-            }
+            Err(e) => return (guard_failed(policy, &e), false),
         }
     } else {
         (Response::allow(), false)
