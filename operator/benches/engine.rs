@@ -6,7 +6,7 @@
 //! Pod and Policies: what it saves, also as a share of one review. A layer stays only while this
 //! shows a gain; its doc comment quotes the figure.
 //!
-//! `cargo bench -p gatehouse --bench engine`. No external harness: each case is calibrated to
+//! `cargo bench -p gatehouse --bench engine` (`ONLY=groups` for the last table). No external harness: each case is calibrated to
 //! about 200ms per sample, seven interleaved samples are taken, and the median time per iteration
 //! is printed with its ratio to the baseline.
 use std::hint::black_box;
@@ -185,6 +185,10 @@ fn measure(cases: &mut [&mut dyn FnMut()]) -> Vec<Duration> {
 }
 
 fn main() {
+    // `ONLY=groups`: just the group figures.
+    if std::env::var("ONLY").is_ok_and(|only| only == "groups") {
+        return groups();
+    }
     let body = body();
     let policies = policies();
 
@@ -236,6 +240,109 @@ fn main() {
         ratio(chain)
     );
     layers(&body, &policies, per_policy);
+    groups();
+}
+
+/// A review of the one-container Pod of `tests/bench/admission-load`.
+fn load_body() -> Vec<u8> {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "bench",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "name": "pod-1",
+            "namespace": "bench-load",
+            "operation": "CREATE",
+            "userInfo": {"username": "alice", "groups": ["devs"]},
+            "object": {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "pod-1", "namespace": "bench-load"},
+                "spec": {"containers": [{"name": "app", "image": "example.com/app:1.0",
+                    "resources": {"limits": {"cpu": "100m", "memory": "64Mi"}}}]}
+            },
+        }
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// The cost of a shared entry as its membership grows: the mutating and the validating group of
+/// `tests/bench/admission-load` (each mutating Policy sets one of eight labels and drops a
+/// capability, each validating one checks limits), half of `total` each, one request to both
+/// (parse, the members, the answer) against the same with 16 Policies in all. With a
+/// namespaceSelector each, as there.
+fn groups() {
+    let body = load_body();
+    let labels = std::collections::BTreeMap::from([(
+        "kubernetes.io/metadata.name".to_string(),
+        "bench-load".to_string(),
+    )]);
+    let scope = engine::chain::Scope {
+        namespace: engine::Namespace::Labels(&labels),
+        matched: false,
+    };
+    let sets: Vec<(Vec<CompiledPolicy>, Vec<CompiledPolicy>)> = [16, 64, 256]
+        .into_iter()
+        .map(|total: usize| {
+            let selector = json!({"matchLabels": {"kubernetes.io/metadata.name": "bench-load"}});
+            let rules = json!([{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}]);
+            let matching = json!({"rules": rules, "namespaceSelector": selector});
+            let mutating = (0..total / 2)
+                .map(|i| {
+                    policy(&format!("bench-mutate-{i}"), 0, json!({"match": matching, "mutate": [
+                        {"merge": {"metadata": {"labels": {format!("bench-{}", i % 8): "yes"}}}},
+                        {"forEach": "spec.containers", "merge": {"securityContext": {"capabilities": {"drop": ["BPF"]}}}}
+                    ]}))
+                })
+                .collect();
+            let validating = (0..total / 2)
+                .map(|i| {
+                    policy(&format!("bench-validate-{i}"), 0, json!({"match": matching, "validate": [
+                        {"expression": "object.spec.containers.all(c, has(c.resources) && has(c.resources.limits))", "message": "limits required"}
+                    ]}))
+                })
+                .collect();
+            (mutating, validating)
+        })
+        .collect();
+    let mut runs: Vec<Box<dyn FnMut()>> = sets
+        .iter()
+        .map(|(mutating, validating)| {
+            let mutating: Vec<&CompiledPolicy> = mutating.iter().collect();
+            let validating: Vec<&CompiledPolicy> = validating.iter().collect();
+            let body = body.clone();
+            Box::new(move || {
+                let req = engine::parse_request(black_box(&body)).expect("parses");
+                let out = engine::chain::mutate(
+                    &req,
+                    &mutating,
+                    gatehouse::api::v1alpha1::ReinvocationPolicy::IfNeeded,
+                    scope,
+                );
+                black_box(engine::encoded_review(&req, &out.response));
+                let req = engine::parse_request(black_box(&body)).expect("parses");
+                let out = engine::chain::validate(&req, &validating, scope);
+                black_box(engine::encoded_review(&req, &out.response));
+            }) as Box<dyn FnMut()>
+        })
+        .collect();
+    let mut cases: Vec<&mut dyn FnMut()> = runs
+        .iter_mut()
+        .map(|f| &mut **f as &mut dyn FnMut())
+        .collect();
+    let t = measure(&mut cases);
+    println!(
+        "groups (admission-load's Policies; a mutating and a validating request, in-process):"
+    );
+    for (total, time) in [16, 64, 256].into_iter().zip(&t) {
+        println!(
+            "  {total:>3} Policies {time:>9.1?}  {:>5.2}x 16, {:>6.2?} per member",
+            time.as_secs_f64() / t[0].as_secs_f64(),
+            *time / total as u32
+        );
+    }
 }
 
 /// Each layer against its reference; `review` is the time of one single-Policy review.

@@ -1,5 +1,7 @@
 //! Logging and metrics. Metric names carry a prefix per subsystem (`gatehouse_admission_`,
 //! `gatehouse_reconcile_`, `gatehouse_tls_`) so dashboards can tell the loops apart.
+use std::sync::Arc;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -12,24 +14,25 @@ use prometheus_client::registry::Registry;
 pub struct AdmissionLabels {
     /// The webhook entry's id (`fail-…`, `ignore-…`, `policy/<name>`).
     pub entry: String,
-    pub phase: String,
-    pub decision: String,
+    pub phase: &'static str,
+    pub decision: &'static str,
 }
 
 /// Labels of one Policy's part in admission requests.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PolicyLabels {
-    pub policy: String,
-    pub phase: String,
+    /// Shared with the compiled Policy: counting a member's part allocates nothing.
+    pub policy: Arc<str>,
+    pub phase: &'static str,
 }
 
 /// Labels of one Policy's decisions.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
-    pub policy: String,
-    pub phase: String,
+    pub policy: Arc<str>,
+    pub phase: &'static str,
     /// skipped, allowed, patched, denied, ignored.
-    pub decision: String,
+    pub decision: &'static str,
 }
 
 /// Labels of a reconcile loop.
@@ -247,21 +250,21 @@ mod tests {
         m.admission_requests
             .get_or_create(&AdmissionLabels {
                 entry: "fail-0123abcd".into(),
-                phase: "validating".into(),
-                decision: "allowed".into(),
+                phase: "validating",
+                decision: "allowed",
             })
             .inc();
         m.policy_decisions
             .get_or_create(&DecisionLabels {
                 policy: "p".into(),
-                phase: "mutating".into(),
-                decision: "patched".into(),
+                phase: "mutating",
+                decision: "patched",
             })
             .inc();
         m.policy_evaluation
             .get_or_create(&PolicyLabels {
                 policy: "p".into(),
-                phase: "mutating".into(),
+                phase: "mutating",
             })
             .observe(0.000_015);
         m.reconcile_runs

@@ -52,7 +52,7 @@ fn decisions(outcome: &chain::Outcome) -> Vec<(&str, Decision)> {
     outcome
         .evaluated
         .iter()
-        .map(|e| (e.policy.as_str(), e.decision))
+        .map(|e| (&*e.policy, e.decision))
         .collect()
 }
 

@@ -57,7 +57,8 @@ impl Decision {
 /// One member's part in a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Evaluated {
-    pub policy: String,
+    /// The Policy's name, shared with it ([`CompiledPolicy::shared_name`]).
+    pub policy: std::sync::Arc<str>,
     pub decision: Decision,
     /// An expression was not evaluated: its cost budget was exceeded.
     pub over_budget: bool,
@@ -293,7 +294,7 @@ impl<'r> Chain<'r> {
         let mut over_budget = false;
         let step = mutate_step(self, policy, scope, last, &mut over_budget);
         self.evaluated.push(Evaluated {
-            policy: policy.name().to_string(),
+            policy: policy.shared_name(),
             decision: step.as_ref().map_or(Decision::Denied, |d| *d),
             over_budget,
             elapsed: started.elapsed(),
@@ -369,7 +370,7 @@ pub fn validate(req: &Request, members: &[&CompiledPolicy], scope: Scope<'_>) ->
             }
         };
         evaluated.push(Evaluated {
-            policy: policy.name().to_string(),
+            policy: policy.shared_name(),
             decision,
             over_budget,
             elapsed: started.elapsed(),

@@ -8,7 +8,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::Value;
 
 use super::admission::{GroupVersionResource, Request, Variables};
-use super::cel::{self, CelError};
+use super::cel::CelError;
 use super::policy::CompiledPolicy;
 use crate::api::v1alpha1::{Operation, Rule, Scope};
 
@@ -74,11 +74,13 @@ pub fn matches(
     let vars = variables.activation(&policy.hints.condition_needs);
     for (index, (condition, program)) in spec.conditions.iter().zip(&policy.conditions).enumerate()
     {
-        let decided = cel::eval_bool(program, &vars).map_err(|error| MatchError::Condition {
-            index,
-            name: condition.name.clone(),
-            error,
-        })?;
+        let decided = program
+            .eval_bool(&vars)
+            .map_err(|error| MatchError::Condition {
+                index,
+                name: condition.name.clone(),
+                error,
+            })?;
         if !decided {
             return Ok(false);
         }
@@ -154,19 +156,17 @@ fn namespace_selector_matches(
 ) -> Result<bool, MatchError> {
     if is_namespace(req) {
         let own = req.object.as_ref().or(req.old_object.as_ref());
-        return Ok(selector_matches(
-            selector,
-            &own.map(labels).unwrap_or_default(),
-        ));
+        return Ok(selector_matches(selector, |key| {
+            own.and_then(|o| label(o, key))
+        }));
     }
     if req.namespace.is_empty() {
         return Ok(true);
     }
     match namespace {
-        Namespace::Labels(map) => {
-            let labels = map.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            Ok(selector_matches(selector, &labels))
-        }
+        Namespace::Labels(map) => Ok(selector_matches(selector, |key| {
+            map.get(key).map(String::as_str)
+        })),
         Namespace::Assumed => Ok(true),
         Namespace::Unknown(reason) => Err(MatchError::NamespaceUnknown {
             namespace: req.namespace.clone(),
@@ -178,38 +178,35 @@ fn namespace_selector_matches(
 /// As the API server does: the selector is matched against the labels of the new object and of
 /// the old one, and matches when either does (so a DELETE is judged by the object deleted).
 fn object_selector_matches(selector: &LabelSelector, req: &Request) -> bool {
-    let objects: Vec<&Value> = [req.object.as_ref(), req.old_object.as_ref()]
-        .into_iter()
-        .flatten()
-        .collect();
-    if objects.is_empty() {
-        return selector_matches(selector, &BTreeMap::new());
+    match (req.object.as_ref(), req.old_object.as_ref()) {
+        (None, None) => selector_matches(selector, |_| None),
+        (object, old_object) => [object, old_object]
+            .into_iter()
+            .flatten()
+            .any(|o| selector_matches(selector, |key| label(o, key))),
     }
-    objects
-        .into_iter()
-        .any(|o| selector_matches(selector, &labels(o)))
 }
 
-fn labels(object: &Value) -> BTreeMap<&str, &str> {
-    object
-        .pointer("/metadata/labels")
-        .and_then(Value::as_object)
-        .into_iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k.as_str(), v.as_str()?)))
-        .collect()
+/// The value of the label `key` of `object`.
+fn label<'o>(object: &'o Value, key: &str) -> Option<&'o str> {
+    object.get("metadata")?.get("labels")?.get(key)?.as_str()
 }
 
 /// `matchLabels` and `matchExpressions` (In, NotIn, Exists, DoesNotExist); an empty selector
 /// matches everything. An unknown operator matches nothing (validation reports it).
-pub fn selector_matches(selector: &LabelSelector, labels: &BTreeMap<&str, &str>) -> bool {
+///
+/// `label` looks a label up by key: the labels are read where they are, never collected.
+pub fn selector_matches<'l>(
+    selector: &LabelSelector,
+    label: impl Fn(&str) -> Option<&'l str>,
+) -> bool {
     let by_labels = selector
         .match_labels
         .iter()
         .flatten()
-        .all(|(k, v)| labels.get(k.as_str()) == Some(&v.as_str()));
+        .all(|(k, v)| label(k) == Some(v.as_str()));
     let by_expressions = selector.match_expressions.iter().flatten().all(|req| {
-        let value = labels.get(req.key.as_str());
+        let value = label(&req.key);
         let values = req.values.as_deref().unwrap_or_default();
         let listed = value.is_some_and(|v| values.iter().any(|x| x == v));
         match req.operator.as_str() {

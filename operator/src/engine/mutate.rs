@@ -30,7 +30,7 @@
 use json_patch::Patch;
 use serde_json::Value;
 
-use super::cel::{self, Activation, CelError};
+use super::cel::{Activation, CelError};
 use super::diff::{diff, diff_within};
 use super::merge::{array_at, array_at_mut, merge_changed};
 use super::policy::CompiledPolicy;
@@ -226,10 +226,12 @@ fn pass(
         match (&mutation.for_each, when) {
             (None, None) => changed |= merge_changed(object, &mutation.merge, mutation.overwrite),
             (None, Some(guard)) => {
-                let decision = cel::eval_bool(
-                    guard,
-                    &Activation::with_needs(Some(object), old_object, request, needs),
-                );
+                let decision = guard.eval_bool(&Activation::with_needs(
+                    Some(object),
+                    old_object,
+                    request,
+                    needs,
+                ));
                 match decision {
                     Ok(true) => {
                         changed |= merge_changed(object, &mutation.merge, mutation.overwrite)
@@ -251,9 +253,7 @@ fn pass(
                         elements
                             .iter()
                             .filter(|e| e.is_object())
-                            .map(|e| {
-                                cel::eval_bool(guard, &vars.with_element_need(e, needs.element()))
-                            })
+                            .map(|e| guard.eval_bool(&vars.with_element_need(e, needs.element())))
                             .collect()
                     }
                 };

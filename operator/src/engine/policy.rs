@@ -11,7 +11,7 @@ use ::cel::Program;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 
-use super::cel::{self, Needs, Site};
+use super::cel::{self, Expression, Needs, Site};
 use super::k8s_names::{
     DNS1123_SUBDOMAIN_MAX_LENGTH, dns1123_subdomain_form_error, has_dns1123_subdomain_form,
     is_dns1123_subdomain, is_label_value, is_qualified_name,
@@ -73,15 +73,17 @@ impl fmt::Display for InvalidPolicy {
 /// `Arc<CompiledPolicy>` to any task.
 #[derive(Debug)]
 pub struct CompiledPolicy {
-    name: String,
+    /// Shared, so per-request records of what the Policy did ([`super::chain::Evaluated`],
+    /// metric labels) take it without allocating.
+    name: std::sync::Arc<str>,
     generation: Option<i64>,
     spec: PolicySpec,
     /// `spec.match.conditions[i]`.
-    pub(crate) conditions: Vec<Program>,
+    pub(crate) conditions: Vec<Expression>,
     /// `spec.mutate[i].when`.
-    pub(crate) whens: Vec<Option<Program>>,
+    pub(crate) whens: Vec<Option<Expression>>,
     /// `spec.validate[i].expression`.
-    pub(crate) validations: Vec<Program>,
+    pub(crate) validations: Vec<Expression>,
     /// What the engine knows of the Policy's shape that lets it skip work.
     pub(crate) hints: Hints,
     /// A match condition reads `authorizer`: see [`needs_own_entry`].
@@ -124,6 +126,11 @@ impl CompiledPolicy {
     /// `metadata.name`.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// `metadata.name`, shared.
+    pub fn shared_name(&self) -> std::sync::Arc<str> {
+        std::sync::Arc::clone(&self.name)
     }
 
     /// `metadata.generation` this was compiled from.
@@ -246,7 +253,7 @@ pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
                 overwrites: policy.spec.mutate.iter().any(|m| m.overwrite),
             };
             Ok(CompiledPolicy {
-                name: policy.name_any(),
+                name: policy.name_any().into(),
                 generation: policy.metadata.generation,
                 spec: policy.spec.clone(),
                 own_entry: programs
@@ -262,14 +269,22 @@ pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
                     .max()
                     .unwrap_or(0),
                 hints,
-                conditions: programs.conditions,
-                whens: programs.whens,
-                validations: programs.validations,
+                conditions: expressions(programs.conditions),
+                whens: programs
+                    .whens
+                    .into_iter()
+                    .map(|when| when.map(Expression::new))
+                    .collect(),
+                validations: expressions(programs.validations),
             })
         }
         // An expression that does not compile always leaves a problem behind.
         (problems, _) => Err(InvalidPolicy { problems }),
     }
+}
+
+fn expressions(programs: Vec<Program>) -> Vec<Expression> {
+    programs.into_iter().map(Expression::new).collect()
 }
 
 /// What `mutate` can read or write of an object, unless a guard reads `object`.

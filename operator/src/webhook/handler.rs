@@ -212,8 +212,8 @@ async fn review_entry(
     let decision = if allowed { "allowed" } else { "denied" };
     let labels = AdmissionLabels {
         entry: id.to_string(),
-        phase: phase.as_str().to_string(),
-        decision: decision.to_string(),
+        phase: phase.as_str(),
+        decision,
     };
     state
         .metrics
@@ -244,19 +244,18 @@ fn decide(
     };
     for e in &outcome.evaluated {
         tracing::debug!(policy = %e.policy, decision = e.decision.as_str(), "member");
-        let phase = phase.as_str().to_string();
         state
             .metrics
             .policy_decisions
             .get_or_create(&DecisionLabels {
                 policy: e.policy.clone(),
-                phase: phase.clone(),
-                decision: e.decision.as_str().to_string(),
+                phase: phase.as_str(),
+                decision: e.decision.as_str(),
             })
             .inc();
         let labels = PolicyLabels {
             policy: e.policy.clone(),
-            phase,
+            phase: phase.as_str(),
         };
         if e.over_budget {
             state

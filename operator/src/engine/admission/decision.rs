@@ -217,7 +217,7 @@ fn validating(req: &Request, policy: &CompiledPolicy) -> Response {
         .zip(&policy.validations)
         .enumerate()
     {
-        match cel::eval_bool(program, &vars) {
+        match program.eval_bool(&vars) {
             Ok(true) => {}
             Ok(false) => {
                 let message = format!("{}: {}", prefix(policy), rule.message);

@@ -1,5 +1,4 @@
 //! The variables of one evaluation.
-use std::collections::BTreeSet;
 use std::sync::OnceLock;
 
 use ::cel::common::types::CelNull;
@@ -112,11 +111,11 @@ impl<'a> Activation<'a> {
 pub trait Bindings: VariableResolver {
     /// The size of the largest array or object among the `variables` named (as converted,
     /// converting them if that has not happened yet).
-    fn largest_collection(&self, variables: &BTreeSet<&str>) -> usize;
+    fn largest_collection(&self, variables: &[&str]) -> usize;
 }
 
 impl Bindings for Activation<'_> {
-    fn largest_collection(&self, variables: &BTreeSet<&str>) -> usize {
+    fn largest_collection(&self, variables: &[&str]) -> usize {
         [
             ("object", &self.object),
             ("oldObject", &self.old_object),
@@ -131,8 +130,8 @@ impl Bindings for Activation<'_> {
 }
 
 impl Bindings for ElementActivation<'_, '_> {
-    fn largest_collection(&self, variables: &BTreeSet<&str>) -> usize {
-        let element = if variables.contains("element") {
+    fn largest_collection(&self, variables: &[&str]) -> usize {
+        let element = if variables.contains(&"element") {
             self.largest
         } else {
             0

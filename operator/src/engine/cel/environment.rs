@@ -53,8 +53,29 @@ fn one_line(s: &str) -> String {
 /// Runs `program` and insists on a bool. A program whose cost depends on the request's
 /// collections is first estimated with their actual sizes, and not run past the budget.
 pub fn eval_bool(program: &Program, vars: &dyn Bindings) -> Result<bool, CelError> {
-    if cost::depends_on_input(program) {
-        let largest = vars.largest_collection(&free_identifiers(program)) as u64;
+    checked_eval(program, sized_by(program).as_deref(), vars)
+}
+
+/// The variables an evaluation may bind.
+const VARIABLES: [&str; 4] = ["object", "oldObject", "request", "element"];
+
+/// The variables whose collection sizes decide the cost of `program`; `None` when its cost does
+/// not depend on the request.
+pub(super) fn sized_by(program: &Program) -> Option<Vec<&'static str>> {
+    cost::depends_on_input(program).then(|| {
+        let free = free_identifiers(program);
+        VARIABLES.into_iter().filter(|v| free.contains(v)).collect()
+    })
+}
+
+/// [`eval_bool`] with [`sized_by`] worked out already.
+pub(super) fn checked_eval(
+    program: &Program,
+    sized_by: Option<&[&str]>,
+    vars: &dyn Bindings,
+) -> Result<bool, CelError> {
+    if let Some(variables) = sized_by {
+        let largest = vars.largest_collection(variables) as u64;
         if let Some(reason) = cost::over_budget(program, largest) {
             return Err(CelError::OverBudget(reason));
         }

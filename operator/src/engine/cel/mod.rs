@@ -1,6 +1,7 @@
 //! CEL for Policies, one job a file:
 //!
 //! * [`environment`]: the shared environment, [`compile`] and [`eval_bool`];
+//! * [`expression`]: a compiled expression as a Policy keeps it ([`Expression`]);
 //! * [`check`]: which variables an expression may use where ([`Site`], [`unknown_variables`]);
 //! * [`convert`]: JSON to CEL values ([`to_val`], and [`to_val_pruned`] for what is read);
 //! * [`needs`]: what expressions read of each variable ([`Needs`]);
@@ -15,6 +16,7 @@ pub mod activation;
 pub mod check;
 pub mod convert;
 pub mod environment;
+pub mod expression;
 pub mod needs;
 mod scope;
 
@@ -22,6 +24,7 @@ pub use activation::{Activation, Bindings, ElementActivation};
 pub use check::{Site, reads_variable, unknown_variables};
 pub use convert::{to_val, to_val_pruned};
 pub use environment::{compile, eval_bool};
+pub use expression::Expression;
 pub use needs::{Need, Needs};
 
 /// Why an expression could not be compiled or evaluated.
