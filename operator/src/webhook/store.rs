@@ -18,7 +18,7 @@ pub enum Lookup {
     /// invalid) is left out; with none left the request is admitted unchanged.
     Group {
         group: Arc<Group>,
-        members: Vec<Arc<CompiledPolicy>>,
+        members: Members,
         /// The API server matched already (a Policy's own entry).
         matched: bool,
     },
@@ -26,6 +26,9 @@ pub enum Lookup {
 }
 
 type Key = (GroupPhase, String);
+
+/// The active members of a group, in order.
+pub type Members = Arc<[Arc<CompiledPolicy>]>;
 
 #[derive(Clone, Default)]
 struct State {
@@ -41,6 +44,9 @@ struct State {
     /// Names of Policies removed recently, and when: the API server may still call the own
     /// entry of an earlier configuration.
     retired_policies: HashMap<String, Instant>,
+    /// The active members of every group above, resolved when the state changes rather than
+    /// on every request: at 128 members a review looked each name up in `active`.
+    members: HashMap<Key, Members>,
 }
 
 impl State {
@@ -68,6 +74,27 @@ impl State {
             .retain(|_, (_, at)| at.elapsed() < RETIRED_GRACE);
         self.retired_policies
             .retain(|_, at| at.elapsed() < RETIRED_GRACE);
+    }
+
+    /// Resolves the members of every known group against `active`.
+    fn resolve_members(&mut self) {
+        let groups = self
+            .computed
+            .iter()
+            .chain(&self.wired)
+            .chain(self.retired.iter().map(|(k, (g, _))| (k, g)));
+        let members = groups
+            .map(|(key, group)| (key.clone(), self.active_members(group)))
+            .collect();
+        self.members = members;
+    }
+
+    fn active_members(&self, group: &Group) -> Members {
+        group
+            .members
+            .iter()
+            .filter_map(|name| self.active.get(name).cloned())
+            .collect()
     }
 
     fn recompute(&mut self) {
@@ -122,8 +149,15 @@ impl PolicyStore {
                     .filter(|(_, at)| at.elapsed() < RETIRED_GRACE)
                     .map(|(g, _)| g)
             });
-        let group = match found {
-            Some(group) => group.clone(),
+        let (group, members) = match found {
+            Some(group) => {
+                let members = state
+                    .members
+                    .get(&key)
+                    .cloned()
+                    .unwrap_or_else(|| state.active_members(group));
+                (group.clone(), members)
+            }
             None => {
                 let name = id.strip_prefix(group::OWN_PREFIX).unwrap_or(id);
                 let recently = state
@@ -134,7 +168,7 @@ impl PolicyStore {
                     return Lookup::Unknown;
                 }
                 let policy = state.active.get(name);
-                Arc::new(Group {
+                let group = Group {
                     id: id.to_string(),
                     phase,
                     failure_policy: policy.map(|p| p.spec().failure_policy).unwrap_or_default(),
@@ -142,14 +176,11 @@ impl PolicyStore {
                         .map(|p| p.spec().reinvocation_policy)
                         .unwrap_or_default(),
                     members: vec![name.to_string()],
-                })
+                };
+                let members = state.active_members(&group);
+                (Arc::new(group), members)
             }
         };
-        let members = group
-            .members
-            .iter()
-            .filter_map(|name| state.active.get(name).cloned())
-            .collect();
         let matched = group.is_own()
             || !state.computed.contains_key(&key)
                 && !state.wired.contains_key(&key)
@@ -222,6 +253,7 @@ impl PolicyStore {
         };
         let mut state = (**guard).clone();
         f(&mut state);
+        state.resolve_members();
         *guard = Arc::new(state);
     }
 }
