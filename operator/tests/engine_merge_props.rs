@@ -391,6 +391,62 @@ proptest! {
         let twice = chain::mutate(&review_of(&after), &members, policy, scope);
         prop_assert!(twice.response.patch.0.is_empty(), "second call patched: {:?}", twice.response.patch);
     }
+
+    /// An `IfNeeded` group runs again only the members a later change can affect (with their
+    /// reaches, when no member overwrites). The reference is the simple one: every member,
+    /// round after round, until a whole round changes nothing. Overwrites are rare here, so
+    /// that most lists take the narrower path.
+    #[test]
+    fn an_if_needed_chain_ends_where_whole_rounds_do(
+        x in target(),
+        lists in prop::collection::vec(
+            prop::collection::vec(
+                prop_oneof![
+                    2 => mutation_with(false, prop::bool::weighted(0.1)),
+                    // What makes an earlier member run again: adding elements to the array
+                    // another member's forEach merges into.
+                    1 => named(value()).prop_map(|e| json!({"merge": {"spec": {"c": [e]}}})),
+                    1 => object().prop_map(|mut m| {
+                        if let Value::Object(o) = &mut m {
+                            o.remove("name");
+                        }
+                        json!({"forEach": "spec.c", "merge": m})
+                    }),
+                ],
+                1..4,
+            ),
+            1..6,
+        ),
+    ) {
+        let compiled: Vec<gatehouse::engine::CompiledPolicy> = lists
+            .into_iter()
+            .enumerate()
+            .map(|(i, list)| compile(&named_policy(&format!("p{i}"), list, "IfNeeded")).expect("valid"))
+            .collect();
+        let members: Vec<&gatehouse::engine::CompiledPolicy> = compiled.iter().collect();
+        let scope = chain::Scope { namespace: gatehouse::engine::Namespace::Assumed, matched: false };
+        let req = review_of(&x);
+        let out = chain::mutate(&req, &members, gatehouse::api::v1alpha1::ReinvocationPolicy::IfNeeded, scope);
+        prop_assert!(out.response.allowed, "{:?}", out.response.message());
+        if out.response.warnings.iter().any(|w| w.contains("did not settle")) {
+            return Ok(());
+        }
+        let request = req.cel_variable();
+        let mut object = x.clone();
+        let mut settled = false;
+        for _ in 0..compiled.len() + 2 {
+            let before = object.clone();
+            for policy in &compiled {
+                object = mutate::apply(policy, &object, None, &request).expect("no guards").object;
+            }
+            if object == before {
+                settled = true;
+                break;
+            }
+        }
+        prop_assume!(settled);
+        prop_assert_eq!(out.object(&req), Some(object));
+    }
 }
 
 proptest! {
