@@ -278,14 +278,21 @@ impl Reach {
 
     /// The member `key`, part of it from now on; `None` when it is already reached whole.
     fn descend(&mut self, key: &str) -> Option<&mut Reach> {
-        self.0
-            .entry(key.to_string())
-            .or_insert_with(|| Some(Reach::default()))
-            .as_mut()
+        // A group's union meets the same keys (`spec`, `metadata`) member after member: only a
+        // new key is worth a String.
+        if !self.0.contains_key(key) {
+            self.0.insert(key.to_string(), Some(Reach::default()));
+        }
+        self.0.get_mut(key)?.as_mut()
     }
 
     fn whole(&mut self, key: &str) {
-        self.0.insert(key.to_string(), None);
+        match self.0.get_mut(key) {
+            Some(reach) => *reach = None,
+            None => {
+                self.0.insert(key.to_string(), None);
+            }
+        }
     }
 
     /// Whether `key` is reached, and how: `Some(None)` whole, `Some(Some(r))` in part.
