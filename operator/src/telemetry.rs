@@ -1,7 +1,5 @@
 //! Logging and metrics. Metric names carry a prefix per subsystem (`gatehouse_admission_`,
 //! `gatehouse_reconcile_`, `gatehouse_tls_`) so dashboards can tell the loops apart.
-use std::sync::Arc;
-
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -21,15 +19,14 @@ pub struct AdmissionLabels {
 /// Labels of one Policy's part in admission requests.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PolicyLabels {
-    /// Shared with the compiled Policy: counting a member's part allocates nothing.
-    pub policy: Arc<str>,
+    pub policy: String,
     pub phase: &'static str,
 }
 
 /// Labels of one Policy's decisions.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct DecisionLabels {
-    pub policy: Arc<str>,
+    pub policy: String,
     pub phase: &'static str,
     /// skipped, allowed, patched, denied, ignored.
     pub decision: &'static str,

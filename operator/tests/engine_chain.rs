@@ -48,15 +48,15 @@ const ASSUMED: Scope<'static> = Scope {
     matched: false,
 };
 
-fn decisions(outcome: &chain::Outcome) -> Vec<(&str, Decision)> {
+fn decisions<'a>(outcome: &chain::Outcome<'a>) -> Vec<(&'a str, Decision)> {
     outcome
         .evaluated
         .iter()
-        .map(|e| (&*e.policy, e.decision))
+        .map(|e| (e.policy, e.decision))
         .collect()
 }
 
-fn label(req: &Request, outcome: &chain::Outcome, key: &str) -> Option<String> {
+fn label(req: &Request, outcome: &chain::Outcome<'_>, key: &str) -> Option<String> {
     outcome.object(req)?["metadata"]["labels"][key]
         .as_str()
         .map(str::to_string)

@@ -73,9 +73,7 @@ impl fmt::Display for InvalidPolicy {
 /// `Arc<CompiledPolicy>` to any task.
 #[derive(Debug)]
 pub struct CompiledPolicy {
-    /// Shared, so per-request records of what the Policy did ([`super::chain::Evaluated`],
-    /// metric labels) take it without allocating.
-    name: std::sync::Arc<str>,
+    name: String,
     generation: Option<i64>,
     spec: PolicySpec,
     /// `spec.match.conditions[i]`.
@@ -126,11 +124,6 @@ impl CompiledPolicy {
     /// `metadata.name`.
     pub fn name(&self) -> &str {
         &self.name
-    }
-
-    /// `metadata.name`, shared.
-    pub fn shared_name(&self) -> std::sync::Arc<str> {
-        std::sync::Arc::clone(&self.name)
     }
 
     /// `metadata.generation` this was compiled from.
@@ -253,7 +246,7 @@ pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
                 overwrites: policy.spec.mutate.iter().any(|m| m.overwrite),
             };
             Ok(CompiledPolicy {
-                name: policy.name_any().into(),
+                name: policy.name_any(),
                 generation: policy.metadata.generation,
                 spec: policy.spec.clone(),
                 own_entry: programs

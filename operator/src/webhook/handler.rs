@@ -248,13 +248,13 @@ fn decide(
             .metrics
             .policy_decisions
             .get_or_create(&DecisionLabels {
-                policy: e.policy.clone(),
+                policy: e.policy.to_string(),
                 phase: phase.as_str(),
                 decision: e.decision.as_str(),
             })
             .inc();
         let labels = PolicyLabels {
-            policy: e.policy.clone(),
+            policy: e.policy.to_string(),
             phase: phase.as_str(),
         };
         if e.over_budget {
