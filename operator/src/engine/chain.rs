@@ -57,9 +57,9 @@ impl Decision {
 /// One member's part in a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Evaluated<'p> {
-    /// The Policy's name, borrowed: a group of 128 members that cloned a shared name per
-    /// member spent 4 % of the server's CPU on the contended reference count (perf,
-    /// `webhook_bench` over 128 mutating Policies).
+    /// The Policy's name, borrowed. Cloning a shared name per member made both workers bump
+    /// one reference count per member: `webhook_bench` serving a group of 128 mutating
+    /// Policies went from 6980 to 8290 requests a second when that stopped.
     pub policy: &'p str,
     pub decision: Decision,
     /// An expression was not evaluated: its cost budget was exceeded.
