@@ -1,11 +1,16 @@
 //! Logging and metrics. Metric names carry a prefix per subsystem (`gatehouse_admission_`,
 //! `gatehouse_reconcile_`, `gatehouse_tls_`) so dashboards can tell the loops apart.
+use std::sync::OnceLock;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::engine::Phase;
+use crate::engine::chain::Evaluated;
 
 /// Labels of one admission decision.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -51,6 +56,64 @@ pub struct RotationLabels {
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// One Policy's metric handles, each resolved from its family on first use and then kept with
+/// the compiled Policy ([`crate::engine::CompiledPolicy::extension`]): counting a member's part
+/// in a request then takes no family lock, hashes no labels and allocates nothing.
+///
+/// Through the families, a shared entry of 128 members spent about 4 µs per member outside the
+/// engine (admission-load, 256 Policies: 0.84 s of Gatehouse CPU per 500 creates, against
+/// 1.5 µs per member in-process).
+#[derive(Default)]
+pub struct PolicyMeters {
+    /// By [`Phase`] (mutating, validating).
+    phases: [PhaseMeters; 2],
+}
+
+#[derive(Default)]
+struct PhaseMeters {
+    /// By [`Decision`](crate::engine::chain::Decision), in its declaration order.
+    decisions: [OnceLock<Counter>; 5],
+    evaluation: OnceLock<Histogram>,
+    over_budget: OnceLock<Counter>,
+}
+
+impl PolicyMeters {
+    /// Counts `evaluated`, the part of the Policy named `policy` in a request of `phase`.
+    pub fn record(&self, metrics: &Metrics, policy: &str, phase: Phase, evaluated: &Evaluated<'_>) {
+        let index = match phase {
+            Phase::Mutating => 0,
+            Phase::Validating => 1,
+        };
+        let meters = &self.phases[index];
+        let labels = || PolicyLabels {
+            policy: policy.to_string(),
+            phase: phase.as_str(),
+        };
+        let decision = evaluated.decision;
+        meters.decisions[decision as usize]
+            .get_or_init(|| {
+                metrics
+                    .policy_decisions
+                    .get_or_create_owned(&DecisionLabels {
+                        policy: policy.to_string(),
+                        phase: phase.as_str(),
+                        decision: decision.as_str(),
+                    })
+            })
+            .inc();
+        if evaluated.over_budget {
+            meters
+                .over_budget
+                .get_or_init(|| metrics.policy_over_budget.get_or_create_owned(&labels()))
+                .inc();
+        }
+        meters
+            .evaluation
+            .get_or_init(|| metrics.policy_evaluation.get_or_create_owned(&labels()))
+            .observe(evaluated.elapsed.as_secs_f64());
+    }
+}
 
 /// Evaluating one Policy takes microseconds: buckets from 10 µs, doubling, to about 5 s.
 fn evaluation_histogram() -> Histogram {
@@ -287,5 +350,46 @@ mod tests {
         ) || text.contains(r#"le="0.00001""#), "{text}");
         assert!(text.contains(r#"gatehouse_reconcile_runs_total{controller="policy"} 1"#));
         assert!(text.contains(r#"gatehouse_tls_not_after_seconds{cert="serving"} 42"#));
+    }
+
+    #[test]
+    fn policy_meters_count_into_the_families_and_create_only_what_happened() {
+        use crate::engine::chain::Decision;
+        use std::time::Duration;
+        let policy: crate::api::v1alpha1::Policy = serde_json::from_value(serde_json::json!({
+            "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": "p"},
+            "spec": {"match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]},
+                     "validate": [{"expression": "true", "message": "m"}]},
+        }))
+        .unwrap();
+        let compiled = crate::engine::compile(&policy).unwrap();
+        let m = Metrics::new();
+        let meters = compiled.extension(PolicyMeters::default).unwrap();
+        let part = |decision, over_budget| Evaluated {
+            policy: &compiled,
+            decision,
+            over_budget,
+            elapsed: Duration::from_micros(15),
+        };
+        meters.record(&m, "p", Phase::Validating, &part(Decision::Denied, false));
+        meters.record(&m, "p", Phase::Validating, &part(Decision::Denied, true));
+        meters.record(&m, "p", Phase::Mutating, &part(Decision::Skipped, false));
+        // The same handles on a second lookup: made once.
+        let again = compiled.extension(|| -> PolicyMeters { panic!("made twice") });
+        assert!(std::ptr::eq(again.unwrap(), meters));
+        let text = m.encode().unwrap();
+        for line in [
+            r#"gatehouse_policy_decisions_total{policy="p",phase="validating",decision="denied"} 2"#,
+            r#"gatehouse_policy_decisions_total{policy="p",phase="mutating",decision="skipped"} 1"#,
+            r#"gatehouse_policy_over_budget_total{policy="p",phase="validating"} 1"#,
+            r#"gatehouse_policy_evaluation_seconds_count{policy="p",phase="validating"} 2"#,
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        assert!(!text.contains(r#"decision="allowed""#), "{text}");
+        assert!(
+            !text.contains(r#"gatehouse_policy_over_budget_total{policy="p",phase="mutating"}"#),
+            "{text}"
+        );
     }
 }

@@ -52,7 +52,7 @@ fn decisions<'a>(outcome: &chain::Outcome<'a>) -> Vec<(&'a str, Decision)> {
     outcome
         .evaluated
         .iter()
-        .map(|e| (e.policy, e.decision))
+        .map(|e| (e.policy.name(), e.decision))
         .collect()
 }
 

@@ -55,17 +55,27 @@ impl Decision {
 }
 
 /// One member's part in a request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct Evaluated<'p> {
-    /// The Policy's name, borrowed. Cloning a shared name per member made both workers bump
-    /// one reference count per member: `webhook_bench` serving a group of 128 mutating
-    /// Policies went from 6980 to 8290 requests a second when that stopped.
-    pub policy: &'p str,
+    /// The Policy, borrowed. Sharing its name through an `Arc` made both workers bump one
+    /// reference count per member: `webhook_bench` serving a group of 128 mutating Policies
+    /// went from 6980 to 8290 requests a second when that stopped.
+    pub policy: &'p CompiledPolicy,
     pub decision: Decision,
     /// An expression was not evaluated: its cost budget was exceeded.
     pub over_budget: bool,
     /// Matching plus evaluation.
     pub elapsed: Duration,
+}
+
+/// The same Policy (by identity) did the same.
+impl PartialEq for Evaluated<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self.policy, other.policy)
+            && self.decision == other.decision
+            && self.over_budget == other.over_budget
+            && self.elapsed == other.elapsed
+    }
 }
 
 /// The answer to the request and what each member did.
@@ -102,6 +112,36 @@ pub fn mutate<'p>(
     reinvocation: ReinvocationPolicy,
     scope: Scope<'_>,
 ) -> Outcome<'p> {
+    run_mutating(req, members, reinvocation, scope, Rerun::Reached)
+}
+
+/// [`mutate`] running again every member that ran before a later change, whatever it reaches:
+/// the reference for [`to_run_again`], and the benchmark's baseline for it.
+pub fn mutate_rerunning_all<'p>(
+    req: &Request,
+    members: &[&'p CompiledPolicy],
+    reinvocation: ReinvocationPolicy,
+    scope: Scope<'_>,
+) -> Outcome<'p> {
+    run_mutating(req, members, reinvocation, scope, Rerun::All)
+}
+
+/// Which members an `IfNeeded` group runs again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rerun {
+    /// Those a later change can reach ([`to_run_again`]).
+    Reached,
+    /// All that ran before a later change.
+    All,
+}
+
+fn run_mutating<'p>(
+    req: &Request,
+    members: &[&'p CompiledPolicy],
+    reinvocation: ReinvocationPolicy,
+    scope: Scope<'_>,
+    rerun: Rerun,
+) -> Outcome<'p> {
     let mut chain = Chain::new(req);
     chain.reach = shared_reach(req, members);
     // Each member's reach, when the members share one and none overwrites: then a member is only
@@ -112,7 +152,7 @@ pub fn mutate<'p>(
     let reaches: Option<Vec<&Reach>> = chain
         .reach
         .as_ref()
-        .filter(|_| !members.iter().any(|p| p.hints.overwrites))
+        .filter(|_| rerun == Rerun::Reached && !members.iter().any(|p| p.hints.overwrites))
         .and_then(|_| members.iter().map(|p| p.hints.reach.as_ref()).collect());
     // When (by step count) each member last ran, and when each change was made and by whom.
     let mut last_ran: Vec<Option<usize>> = vec![None; members.len()];
@@ -340,7 +380,7 @@ impl<'r, 'p> Chain<'r, 'p> {
         let mut over_budget = false;
         let step = mutate_step(self, policy, scope, last, &mut over_budget);
         self.evaluated.push(Evaluated {
-            policy: policy.name(),
+            policy,
             decision: step.as_ref().map_or(Decision::Denied, |d| *d),
             over_budget,
             elapsed: started.elapsed(),
@@ -396,7 +436,7 @@ pub fn validate<'p>(
     let mut warnings = Vec::new();
     let mut denials: Vec<Response> = Vec::new();
     let mut evaluated = Vec::new();
-    for policy in members {
+    for &policy in members {
         let started = Instant::now();
         let mut over_budget = false;
         let decision = match offered(req, policy, scope, &mut warnings, &mut over_budget) {
@@ -420,7 +460,7 @@ pub fn validate<'p>(
             }
         };
         evaluated.push(Evaluated {
-            policy: policy.name(),
+            policy,
             decision,
             over_budget,
             elapsed: started.elapsed(),

@@ -88,6 +88,22 @@ pub struct CompiledPolicy {
     own_entry: bool,
     /// The largest write-time cost estimate among its expressions ([`super::cost`]).
     heaviest: u64,
+    /// What the caller keeps for this generation of the Policy ([`CompiledPolicy::extension`]).
+    extension: Extension,
+}
+
+/// A value the caller attaches to a compiled Policy, made on first use.
+#[derive(Default)]
+struct Extension(std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>);
+
+impl fmt::Debug for Extension {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "Extension(set)"
+        } else {
+            "Extension(unset)"
+        })
+    }
 }
 
 /// What compiling proves about a Policy that lets a review skip work. Each hint is a performance
@@ -124,6 +140,19 @@ impl CompiledPolicy {
     /// `metadata.name`.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// What the caller keeps for this generation of the Policy, made by `make` on first use
+    /// (the webhook server: its metric handles, so that counting the Policy's part in a request
+    /// looks nothing up). `None` when a value of another type was made first.
+    pub fn extension<T: std::any::Any + Send + Sync>(
+        &self,
+        make: impl FnOnce() -> T,
+    ) -> Option<&T> {
+        self.extension
+            .0
+            .get_or_init(|| Box::new(make()))
+            .downcast_ref()
     }
 
     /// `metadata.generation` this was compiled from.
@@ -253,6 +282,7 @@ pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
                     .conditions
                     .iter()
                     .any(|p| cel::reads_variable(p, AUTHORIZER)),
+                extension: Extension::default(),
                 heaviest: programs
                     .conditions
                     .iter()

@@ -16,7 +16,7 @@ use super::{
 use crate::engine::chain::{self, Scope};
 use crate::engine::group::{Group, OWN_PREFIX};
 use crate::engine::{self, CompiledPolicy, Namespace, Phase};
-use crate::telemetry::{AdmissionLabels, DecisionLabels, Metrics, PolicyLabels};
+use crate::telemetry::{AdmissionLabels, Metrics, PolicyMeters};
 
 /// How long a client may take to send the whole body once the headers are in.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -243,32 +243,13 @@ fn decide(
         Phase::Validating => chain::validate(request, &members, scope),
     };
     for e in &outcome.evaluated {
-        tracing::debug!(policy = %e.policy, decision = e.decision.as_str(), "member");
-        state
-            .metrics
-            .policy_decisions
-            .get_or_create(&DecisionLabels {
-                policy: e.policy.to_string(),
-                phase: phase.as_str(),
-                decision: e.decision.as_str(),
-            })
-            .inc();
-        let labels = PolicyLabels {
-            policy: e.policy.to_string(),
-            phase: phase.as_str(),
-        };
-        if e.over_budget {
-            state
-                .metrics
-                .policy_over_budget
-                .get_or_create(&labels)
-                .inc();
+        let name = e.policy.name();
+        tracing::debug!(policy = name, decision = e.decision.as_str(), "member");
+        match e.policy.extension(PolicyMeters::default) {
+            Some(meters) => meters.record(&state.metrics, name, phase, e),
+            // Only the server attaches anything to a compiled Policy, and always meters.
+            None => PolicyMeters::default().record(&state.metrics, name, phase, e),
         }
-        state
-            .metrics
-            .policy_evaluation
-            .get_or_create(&labels)
-            .observe(e.elapsed.as_secs_f64());
     }
     outcome.response
 }
