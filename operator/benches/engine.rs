@@ -441,37 +441,4 @@ fn layers(body: &[u8], policies: &[CompiledPolicy], review: Duration) {
         },
     ]);
     report("needs", t[0], t[1], programs.len() as u32);
-
-    // Running again only the members a later change can reach, against all that ran before it:
-    // the group of eight of `benches/fixtures/chain-8.yaml` (webhook-https.sh's group case) on
-    // its review, parse and answer included.
-    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/fixtures");
-    let eight = gatehouse::cli::eval::load_policies(&[fixtures.join("chain-8.yaml")])
-        .expect("chain-8.yaml loads");
-    let mut eight: Vec<&CompiledPolicy> = eight.iter().collect();
-    eight.sort_by_key(|p| (p.spec().priority, p.name().to_string()));
-    let review = std::fs::read(fixtures.join("pod-create.json")).expect("pod-create.json");
-    let scope = engine::chain::Scope {
-        namespace: engine::Namespace::Assumed,
-        matched: false,
-    };
-    let if_needed = gatehouse::api::v1alpha1::ReinvocationPolicy::IfNeeded;
-    let t = measure(&mut [
-        &mut || {
-            let req = engine::parse_request(black_box(&review)).expect("parses");
-            let out = engine::chain::mutate(&req, &eight, if_needed, scope);
-            black_box(engine::encoded_review(&req, &out.response));
-        },
-        &mut || {
-            let req = engine::parse_request(black_box(&review)).expect("parses");
-            let out = engine::chain::mutate_rerunning_all(&req, &eight, if_needed, scope);
-            black_box(engine::encoded_review(&req, &out.response));
-        },
-    ]);
-    println!(
-        "  rerun       {:>9.1?} against {:>9.1?} per group-of-eight request: {:>4.2}x faster",
-        t[0],
-        t[1],
-        t[1].as_secs_f64() / t[0].as_secs_f64()
-    );
 }

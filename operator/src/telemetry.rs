@@ -61,9 +61,8 @@ type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 /// the compiled Policy ([`crate::engine::CompiledPolicy::extension`]): counting a member's part
 /// in a request then takes no family lock, hashes no labels and allocates nothing.
 ///
-/// Through the families, a shared entry of 128 members spent about 4 µs per member outside the
-/// engine (admission-load, 256 Policies: 0.84 s of Gatehouse CPU per 500 creates, against
-/// 1.5 µs per member in-process).
+/// `webhook_bench` serving a shared entry of 128 mutating Policies: 8290 req/s (205 µs of CPU
+/// per request) through the families, 9366 req/s (174 µs) with the handles kept.
 #[derive(Default)]
 pub struct PolicyMeters {
     /// By [`Phase`] (mutating, validating).

@@ -296,52 +296,6 @@ fn an_if_needed_group_reruns_members_until_the_chain_settles() {
     );
 }
 
-#[test]
-fn an_if_needed_group_reruns_only_members_a_later_change_can_reach() {
-    // `pull` sets every container's pull policy; `sidecar` then adds a container, which `pull`
-    // must see; `label` writes elsewhere, so the sidecar cannot change what it does.
-    let pull = policy(
-        "pull",
-        json!({"mutate": [{"forEach": "spec.containers", "merge": {"imagePullPolicy": "IfNotPresent"}}]}),
-    );
-    let label = policy(
-        "label",
-        json!({"mutate": [{"merge": {"metadata": {"labels": {"team": "shop"}}}}]}),
-    );
-    let sidecar = policy(
-        "sidecar",
-        json!({"mutate": [{"merge": {"spec": {"containers": [{"name": "proxy", "image": "proxy:1"}]}}}]}),
-    );
-    let req = with_containers(1);
-    let out = chain::mutate(
-        &req,
-        &[&pull, &label, &sidecar],
-        ReinvocationPolicy::IfNeeded,
-        ASSUMED,
-    );
-    assert_eq!(
-        decisions(&out),
-        [
-            ("pull", Decision::Patched),
-            ("label", Decision::Patched),
-            ("sidecar", Decision::Patched),
-            // Not `label`: nothing it reaches changed after it ran.
-            ("pull", Decision::Patched),
-            ("sidecar", Decision::Allowed),
-        ]
-    );
-    let object = out.object(&req).expect("a Pod");
-    let containers = object["spec"]["containers"].as_array().expect("containers");
-    assert_eq!(containers.len(), 2);
-    assert!(
-        containers
-            .iter()
-            .all(|c| c["imagePullPolicy"] == "IfNotPresent"),
-        "{containers:?}"
-    );
-    assert_eq!(object["metadata"]["labels"]["team"], "shop");
-}
-
 /// A review of a Pod with `n` containers.
 fn with_containers(n: usize) -> Request {
     let mut req = request("CREATE", json!({}));

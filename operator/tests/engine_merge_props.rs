@@ -392,10 +392,10 @@ proptest! {
         prop_assert!(twice.response.patch.0.is_empty(), "second call patched: {:?}", twice.response.patch);
     }
 
-    /// An `IfNeeded` group runs again only the members a later change can affect (with their
-    /// reaches, when no member overwrites). The reference is the simple one: every member,
-    /// round after round, until a whole round changes nothing. Overwrites are rare here, so
-    /// that most lists take the narrower path.
+    /// An `IfNeeded` group runs again the members that ran before a later change. The
+    /// reference is the simple one: every member, round after round, until a whole round
+    /// changes nothing. The generator favours what makes a rerun necessary: elements added to
+    /// an array an earlier member's forEach merges into.
     #[test]
     fn an_if_needed_chain_ends_where_whole_rounds_do(
         x in target(),

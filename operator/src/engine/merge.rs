@@ -258,24 +258,6 @@ impl Reach {
         }
     }
 
-    /// Whether a merge within `other` can change something a merge within this reads: they
-    /// share a member that one of them reaches whole, or reach in part what the other does.
-    pub fn overlaps(&self, other: &Reach) -> bool {
-        let (small, large) = if self.0.len() <= other.0.len() {
-            (self, other)
-        } else {
-            (other, self)
-        };
-        small
-            .0
-            .iter()
-            .any(|(key, mine)| match (mine, large.0.get(key)) {
-                (_, None) => false,
-                (Some(mine), Some(Some(theirs))) => mine.overlaps(theirs),
-                (None, Some(_)) | (Some(_), Some(None)) => true,
-            })
-    }
-
     /// The member `key`, part of it from now on; `None` when it is already reached whole.
     fn descend(&mut self, key: &str) -> Option<&mut Reach> {
         // A group's union meets the same keys (`spec`, `metadata`) member after member: only a
@@ -322,37 +304,6 @@ impl Reach {
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn reaches_overlap_where_one_can_change_what_the_other_reads() {
-        let reach = |merge: Value, paths: &[&str]| {
-            let mut r = Reach::default();
-            r.add_merge(merge.as_object().unwrap());
-            for p in paths {
-                r.add_path(p);
-            }
-            r
-        };
-        let label_a = reach(json!({"metadata": {"labels": {"a": "x"}}}), &[]);
-        let label_b = reach(json!({"metadata": {"labels": {"b": "y"}}}), &[]);
-        let labels = reach(json!({"metadata": {"labels": null}}), &[]);
-        let containers = reach(json!({}), &["spec.containers"]);
-        let sidecar = reach(json!({"spec": {"containers": [{"name": "proxy"}]}}), &[]);
-        let pod_security = reach(
-            json!({"spec": {"securityContext": {"runAsNonRoot": true}}}),
-            &[],
-        );
-        assert!(!label_a.overlaps(&label_b), "different labels");
-        assert!(label_a.overlaps(&label_a));
-        assert!(
-            label_a.overlaps(&labels) && labels.overlaps(&label_b),
-            "all labels, whole"
-        );
-        assert!(containers.overlaps(&sidecar) && sidecar.overlaps(&containers));
-        assert!(!containers.overlaps(&pod_security), "siblings under spec");
-        assert!(!label_a.overlaps(&containers));
-        assert!(!Reach::default().overlaps(&containers));
-    }
 
     #[test]
     fn reach_copies_only_what_merges_can_touch() {
