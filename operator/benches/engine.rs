@@ -41,6 +41,12 @@ fn pod() -> Value {
 }
 
 fn body() -> Vec<u8> {
+    review(pod())
+}
+
+/// The AdmissionReview of a CREATE of `pod`, with the Pod's own name and namespace.
+fn review(pod: Value) -> Vec<u8> {
+    let meta = &pod["metadata"];
     json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -48,11 +54,11 @@ fn body() -> Vec<u8> {
             "uid": "bench",
             "kind": {"group": "", "version": "v1", "kind": "Pod"},
             "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "name": "bench",
-            "namespace": "shop",
+            "name": meta["name"],
+            "namespace": meta["namespace"],
             "operation": "CREATE",
             "userInfo": {"username": "alice", "groups": ["devs"]},
-            "object": pod(),
+            "object": pod,
         }
     })
     .to_string()
@@ -245,27 +251,12 @@ fn main() {
 
 /// A review of the one-container Pod of `tests/bench/admission-load`.
 fn load_body() -> Vec<u8> {
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "bench",
-            "kind": {"group": "", "version": "v1", "kind": "Pod"},
-            "resource": {"group": "", "version": "v1", "resource": "pods"},
-            "name": "pod-1",
-            "namespace": "bench-load",
-            "operation": "CREATE",
-            "userInfo": {"username": "alice", "groups": ["devs"]},
-            "object": {
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": "pod-1", "namespace": "bench-load"},
-                "spec": {"containers": [{"name": "app", "image": "example.com/app:1.0",
-                    "resources": {"limits": {"cpu": "100m", "memory": "64Mi"}}}]}
-            },
-        }
-    })
-    .to_string()
-    .into_bytes()
+    review(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "pod-1", "namespace": "bench-load"},
+        "spec": {"containers": [{"name": "app", "image": "example.com/app:1.0",
+            "resources": {"limits": {"cpu": "100m", "memory": "64Mi"}}}]}
+    }))
 }
 
 /// The cost of a shared entry as its membership grows: the mutating and the validating group of
