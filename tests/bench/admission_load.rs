@@ -15,6 +15,11 @@
 //! every mutating Policy a label of its own instead (the stored Pod grows by one label per
 //! mutating Policy).
 //!
+//! Every phase runs `ROUNDS` (default 5) rounds of `PODS` (500) creates at `CONCURRENCY` (50),
+//! and reports the median of the rounds' figures with each round's p99 beside it: one round's
+//! p99 is its 5th-slowest create, which a single stall of a shared machine decides. The phases
+//! without Policies take turns round by round.
+//!
 //! `tests/bench/admission-load` runs it (control plane, release build, environment).
 
 use std::collections::BTreeMap;
@@ -56,10 +61,9 @@ struct Stats {
     avg: Duration,
     p95: Duration,
     p99: Duration,
-    wall: Duration,
 }
 
-fn stats(mut latencies: Vec<Duration>, wall: Duration) -> Stats {
+fn stats(mut latencies: Vec<Duration>) -> Stats {
     latencies.sort();
     let pick = |q: f64| {
         let idx = ((latencies.len() as f64) * q).ceil() as usize;
@@ -70,7 +74,88 @@ fn stats(mut latencies: Vec<Duration>, wall: Duration) -> Stats {
         avg: total / latencies.len() as u32,
         p95: pick(0.95),
         p99: pick(0.99),
-        wall,
+    }
+}
+
+/// A phase measured in rounds of `count` creates: the rounds' figures and the CPU seconds each
+/// process used in all of them.
+#[derive(Default)]
+struct Phase {
+    rounds: Vec<Stats>,
+    cpu: Vec<f64>,
+}
+
+impl Phase {
+    /// Adds the rounds of `other` (the same phase, measured later).
+    fn extend(&mut self, other: Phase) {
+        self.cpu.resize(other.cpu.len(), 0.0);
+        for (sum, c) in self.cpu.iter_mut().zip(&other.cpu) {
+            *sum += c;
+        }
+        self.rounds.extend(other.rounds);
+    }
+
+    /// CPU seconds of process `i` in one round, on average.
+    fn cpu_per_round(&self, i: usize) -> f64 {
+        self.cpu[i] / self.rounds.len().max(1) as f64
+    }
+
+    /// The median of the rounds' values: one round's p99 of 500 creates is its 5th-slowest
+    /// create, which a single stall of this shared 2-core machine decides.
+    fn median(&self, of: impl Fn(&Stats) -> Duration) -> Duration {
+        let mut values: Vec<Duration> = self.rounds.iter().map(of).collect();
+        values.sort();
+        values[values.len() / 2]
+    }
+
+    fn p99(&self) -> Duration {
+        self.median(|s| s.p99)
+    }
+
+    /// Each round's p99, in the order they ran.
+    fn p99s(&self) -> String {
+        self.rounds
+            .iter()
+            .map(|s| format!("{:.0}", s.p99.as_secs_f64() * 1000.0))
+            .collect::<Vec<_>>()
+            .join(" / ")
+    }
+}
+
+/// What every phase does: `count` creates at `concurrency`, watching the CPU of `procs`.
+struct Load<'a> {
+    api: &'a Api<Pod>,
+    procs: &'a [(String, u32)],
+    count: usize,
+    concurrency: usize,
+}
+
+impl Load<'_> {
+    /// `rounds` rounds of creates, each with the CPU seconds around it and its Pods deleted
+    /// after it.
+    async fn measure(&self, prefix: &str, rounds: usize) -> anyhow::Result<Phase> {
+        let mut phase = Phase {
+            rounds: Vec::new(),
+            cpu: vec![0.0; self.procs.len()],
+        };
+        for round in 0..rounds {
+            let before = cpu_snapshot(self.procs);
+            let name = format!("{prefix}-{round}");
+            let stats = create_pods(self.api, &name, self.count, self.concurrency).await?;
+            let after = cpu_snapshot(self.procs);
+            for (sum, (a, b)) in phase.cpu.iter_mut().zip(before.iter().zip(&after)) {
+                *sum += b - a;
+            }
+            phase.rounds.push(stats);
+            delete_all(self.api).await?;
+        }
+        Ok(phase)
+    }
+
+    /// A few creates so that the phase does not pay first-use costs.
+    async fn warm(&self, prefix: &str) -> anyhow::Result<()> {
+        create_pods(self.api, prefix, 20, self.concurrency).await?;
+        delete_all(self.api).await
     }
 }
 
@@ -80,7 +165,6 @@ async fn create_pods(
     count: usize,
     concurrency: usize,
 ) -> anyhow::Result<Stats> {
-    let started = Instant::now();
     let results: Vec<anyhow::Result<Duration>> = futures::stream::iter(0..count)
         .map(|i| {
             let api = api.clone();
@@ -97,9 +181,8 @@ async fn create_pods(
         .buffer_unordered(concurrency)
         .collect()
         .await;
-    let wall = started.elapsed();
     let latencies = results.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
-    Ok(stats(latencies, wall))
+    Ok(stats(latencies))
 }
 
 /// Cumulative webhook admission-duration buckets of the API server for Gatehouse's entries,
@@ -161,9 +244,9 @@ fn policy(name: &str, ns: &str, body: Value) -> Value {
     json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": name}, "spec": spec})
 }
 
-/// One phase with Policies: how many, the latencies, CPU seconds per process, the API server's
-/// p99 bucket for Gatehouse's entries, Gatehouse's RSS (KiB) after it.
-type PolicyPhase = (usize, Stats, Vec<f64>, Option<String>, Option<u64>);
+/// One phase with Policies: how many, its rounds, the API server's p99 bucket for Gatehouse's
+/// entries, Gatehouse's RSS (KiB) after it.
+type PolicyPhase = (usize, Phase, Option<String>, Option<u64>);
 
 /// Name of the webhook configurations of the floor phase.
 const FLOOR: &str = "bench-floor";
@@ -258,19 +341,15 @@ async fn reviews_per_create(api: &Api<Pod>, hook: &TestWebhook) -> anyhow::Resul
     Ok(hook.reviews().len() - before)
 }
 
-/// Creates `count` Pods through a mutating and a validating entry that call `mutating` and
-/// `validating`: the latencies and the CPU seconds of each process.
-#[allow(clippy::too_many_arguments)]
+/// `rounds` rounds of creates through a mutating and a validating entry that call `mutating`
+/// and `validating`.
 async fn fixed_phase(
     cluster: &'static Cluster,
-    api: &Api<Pod>,
+    load: &Load<'_>,
     ns: &str,
-    mutating: &TestWebhook,
-    validating: &TestWebhook,
-    procs: &[(String, u32)],
-    concurrency: usize,
-    count: usize,
-) -> anyhow::Result<(Stats, Vec<f64>)> {
+    (mutating, validating): (&TestWebhook, &TestWebhook),
+    rounds: usize,
+) -> anyhow::Result<Phase> {
     cluster
         .kubectl_ok(
             ["apply", "-f", "-"],
@@ -279,7 +358,8 @@ async fn fixed_phase(
         .await?;
     let calls = || async {
         anyhow::Ok(
-            reviews_per_create(api, mutating).await? + reviews_per_create(api, validating).await?,
+            reviews_per_create(load.api, mutating).await?
+                + reviews_per_create(load.api, validating).await?,
         )
     };
     // Two dry-run creates per probe: each hook sees its entry's call (one hook may serve both).
@@ -294,12 +374,8 @@ async fn fixed_phase(
         || async { Ok((calls().await? == expected).then_some(())) },
     )
     .await?;
-    create_pods(api, "warm-floor", 20, concurrency).await?;
-    delete_all(api).await?;
-    let before = cpu_snapshot(procs);
-    let stats = create_pods(api, "floor", count, concurrency).await?;
-    let after = cpu_snapshot(procs);
-    delete_all(api).await?;
+    load.warm("warm-floor").await?;
+    let phase = load.measure("floor", rounds).await?;
     cluster
         .kubectl_ok(
             [
@@ -314,62 +390,52 @@ async fn fixed_phase(
         Ok((calls().await? == 0).then_some(()))
     })
     .await?;
-    let cpu = before.iter().zip(&after).map(|(a, b)| b - a).collect();
-    Ok((stats, cpu))
+    Ok(phase)
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let count = env_usize("PODS", 500);
+    let rounds = env_usize("ROUNDS", 5).max(1);
     let distinct = std::env::var("LABELS").is_ok_and(|v| v == "distinct");
     let concurrency = env_usize("CONCURRENCY", 50);
     let cluster = cluster().await;
     let client = cluster.client().await?;
     let home = TestNamespace::new(cluster, "bench-home").await?;
     let ns = TestNamespace::new(cluster, "bench-load").await?;
-    let gh = Gatehouse::start(cluster, home.name(), Options::service()).await?;
+    let gh = Gatehouse::start(cluster, home.name(), Options::service().default_logging()).await?;
     let api: Api<Pod> = Api::namespaced(client.clone(), ns.name());
-
-    // Warm the API server's paths once so neither phase pays first-use costs.
-    create_pods(&api, "warm", 20, concurrency).await?;
-    delete_all(&api).await?;
-
     let procs = processes(cluster.state_dir(), gh.pid());
-    let cpu0 = cpu_snapshot(&procs);
-    let baseline = create_pods(&api, "base", count, concurrency).await?;
-    let cpu1 = cpu_snapshot(&procs);
-    delete_all(&api).await?;
+    let load = Load {
+        api: &api,
+        procs: &procs,
+        count,
+        concurrency,
+    };
+
+    // Warm the API server's paths once so no phase pays first-use costs.
+    load.warm("warm").await?;
 
     // The floor: as many entries as Gatehouse's shared ones, answered by a server that does no
     // work (a fixed allow, no patch). What they add is the API server's own cost of calling 2
     // webhooks per create on this machine, which no webhook implementation can get under.
     let allowing = TestWebhook::start(&["127.0.0.1"], allow())?;
-    let (floor, cpu_floor) = fixed_phase(
-        cluster,
-        &api,
-        ns.name(),
-        &allowing,
-        &allowing,
-        &procs,
-        concurrency,
-        count,
-    )
-    .await?;
     // The same, with the mutating entry answering the Policies' change as a fixed patch: the
     // floor for a mutating workload, since applying a patch (and storing the larger object)
     // costs the API server what no webhook can save it.
     let patching = TestWebhook::start(&["127.0.0.1"], fixed_patch())?;
-    let (patched_floor, cpu_patched) = fixed_phase(
-        cluster,
-        &api,
-        ns.name(),
-        &patching,
-        &allowing,
-        &procs,
-        concurrency,
-        count,
-    )
-    .await?;
+    // The three phases without Policies take turns round by round, so that a slow stretch of
+    // the machine falls on all of them rather than on one.
+    let (mut baseline, mut floor, mut patched_floor) =
+        (Phase::default(), Phase::default(), Phase::default());
+    for round in 0..rounds {
+        eprintln!("==> round {}/{rounds}: no webhooks, both floors", round + 1);
+        baseline.extend(load.measure(&format!("base{round}"), 1).await?);
+        let hooks = (&allowing, &allowing);
+        floor.extend(fixed_phase(cluster, &load, ns.name(), hooks, 1).await?);
+        let hooks = (&patching, &allowing);
+        patched_floor.extend(fixed_phase(cluster, &load, ns.name(), hooks, 1).await?);
+    }
     allowing.shutdown();
     patching.shutdown();
 
@@ -420,21 +486,17 @@ async fn main() -> anyhow::Result<()> {
             },
         )
         .await?;
-        create_pods(&api, "warm2", 20, concurrency).await?;
-        delete_all(&api).await?;
+        eprintln!("==> {total} Policies: {rounds} rounds");
+        load.warm("warm2").await?;
         let before = webhook_buckets(&client).await?;
-        let cpu_a = cpu_snapshot(&procs);
-        let with = create_pods(&api, "pol", count, concurrency).await?;
-        let cpu_b = cpu_snapshot(&procs);
+        let with = load.measure("pol", rounds).await?;
         let after = webhook_buckets(&client).await?;
-        let cpu: Vec<f64> = cpu_a.iter().zip(&cpu_b).map(|(a, b)| b - a).collect();
-        phases.push((total, with, cpu, bucket_p99(&before, &after), gh.rss_kib()));
-        delete_all(&api).await?;
+        phases.push((total, with, bucket_p99(&before, &after), gh.rss_kib()));
     }
 
     let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1000.0);
     println!(
-        "{count} Pod creates at concurrency {concurrency}; {}",
+        "{count} Pod creates at concurrency {concurrency}, {rounds} rounds per phase (figures: the median over the rounds); {}",
         if distinct {
             "each mutating Policy sets a label of its own"
         } else {
@@ -442,19 +504,20 @@ async fn main() -> anyhow::Result<()> {
         }
     );
     println!(
-        "| phase | avg | p95 | p99 | wall | p99 / none | p99 / 2-webhook floor | p99 / patching floor |"
+        "| phase | avg | p95 | p99 | p99 of each round (ms) | p99 / none | p99 / 2-webhook floor | p99 / patching floor |"
     );
     println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    let row = |label: &str, s: &Stats| {
+    let ratio = |a: &Phase, b: &Phase| a.p99().as_secs_f64() / b.p99().as_secs_f64();
+    let row = |label: &str, p: &Phase| {
         println!(
             "| {label} | {} | {} | {} | {} | {:.2}x | {:.2}x | {:.2}x |",
-            ms(s.avg),
-            ms(s.p95),
-            ms(s.p99),
-            ms(s.wall),
-            s.p99.as_secs_f64() / baseline.p99.as_secs_f64(),
-            s.p99.as_secs_f64() / floor.p99.as_secs_f64(),
-            s.p99.as_secs_f64() / patched_floor.p99.as_secs_f64(),
+            ms(p.median(|s| s.avg)),
+            ms(p.median(|s| s.p95)),
+            ms(p.p99()),
+            p.p99s(),
+            ratio(p, &baseline),
+            ratio(p, &floor),
+            ratio(p, &patched_floor),
         )
     };
     row("no webhooks", &baseline);
@@ -463,44 +526,41 @@ async fn main() -> anyhow::Result<()> {
         "2 fixed webhooks, the mutating one patching as 16 Policies do",
         &patched_floor,
     );
-    for (total, s, _, _, _) in &phases {
-        row(&format!("{total} Policies"), s);
+    for (total, p, _, _) in &phases {
+        row(&format!("{total} Policies"), p);
     }
-    let p99_of = |n: usize| {
-        phases
-            .iter()
-            .find(|(t, ..)| *t == n)
-            .map_or(0.0, |(_, s, ..)| s.p99.as_secs_f64())
-    };
-    println!(
-        "goals: p99(16) / floor = {:.2}x (<= 1.10), p99(16) / none = {:.2}x (<= 1.15), p99(256) / p99(16) = {:.2}x (<= 1.15); p99(16) / patching floor = {:.2}x",
-        p99_of(16) / floor.p99.as_secs_f64(),
-        p99_of(16) / baseline.p99.as_secs_f64(),
-        p99_of(256) / p99_of(16),
-        p99_of(16) / patched_floor.p99.as_secs_f64(),
-    );
-    for (total, _, _, p99, _) in &phases {
+    let of = |n: usize| phases.iter().find(|(t, ..)| *t == n).map(|(_, p, ..)| p);
+    if let (Some(p16), Some(p256)) = (of(16), of(256)) {
+        println!(
+            "goals: p99(16) / floor = {:.2}x (<= 1.10), p99(16) / none = {:.2}x (<= 1.15), p99(256) / p99(16) = {:.2}x (<= 1.15); p99(16) / patching floor = {:.2}x",
+            ratio(p16, &floor),
+            ratio(p16, &baseline),
+            ratio(p256, p16),
+            ratio(p16, &patched_floor),
+        );
+    }
+    for (total, _, p99, _) in &phases {
         println!(
             "API server apiserver_admission_webhook_admission_duration_seconds p99 for Gatehouse entries, {total} Policies: {}",
             p99.clone().unwrap_or_else(|| "no samples".into())
         );
     }
-    println!("CPU seconds used during each phase (2-core machine, everything on it):");
+    println!("CPU seconds per round of {count} creates (2-core machine, everything on it):");
     for (i, (name, _)) in procs.iter().enumerate() {
         let per_phase: Vec<String> = phases
             .iter()
-            .map(|(total, _, cpu, _, _)| format!("{total} Policies {:.2} s", cpu[i]))
+            .map(|(total, p, _, _)| format!("{total} Policies {:.2} s", p.cpu_per_round(i)))
             .collect();
         println!(
             "  {:<16} none {:.2} s, floor {:.2} s, patching floor {:.2} s, {}",
             name,
-            cpu1[i] - cpu0[i],
-            cpu_floor[i],
-            cpu_patched[i],
+            baseline.cpu_per_round(i),
+            floor.cpu_per_round(i),
+            patched_floor.cpu_per_round(i),
             per_phase.join(", ")
         );
     }
-    for (total, _, _, _, rss) in &phases {
+    for (total, _, _, rss) in &phases {
         println!(
             "Gatehouse RSS after the {total}-Policy phase: {} KiB",
             rss.map(|r| r.to_string()).unwrap_or("?".into())
@@ -513,7 +573,7 @@ async fn main() -> anyhow::Result<()> {
     gh.shutdown().await?;
     ns.cleanup().await?;
     home.cleanup().await?;
-    if phases.iter().any(|(_, s, ..)| s.p99.is_zero()) {
+    if phases.iter().any(|(_, p, ..)| p.p99().is_zero()) {
         bail!("no samples");
     }
     Ok(())

@@ -156,6 +156,7 @@ async fn main() -> anyhow::Result<()> {
     let client = cluster.client().await?;
     let options = || {
         Options::url()
+            .default_logging()
             .arg("--gc-interval", "1s")
             .arg("--gc-grace", "5s")
     };
@@ -163,7 +164,7 @@ async fn main() -> anyhow::Result<()> {
     let mut gh = Gatehouse::start(
         cluster,
         home.name(),
-        Options::url().arg("--gc-interval", "1h"),
+        Options::url().default_logging().arg("--gc-interval", "1h"),
     )
     .await?;
 
@@ -378,7 +379,12 @@ async fn main() -> anyhow::Result<()> {
 
     // 4. Memory with many allocations (owners that never exist; GC grace long enough to keep them).
     gh.stop().await?;
-    let gh = Gatehouse::start(cluster, home.name(), Options::url().arg("--gc-grace", "1h")).await?;
+    let gh = Gatehouse::start(
+        cluster,
+        home.name(),
+        Options::url().default_logging().arg("--gc-grace", "1h"),
+    )
+    .await?;
     let rss_before = gh.rss_kib().unwrap_or(0);
     let results: Vec<anyhow::Result<()>> = futures::stream::iter(0..many)
         .map(|i| {

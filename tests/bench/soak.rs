@@ -129,6 +129,7 @@ async fn main() -> anyhow::Result<()> {
         cluster,
         home.name(),
         Options::url()
+            .default_logging()
             .arg("--ca-validity", "90s")
             .arg("--cert-validity", "20s")
             .arg("--bundle-propagation", "3s"),
