@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use gatehouse::api::v1alpha1::Policy;
 use gatehouse::cli::eval::admit;
 use gatehouse::engine::cel::{self, Activation, Needs};
+use gatehouse::engine::rule_table::RuleTable;
 use gatehouse::engine::{self, CompiledPolicy, Phase, Response, diff, mutate};
 use serde_json::{Value, json};
 
@@ -259,6 +260,15 @@ fn load_body() -> Vec<u8> {
     }))
 }
 
+/// A group's scope once its rule table has matched the request, as in the server.
+fn with_rules<'a>(namespace: engine::Namespace<'a>, rules: &'a [bool]) -> engine::chain::Scope<'a> {
+    engine::chain::Scope {
+        namespace,
+        matched: false,
+        rules: Some(rules),
+    }
+}
+
 /// The cost of a shared entry as its membership grows: the mutating and the validating group of
 /// `tests/bench/admission-load` (each mutating Policy sets one of eight labels and drops a
 /// capability, each validating one checks limits), half of `total` each, one request to both
@@ -270,10 +280,7 @@ fn groups() {
         "kubernetes.io/metadata.name".to_string(),
         "bench-load".to_string(),
     )]);
-    let scope = engine::chain::Scope {
-        namespace: engine::Namespace::Labels(&labels),
-        matched: false,
-    };
+    let namespace = engine::Namespace::Labels(&labels);
     let sets: Vec<(Vec<CompiledPolicy>, Vec<CompiledPolicy>)> = [16, 64, 256]
         .into_iter()
         .map(|total: usize| {
@@ -303,6 +310,11 @@ fn groups() {
         .map(|(mutating, validating)| {
             let mutating: Vec<&CompiledPolicy> = mutating.iter().collect();
             let validating: Vec<&CompiledPolicy> = validating.iter().collect();
+            // As the server does: each group's rules in one table, made when its membership is.
+            let table = |members: &[&CompiledPolicy]| {
+                RuleTable::new(members.iter().map(|p| p.spec().match_.rules.as_slice()))
+            };
+            let (mutating_rules, validating_rules) = (table(&mutating), table(&validating));
             let body = body.clone();
             Box::new(move || {
                 let req = engine::parse_request(black_box(&body)).expect("parses");
@@ -310,11 +322,15 @@ fn groups() {
                     &req,
                     &mutating,
                     gatehouse::api::v1alpha1::ReinvocationPolicy::IfNeeded,
-                    scope,
+                    with_rules(namespace, &mutating_rules.matching(&req)),
                 );
                 black_box(engine::encoded_review(&req, &out.response));
                 let req = engine::parse_request(black_box(&body)).expect("parses");
-                let out = engine::chain::validate(&req, &validating, scope);
+                let out = engine::chain::validate(
+                    &req,
+                    &validating,
+                    with_rules(namespace, &validating_rules.matching(&req)),
+                );
                 black_box(engine::encoded_review(&req, &out.response));
             }) as Box<dyn FnMut()>
         })

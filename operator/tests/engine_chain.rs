@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use gatehouse::api::v1alpha1::{Policy, ReinvocationPolicy};
 use gatehouse::engine::chain::{self, Decision, Scope};
+use gatehouse::engine::rule_table::RuleTable;
 use gatehouse::engine::{CompiledPolicy, Namespace, Request, compile, parse_request};
 use serde_json::{Value, json};
 
@@ -46,6 +47,7 @@ fn request(operation: &str, labels: Value) -> Request {
 const ASSUMED: Scope<'static> = Scope {
     namespace: Namespace::Assumed,
     matched: false,
+    rules: None,
 };
 
 fn decisions<'a>(outcome: &chain::Outcome<'a>) -> Vec<(&'a str, Decision)> {
@@ -219,6 +221,7 @@ fn selectors_choose_members_inside_a_shared_entry() {
     let scope = |labels| Scope {
         namespace: Namespace::Labels(labels),
         matched: false,
+        rules: None,
     };
     let web = request("CREATE", json!({"tier": "web"}));
     assert!(
@@ -245,11 +248,80 @@ fn selectors_choose_members_inside_a_shared_entry() {
     let matched = Scope {
         namespace: Namespace::Unknown("not read"),
         matched: true,
+        rules: None,
     };
     assert!(
         !chain::validate(&web, &[&by_object], matched)
             .response
             .allowed
+    );
+}
+
+#[test]
+fn a_group_decides_the_same_with_its_rule_table() {
+    let rules = |operations: Value, resources: Value| json!([{"operations": operations, "apiGroups": [""], "apiVersions": ["v1"], "resources": resources}]);
+    let pods_create = policy(
+        "pods-create",
+        json!({"match": {"rules": rules(json!(["CREATE"]), json!(["pods"]))},
+               "mutate": [{"merge": {"metadata": {"labels": {"created": "yes"}}}}]}),
+    );
+    let pods_update = policy(
+        "pods-update",
+        json!({"match": {"rules": rules(json!(["UPDATE"]), json!(["pods"]))},
+               "mutate": [{"merge": {"metadata": {"labels": {"updated": "yes"}}}}]}),
+    );
+    let status = policy(
+        "status-only",
+        json!({"match": {"rules": rules(json!(["*"]), json!(["pods/status"]))},
+               "mutate": [{"merge": {"metadata": {"labels": {"status": "yes"}}}}]}),
+    );
+    let selective = policy(
+        "selective",
+        json!({"match": {"rules": rules(json!(["*"]), json!(["*"])), "objectSelector": {"matchLabels": {"tier": "db"}}},
+               "validate": [{"expression": "false", "message": "db says no"}]}),
+    );
+    let members = [&pods_create, &pods_update, &status, &selective];
+    let table = RuleTable::new(members.iter().map(|p| p.spec().match_.rules.as_slice()));
+    for (op, tier) in [("CREATE", "web"), ("UPDATE", "db"), ("DELETE", "db")] {
+        let req = request(op, json!({"tier": tier}));
+        let matching = table.matching(&req);
+        let with_table = Scope {
+            rules: Some(&matching),
+            ..ASSUMED
+        };
+        for reinvocation in [ReinvocationPolicy::Never, ReinvocationPolicy::IfNeeded] {
+            let by_table = chain::mutate(&req, &members, reinvocation, with_table);
+            let one_by_one = chain::mutate(&req, &members, reinvocation, ASSUMED);
+            assert_eq!(decisions(&by_table), decisions(&one_by_one), "{op}");
+            assert_eq!(by_table.response, one_by_one.response, "{op}");
+        }
+        let by_table = chain::validate(&req, &members, with_table);
+        let one_by_one = chain::validate(&req, &members, ASSUMED);
+        assert_eq!(decisions(&by_table), decisions(&one_by_one), "{op}");
+        assert_eq!(by_table.response, one_by_one.response, "{op}");
+    }
+    // And what they decide: each Policy by its own rules.
+    let req = request("CREATE", json!({"tier": "db"}));
+    let matching = table.matching(&req);
+    assert_eq!(matching, [true, false, false, true]);
+    let with_table = Scope {
+        rules: Some(&matching),
+        ..ASSUMED
+    };
+    let out = chain::mutate(&req, &members, ReinvocationPolicy::Never, with_table);
+    assert_eq!(
+        decisions(&out),
+        [
+            ("pods-create", Decision::Patched),
+            ("pods-update", Decision::Skipped),
+            ("status-only", Decision::Skipped),
+            ("selective", Decision::Allowed),
+        ]
+    );
+    let out = chain::validate(&req, &members, with_table);
+    assert_eq!(
+        out.response.message(),
+        Some("policy \"selective\": db says no")
     );
 }
 

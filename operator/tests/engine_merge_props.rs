@@ -379,7 +379,7 @@ proptest! {
             .map(|(i, list)| compile(&named_policy(&format!("p{i}"), list, reinvocation)).expect("valid"))
             .collect();
         let members: Vec<&gatehouse::engine::CompiledPolicy> = compiled.iter().collect();
-        let scope = chain::Scope { namespace: gatehouse::engine::Namespace::Assumed, matched: false };
+        let scope = chain::Scope { namespace: gatehouse::engine::Namespace::Assumed, matched: false, rules: None };
         let policy: gatehouse::api::v1alpha1::ReinvocationPolicy =
             serde_json::from_value(json!(reinvocation)).expect("a reinvocation policy");
         let once = chain::mutate(&review_of(&x), &members, policy, scope);
@@ -424,7 +424,7 @@ proptest! {
             .map(|(i, list)| compile(&named_policy(&format!("p{i}"), list, "IfNeeded")).expect("valid"))
             .collect();
         let members: Vec<&gatehouse::engine::CompiledPolicy> = compiled.iter().collect();
-        let scope = chain::Scope { namespace: gatehouse::engine::Namespace::Assumed, matched: false };
+        let scope = chain::Scope { namespace: gatehouse::engine::Namespace::Assumed, matched: false, rules: None };
         let req = review_of(&x);
         let out = chain::mutate(&req, &members, gatehouse::api::v1alpha1::ReinvocationPolicy::IfNeeded, scope);
         prop_assert!(out.response.allowed, "{:?}", out.response.message());
@@ -468,7 +468,7 @@ proptest! {
             .map(|(i, list)| compile(&named_policy(&format!("p{i}"), list, "Never")).expect("valid"))
             .collect();
         let members: Vec<&gatehouse::engine::CompiledPolicy> = compiled.iter().collect();
-        let scope = chain::Scope { namespace: gatehouse::engine::Namespace::Assumed, matched: false };
+        let scope = chain::Scope { namespace: gatehouse::engine::Namespace::Assumed, matched: false, rules: None };
         let req = review_of(&x);
         let out = chain::mutate(&req, &members, gatehouse::api::v1alpha1::ReinvocationPolicy::Never, scope);
 

@@ -103,6 +103,17 @@ pub struct Scope<'a> {
     pub namespace: Namespace<'a>,
     /// The API server matched already (a Policy's own entry): evaluate without matching.
     pub matched: bool,
+    /// Per member, whether its rules match the request, when the group's
+    /// [`RuleTable`](super::rule_table::RuleTable) told already; otherwise each member's rules
+    /// are matched as it is offered the request. Rules read nothing a member can change.
+    pub rules: Option<&'a [bool]>,
+}
+
+impl Scope<'_> {
+    /// What [`Scope::rules`] says of member `index`.
+    fn rules_of(&self, index: usize) -> Option<bool> {
+        self.rules.and_then(|r| r.get(index).copied())
+    }
 }
 
 /// Runs a mutating group; see the module documentation.
@@ -130,7 +141,7 @@ pub fn mutate<'p>(
     for _ in 0..bound {
         for (at, &i) in order.iter().enumerate() {
             clock += 1;
-            match chain.step(members[i], scope, at + 1 == order.len()) {
+            match chain.step(members[i], scope.rules_of(i), scope, at + 1 == order.len()) {
                 Ok(Decision::Patched) => {
                     last_change = clock;
                     last_ran[i] = Some(clock);
@@ -305,15 +316,17 @@ impl<'r, 'p> Chain<'r, 'p> {
         decided
     }
 
+    /// Offers the working copy to `policy`; `rules` says whether its rules match, when known.
     fn step(
         &mut self,
         policy: &'p CompiledPolicy,
+        rules: Option<bool>,
         scope: Scope<'_>,
         last: bool,
     ) -> Result<Decision, Response> {
         let started = Instant::now();
         let mut over_budget = false;
-        let step = mutate_step(self, policy, scope, last, &mut over_budget);
+        let step = mutate_step(self, policy, (rules, scope), last, &mut over_budget);
         self.evaluated.push(Evaluated {
             policy,
             decision: step.as_ref().map_or(Decision::Denied, |d| *d),
@@ -371,10 +384,11 @@ pub fn validate<'p>(
     let mut warnings = Vec::new();
     let mut denials: Vec<Response> = Vec::new();
     let mut evaluated = Vec::new();
-    for &policy in members {
+    for (i, &policy) in members.iter().enumerate() {
         let started = Instant::now();
         let mut over_budget = false;
-        let decision = match offered(req, policy, scope, &mut warnings, &mut over_budget) {
+        let offer = (scope.rules_of(i), scope);
+        let decision = match offered(req, policy, offer, &mut warnings, &mut over_budget) {
             Err(denial) => {
                 denials.push(denial);
                 Decision::Denied
@@ -441,14 +455,19 @@ pub fn distinct(warnings: Vec<String>) -> Vec<String> {
 fn offered(
     current: &Request,
     policy: &CompiledPolicy,
-    scope: Scope<'_>,
+    (rules, scope): (Option<bool>, Scope<'_>),
     warnings: &mut Vec<String>,
     over_budget: &mut bool,
 ) -> Result<Option<Decision>, Response> {
     if scope.matched {
         return Ok(None);
     }
-    match matcher::matches(current, policy, scope.namespace) {
+    let matched = match rules {
+        Some(false) => return Ok(Some(Decision::Skipped)),
+        Some(true) => matcher::matches_beyond_rules(current, policy, scope.namespace),
+        None => matcher::matches(current, policy, scope.namespace),
+    };
+    match matched {
         Ok(true) => Ok(None),
         Ok(false) => Ok(Some(Decision::Skipped)),
         Err(e @ (MatchError::Condition { .. } | MatchError::NamespaceUnknown { .. })) => {
@@ -478,7 +497,7 @@ fn offered(
 fn mutate_step(
     chain: &mut Chain<'_, '_>,
     policy: &CompiledPolicy,
-    scope: Scope<'_>,
+    offer: (Option<bool>, Scope<'_>),
     last: bool,
     over_budget: &mut bool,
 ) -> Result<Decision, Response> {
@@ -492,7 +511,7 @@ fn mutate_step(
     if let Some(decision) = offered(
         chain.working.as_ref().unwrap_or(chain.original),
         policy,
-        scope,
+        offer,
         &mut chain.warnings,
         over_budget,
     )? {
@@ -544,6 +563,7 @@ pub fn admit<'p>(
     let scope = Scope {
         namespace,
         matched: false,
+        rules: None,
     };
     let mut chain = Chain::new(req);
     let mut invoked: Vec<usize> = Vec::new();

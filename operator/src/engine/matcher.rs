@@ -53,10 +53,27 @@ pub fn matches(
     policy: &CompiledPolicy,
     namespace: Namespace<'_>,
 ) -> Result<bool, MatchError> {
-    let spec = &policy.spec().match_;
-    if !spec.rules.iter().any(|rule| rule_matches(rule, req)) {
+    if !policy
+        .spec()
+        .match_
+        .rules
+        .iter()
+        .any(|rule| rule_matches(rule, req))
+    {
         return Ok(false);
     }
+    matches_beyond_rules(req, policy, namespace)
+}
+
+/// [`matches`] for a request that one of `policy`'s rules matches (as a whole group's
+/// [`RuleTable`](super::rule_table::RuleTable) tells): the namespaceSelector, objectSelector
+/// and match conditions.
+pub fn matches_beyond_rules(
+    req: &Request,
+    policy: &CompiledPolicy,
+    namespace: Namespace<'_>,
+) -> Result<bool, MatchError> {
+    let spec = &policy.spec().match_;
     if let Some(selector) = &spec.namespace_selector
         && !namespace_selector_matches(selector, req, namespace)?
     {

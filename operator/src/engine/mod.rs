@@ -12,6 +12,7 @@
 //! * [`admission`]: AdmissionReview wire types and [`parse_request`], the decision for one Policy
 //!   ([`decide`]) and its encoding ([`encoded_review`]);
 //! * [`matcher`]: rules, objectSelector and match conditions, for offline evaluation;
+//! * [`rule_table`]: the rules of a whole group, matched against a request at once;
 //! * [`mark`]: the scheduling gate and label that hand a Pod to the effects loop.
 pub mod admission;
 pub mod cel;
@@ -25,6 +26,7 @@ pub mod matcher;
 pub mod merge;
 pub mod mutate;
 pub mod policy;
+pub mod rule_table;
 
 pub use admission::{
     Phase, Request, Response, ReviewError, Status, decide, decide_policy_object, encoded_review,

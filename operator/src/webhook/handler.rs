@@ -11,7 +11,8 @@ use tracing::{Instrument, info_span, warn};
 
 use super::namespaces::Namespaces;
 use super::{
-    Lookup, MAX_BODY_BYTES, MUTATE_PREFIX, PolicyStore, VALIDATE_POLICY_PATH, VALIDATE_PREFIX,
+    Lookup, MAX_BODY_BYTES, MUTATE_PREFIX, Members, PolicyStore, VALIDATE_POLICY_PATH,
+    VALIDATE_PREFIX,
 };
 use crate::engine::chain::{self, Scope};
 use crate::engine::group::{Group, OWN_PREFIX};
@@ -161,7 +162,7 @@ async fn review_entry(
     let labels = namespace_labels(state, &request, &members, matched)
         .instrument(span.clone())
         .await;
-    let heavy = members.iter().any(|p| p.is_heavy());
+    let heavy = members.heavy;
     // Evaluated on this worker when every member is cheap, on the blocking pool when one is
     // heavy; never on the threads that accept connections and serve the admin port (see the
     // module documentation).
@@ -174,7 +175,13 @@ async fn review_entry(
                     Some(Ok(map)) => Namespace::Labels(map),
                     Some(Err(reason)) => Namespace::Unknown(reason),
                 };
-                let scope = Scope { namespace, matched };
+                // The rules read nothing a member can change: matched for the whole group here.
+                let rules = (!matched).then(|| members.rules.matching(&request));
+                let scope = Scope {
+                    namespace,
+                    matched,
+                    rules: rules.as_deref(),
+                };
                 let response = decide(&state, &request, &group, &members, phase, scope);
                 tracing::Span::current()
                     .record("allowed", response.allowed())
@@ -259,16 +266,14 @@ fn decide(
 async fn namespace_labels(
     state: &WebhookState,
     request: &engine::Request,
-    members: &[Arc<CompiledPolicy>],
+    members: &Members,
     matched: bool,
 ) -> Option<Result<std::collections::BTreeMap<String, String>, String>> {
     // A Namespace is judged by its own labels and other cluster-scoped objects always match:
     // only a namespaced object needs its Namespace's.
     let is_namespace = request.kind.group.is_empty() && request.kind.kind == "Namespace";
-    let needed = !(matched || request.namespace().is_empty() || is_namespace)
-        && members
-            .iter()
-            .any(|p| p.spec().match_.namespace_selector.is_some());
+    let needed =
+        !(matched || request.namespace().is_empty() || is_namespace) && members.namespace_selectors;
     if !needed {
         return None;
     }

@@ -28,7 +28,7 @@ pub use handler::{
     BODY_READ_TIMEOUT, Route, WebhookState, handle, handler, heavy_evaluations_in_flight,
 };
 pub use namespaces::Namespaces;
-pub use store::{Lookup, PolicyStore, RETIRED_GRACE};
+pub use store::{Lookup, Members, PolicyStore, RETIRED_GRACE};
 
 /// Largest AdmissionReview body accepted. The API server caps request objects at 3 MiB; 8 MiB
 /// leaves room for oldObject on UPDATE while bounding memory per connection.

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use crate::engine::CompiledPolicy;
 use crate::engine::group::{self, Group, GroupPhase};
+use crate::engine::rule_table::RuleTable;
 
 /// How long a group (or Policy) that left the configurations is still answered. The API
 /// server's webhook informer lags a configuration write by a moment; during that moment it may
@@ -18,7 +19,7 @@ pub enum Lookup {
     /// invalid) is left out; with none left the request is admitted unchanged.
     Group {
         group: Arc<Group>,
-        members: Members,
+        members: Arc<Members>,
         /// The API server matched already (a Policy's own entry).
         matched: bool,
     },
@@ -27,8 +28,39 @@ pub enum Lookup {
 
 type Key = (GroupPhase, String);
 
-/// The active members of a group, in order.
-pub type Members = Arc<[Arc<CompiledPolicy>]>;
+/// The active members of a group, in order (the slice it derefs to), and what a request needs
+/// to know of all of them, worked out once when the group's membership changes.
+#[derive(Default)]
+pub struct Members {
+    policies: Vec<Arc<CompiledPolicy>>,
+    /// Their rules, matched against a request all at once.
+    pub rules: RuleTable,
+    /// One of them is heavy ([`CompiledPolicy::is_heavy`]).
+    pub heavy: bool,
+    /// One of them has a namespaceSelector.
+    pub namespace_selectors: bool,
+}
+
+impl Members {
+    pub fn new(policies: Vec<Arc<CompiledPolicy>>) -> Self {
+        Members {
+            rules: RuleTable::new(policies.iter().map(|p| p.spec().match_.rules.as_slice())),
+            heavy: policies.iter().any(|p| p.is_heavy()),
+            namespace_selectors: policies
+                .iter()
+                .any(|p| p.spec().match_.namespace_selector.is_some()),
+            policies,
+        }
+    }
+}
+
+impl std::ops::Deref for Members {
+    type Target = [Arc<CompiledPolicy>];
+
+    fn deref(&self) -> &Self::Target {
+        &self.policies
+    }
+}
 
 #[derive(Clone, Default)]
 struct State {
@@ -46,7 +78,7 @@ struct State {
     retired_policies: HashMap<String, Instant>,
     /// The active members of every group above, resolved when the state changes rather than
     /// on every request: at 128 members a review looked each name up in `active`.
-    members: HashMap<Key, Members>,
+    members: HashMap<Key, Arc<Members>>,
 }
 
 impl State {
@@ -89,12 +121,13 @@ impl State {
         self.members = members;
     }
 
-    fn active_members(&self, group: &Group) -> Members {
-        group
+    fn active_members(&self, group: &Group) -> Arc<Members> {
+        let policies = group
             .members
             .iter()
             .filter_map(|name| self.active.get(name).cloned())
-            .collect()
+            .collect();
+        Arc::new(Members::new(policies))
     }
 
     fn recompute(&mut self) {
