@@ -2,7 +2,7 @@
 //! Pods at a fixed concurrency with no webhooks, with the floor of 2 fixed-allow webhooks (one
 //! mutating, one validating: what Gatehouse's shared entries cost the API server at best), and
 //! with 16, 64 and 256 matching Policies (half mutating, half validating), and compare create
-//! latency. A benchmark, not a test: it prints numbers.
+//! latency. A benchmark, not a test: it prints numbers. Gatehouse runs at its default log level.
 //!
 //! A second floor has the fixed mutating webhook answer with the change the Policies make, as a
 //! fixed patch: the API server's own cost of applying and storing a mutation, which the
@@ -15,10 +15,14 @@
 //! every mutating Policy a label of its own instead (the stored Pod grows by one label per
 //! mutating Policy).
 //!
-//! Every phase runs `ROUNDS` (default 5) rounds of `PODS` (500) creates at `CONCURRENCY` (50),
-//! and reports the median of the rounds' figures with each round's p99 beside it: one round's
-//! p99 is its 5th-slowest create, which a single stall of a shared machine decides. The phases
-//! without Policies take turns round by round.
+//! The machine is shared and its pace drifts by tens of percent from one minute to the next, so
+//! the phases are not run one after the other: each has a namespace of its own (Gatehouse's
+//! shared entries leave out the three others, as they leave out kube-system; each floor's
+//! entries select only theirs), and with each number of Policies installed the four phases take
+//! turns, round by round: `ROUNDS` (default 5) rounds of `PODS` (500) creates at `CONCURRENCY`
+//! (50). Figures are the median over the rounds, with each round's p99 beside it (one round's
+//! p99 is its 5th-slowest create, which a single stall decides). The 256/16 ratio is given
+//! raw and with each against the floor measured beside it.
 //!
 //! `tests/bench/admission-load` runs it (control plane, release build, environment).
 
@@ -244,17 +248,18 @@ fn policy(name: &str, ns: &str, body: Value) -> Value {
     json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": name}, "spec": spec})
 }
 
-/// One phase with Policies: how many, its rounds, the API server's p99 bucket for Gatehouse's
-/// entries, Gatehouse's RSS (KiB) after it.
-type PolicyPhase = (usize, Phase, Option<String>, Option<u64>);
-
-/// Name of the webhook configurations of the floor phase.
-const FLOOR: &str = "bench-floor";
+/// Names of the webhook configurations of the floors.
+const FLOORS: [&str; 2] = ["bench-floor", "bench-patching-floor"];
 
 /// One mutating and one validating entry, shaped like Gatehouse's shared ones (same rules,
 /// failurePolicy and sideEffects, only a namespace selector), that call `mutating` and
 /// `validating` by URL.
-fn floor_configurations(mutating: &TestWebhook, validating: &TestWebhook, ns: &str) -> String {
+fn floor_configurations(
+    name: &str,
+    mutating: &TestWebhook,
+    validating: &TestWebhook,
+    ns: &str,
+) -> String {
     let entry = |kind: &str| -> Value {
         let hook = if kind == "mutate" {
             mutating
@@ -276,7 +281,7 @@ fn floor_configurations(mutating: &TestWebhook, validating: &TestWebhook, ns: &s
         json!({
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": kind,
-            "metadata": {"name": FLOOR},
+            "metadata": {"name": name},
             "webhooks": webhooks,
         })
     };
@@ -341,19 +346,19 @@ async fn reviews_per_create(api: &Api<Pod>, hook: &TestWebhook) -> anyhow::Resul
     Ok(hook.reviews().len() - before)
 }
 
-/// `rounds` rounds of creates through a mutating and a validating entry that call `mutating`
-/// and `validating`.
-async fn fixed_phase(
+/// Installs a mutating and a validating entry named `name` for the Pods of `load`'s namespace
+/// `ns` that call `mutating` and `validating`, and waits until the API server calls them.
+async fn install_floor(
     cluster: &'static Cluster,
+    name: &str,
     load: &Load<'_>,
     ns: &str,
     (mutating, validating): (&TestWebhook, &TestWebhook),
-    rounds: usize,
-) -> anyhow::Result<Phase> {
+) -> anyhow::Result<()> {
     cluster
         .kubectl_ok(
             ["apply", "-f", "-"],
-            Some(&floor_configurations(mutating, validating, ns)),
+            Some(&floor_configurations(name, mutating, validating, ns)),
         )
         .await?;
     let calls = || async {
@@ -369,28 +374,24 @@ async fn fixed_phase(
         2
     };
     await_condition(
-        "2 fixed entries in effect",
+        &format!("the entries of {name} in effect"),
         Duration::from_secs(60),
         || async { Ok((calls().await? == expected).then_some(())) },
     )
-    .await?;
-    load.warm("warm-floor").await?;
-    let phase = load.measure("floor", rounds).await?;
-    cluster
-        .kubectl_ok(
-            [
-                "delete",
-                "mutatingwebhookconfiguration,validatingwebhookconfiguration",
-                FLOOR,
-            ],
-            None,
-        )
-        .await?;
-    await_condition("fixed entries gone", Duration::from_secs(60), || async {
-        Ok((calls().await? == 0).then_some(()))
-    })
-    .await?;
-    Ok(phase)
+    .await
+}
+
+/// One step of Policies, and the phases measured in turn with it, round by round.
+struct Block {
+    policies: usize,
+    none: Phase,
+    floor: Phase,
+    patching: Phase,
+    with: Phase,
+    /// The API server's p99 bucket for Gatehouse's entries.
+    bucket: Option<String>,
+    /// Gatehouse's RSS (KiB) after the block.
+    rss: Option<u64>,
 }
 
 #[tokio::main]
@@ -402,46 +403,74 @@ async fn main() -> anyhow::Result<()> {
     let cluster = cluster().await;
     let client = cluster.client().await?;
     let home = TestNamespace::new(cluster, "bench-home").await?;
+    // One namespace per phase, so that the phases can take turns round by round: the Policies
+    // select `ns`; the floors' entries select their own; Gatehouse's shared entries leave out
+    // all three others, as they leave out kube-system.
     let ns = TestNamespace::new(cluster, "bench-load").await?;
-    let gh = Gatehouse::start(cluster, home.name(), Options::service().default_logging()).await?;
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns.name());
+    let quiet = TestNamespace::new(cluster, "bench-none").await?;
+    let allow_ns = TestNamespace::new(cluster, "bench-floor").await?;
+    let patch_ns = TestNamespace::new(cluster, "bench-patch").await?;
+    let excluded = format!(
+        "kube-system,kube-node-lease,{},{},{}",
+        quiet.name(),
+        allow_ns.name(),
+        patch_ns.name()
+    );
+    let gh = Gatehouse::start(
+        cluster,
+        home.name(),
+        Options::service()
+            .default_logging()
+            .arg("--exclude-namespaces", &excluded),
+    )
+    .await?;
     let procs = processes(cluster.state_dir(), gh.pid());
-    let load = Load {
-        api: &api,
+    let api = |ns: &TestNamespace| Api::<Pod>::namespaced(client.clone(), ns.name());
+    let (api_policies, api_none, api_floor, api_patch) =
+        (api(&ns), api(&quiet), api(&allow_ns), api(&patch_ns));
+    let load = |api| Load {
+        api,
         procs: &procs,
         count,
         concurrency,
     };
-
-    // Warm the API server's paths once so no phase pays first-use costs.
-    load.warm("warm").await?;
+    let (policies, none, floor, patching) = (
+        load(&api_policies),
+        load(&api_none),
+        load(&api_floor),
+        load(&api_patch),
+    );
 
     // The floor: as many entries as Gatehouse's shared ones, answered by a server that does no
     // work (a fixed allow, no patch). What they add is the API server's own cost of calling 2
     // webhooks per create on this machine, which no webhook implementation can get under.
     let allowing = TestWebhook::start(&["127.0.0.1"], allow())?;
+    install_floor(
+        cluster,
+        FLOORS[0],
+        &floor,
+        allow_ns.name(),
+        (&allowing, &allowing),
+    )
+    .await?;
     // The same, with the mutating entry answering the Policies' change as a fixed patch: the
     // floor for a mutating workload, since applying a patch (and storing the larger object)
     // costs the API server what no webhook can save it.
-    let patching = TestWebhook::start(&["127.0.0.1"], fixed_patch())?;
-    // The three phases without Policies take turns round by round, so that a slow stretch of
-    // the machine falls on all of them rather than on one.
-    let (mut baseline, mut floor, mut patched_floor) =
-        (Phase::default(), Phase::default(), Phase::default());
-    for round in 0..rounds {
-        eprintln!("==> round {}/{rounds}: no webhooks, both floors", round + 1);
-        baseline.extend(load.measure(&format!("base{round}"), 1).await?);
-        let hooks = (&allowing, &allowing);
-        floor.extend(fixed_phase(cluster, &load, ns.name(), hooks, 1).await?);
-        let hooks = (&patching, &allowing);
-        patched_floor.extend(fixed_phase(cluster, &load, ns.name(), hooks, 1).await?);
-    }
-    allowing.shutdown();
-    patching.shutdown();
+    let patcher = TestWebhook::start(&["127.0.0.1"], fixed_patch())?;
+    install_floor(
+        cluster,
+        FLOORS[1],
+        &patching,
+        patch_ns.name(),
+        (&patcher, &allowing),
+    )
+    .await?;
 
-    // Policies, in steps of 16, 64 and 256 (half mutating, half validating).
+    // Policies, in steps of 16, 64 and 256 (half mutating, half validating); with each step
+    // the four phases take turns, round by round, so that a slow stretch of this shared
+    // machine falls on all of them.
     let mut names: Vec<String> = Vec::new();
-    let mut phases: Vec<PolicyPhase> = Vec::new();
+    let mut blocks: Vec<Block> = Vec::new();
     for total in [16, 64, 256] {
         let mut docs = String::new();
         for i in names.len() / 2..total / 2 {
@@ -459,7 +488,7 @@ async fn main() -> anyhow::Result<()> {
             &format!("{total} Policies in effect"),
             Duration::from_secs(300),
             || async {
-                let p = api
+                let p = api_policies
                     .create(
                         &PostParams {
                             dry_run: true,
@@ -486,95 +515,138 @@ async fn main() -> anyhow::Result<()> {
             },
         )
         .await?;
-        eprintln!("==> {total} Policies: {rounds} rounds");
-        load.warm("warm2").await?;
+        for load in [&none, &floor, &patching, &policies] {
+            load.warm("warm").await?;
+        }
+        let mut block = Block {
+            policies: total,
+            none: Phase::default(),
+            floor: Phase::default(),
+            patching: Phase::default(),
+            with: Phase::default(),
+            bucket: None,
+            rss: None,
+        };
         let before = webhook_buckets(&client).await?;
-        let with = load.measure("pol", rounds).await?;
+        for round in 0..rounds {
+            eprintln!("==> {total} Policies: round {}/{rounds}", round + 1);
+            block.none.extend(none.measure("none", 1).await?);
+            block.floor.extend(floor.measure("floor", 1).await?);
+            block.patching.extend(patching.measure("patch", 1).await?);
+            block.with.extend(policies.measure("pol", 1).await?);
+        }
         let after = webhook_buckets(&client).await?;
-        phases.push((total, with, bucket_p99(&before, &after), gh.rss_kib()));
+        block.bucket = bucket_p99(&before, &after);
+        block.rss = gh.rss_kib();
+        blocks.push(block);
     }
+    allowing.shutdown();
+    patcher.shutdown();
 
+    report(&blocks, &procs, count, concurrency, rounds, distinct);
+
+    let mut delete = vec!["delete", "policies", "--wait=false"];
+    delete.extend(names.iter().map(String::as_str));
+    cluster.kubectl_ok(delete, None).await?;
+    for name in FLOORS {
+        cluster
+            .kubectl_ok(
+                [
+                    "delete",
+                    "mutatingwebhookconfiguration,validatingwebhookconfiguration",
+                    name,
+                ],
+                None,
+            )
+            .await?;
+    }
+    gh.shutdown().await?;
+    for namespace in [ns, quiet, allow_ns, patch_ns, home] {
+        namespace.cleanup().await?;
+    }
+    if blocks.iter().any(|b| b.with.p99().is_zero()) {
+        bail!("no samples");
+    }
+    Ok(())
+}
+
+/// Prints the tables and the goals.
+fn report(
+    blocks: &[Block],
+    procs: &[(String, u32)],
+    count: usize,
+    concurrency: usize,
+    rounds: usize,
+    distinct: bool,
+) {
     let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1000.0);
+    let ratio = |a: &Phase, b: &Phase| a.p99().as_secs_f64() / b.p99().as_secs_f64();
     println!(
-        "{count} Pod creates at concurrency {concurrency}, {rounds} rounds per phase (figures: the median over the rounds); {}",
+        "{count} Pod creates at concurrency {concurrency}; with each number of Policies the four phases take turns for {rounds} rounds; figures: the median over the rounds; {}",
         if distinct {
             "each mutating Policy sets a label of its own"
         } else {
             "the mutating Policies set 8 labels among them (the same stored Pod in every phase)"
         }
     );
-    println!(
-        "| phase | avg | p95 | p99 | p99 of each round (ms) | p99 / none | p99 / 2-webhook floor | p99 / patching floor |"
-    );
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
-    let ratio = |a: &Phase, b: &Phase| a.p99().as_secs_f64() / b.p99().as_secs_f64();
-    let row = |label: &str, p: &Phase| {
+    for b in blocks {
+        println!();
+        println!("{} Policies", b.policies);
         println!(
-            "| {label} | {} | {} | {} | {} | {:.2}x | {:.2}x | {:.2}x |",
-            ms(p.median(|s| s.avg)),
-            ms(p.median(|s| s.p95)),
-            ms(p.p99()),
-            p.p99s(),
-            ratio(p, &baseline),
-            ratio(p, &floor),
-            ratio(p, &patched_floor),
-        )
-    };
-    row("no webhooks", &baseline);
-    row("2 fixed-allow webhooks (floor)", &floor);
-    row(
-        "2 fixed webhooks, the mutating one patching as 16 Policies do",
-        &patched_floor,
-    );
-    for (total, p, _, _) in &phases {
-        row(&format!("{total} Policies"), p);
-    }
-    let of = |n: usize| phases.iter().find(|(t, ..)| *t == n).map(|(_, p, ..)| p);
-    if let (Some(p16), Some(p256)) = (of(16), of(256)) {
+            "| phase | avg | p95 | p99 | p99 of each round (ms) | p99 / none | p99 / 2-webhook floor | p99 / patching floor |"
+        );
+        println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+        let row = |label: &str, p: &Phase| {
+            println!(
+                "| {label} | {} | {} | {} | {} | {:.2}x | {:.2}x | {:.2}x |",
+                ms(p.median(|s| s.avg)),
+                ms(p.median(|s| s.p95)),
+                ms(p.p99()),
+                p.p99s(),
+                ratio(p, &b.none),
+                ratio(p, &b.floor),
+                ratio(p, &b.patching),
+            )
+        };
+        row("no webhooks", &b.none);
+        row("2 fixed-allow webhooks (floor)", &b.floor);
+        row(
+            "2 fixed webhooks, the mutating one patching as 16 Policies do",
+            &b.patching,
+        );
+        row(&format!("{} Policies", b.policies), &b.with);
         println!(
-            "goals: p99(16) / floor = {:.2}x (<= 1.10), p99(16) / none = {:.2}x (<= 1.15), p99(256) / p99(16) = {:.2}x (<= 1.15); p99(16) / patching floor = {:.2}x",
-            ratio(p16, &floor),
-            ratio(p16, &baseline),
-            ratio(p256, p16),
-            ratio(p16, &patched_floor),
+            "API server apiserver_admission_webhook_admission_duration_seconds p99 for Gatehouse entries: {}",
+            b.bucket.clone().unwrap_or_else(|| "no samples".into())
+        );
+        println!("CPU seconds per round of {count} creates (2-core machine, everything on it):");
+        for (i, (name, _)) in procs.iter().enumerate() {
+            println!(
+                "  {:<16} none {:.2} s, floor {:.2} s, patching floor {:.2} s, {} Policies {:.2} s",
+                name,
+                b.none.cpu_per_round(i),
+                b.floor.cpu_per_round(i),
+                b.patching.cpu_per_round(i),
+                b.policies,
+                b.with.cpu_per_round(i),
+            );
+        }
+        println!(
+            "Gatehouse RSS after the {}-Policy block: {} KiB",
+            b.policies,
+            b.rss.map(|r| r.to_string()).unwrap_or("?".into())
         );
     }
-    for (total, _, p99, _) in &phases {
+    let of = |n: usize| blocks.iter().find(|b| b.policies == n);
+    if let (Some(b16), Some(b256)) = (of(16), of(256)) {
+        println!();
         println!(
-            "API server apiserver_admission_webhook_admission_duration_seconds p99 for Gatehouse entries, {total} Policies: {}",
-            p99.clone().unwrap_or_else(|| "no samples".into())
+            "goals: p99(16) / floor = {:.2}x (<= 1.10), p99(16) / none = {:.2}x (<= 1.15), p99(256) / p99(16) = {:.2}x (<= 1.15; {:.2}x with each against the floor measured beside it); p99(16) / patching floor = {:.2}x",
+            ratio(&b16.with, &b16.floor),
+            ratio(&b16.with, &b16.none),
+            ratio(&b256.with, &b16.with),
+            ratio(&b256.with, &b256.floor) / ratio(&b16.with, &b16.floor),
+            ratio(&b16.with, &b16.patching),
         );
     }
-    println!("CPU seconds per round of {count} creates (2-core machine, everything on it):");
-    for (i, (name, _)) in procs.iter().enumerate() {
-        let per_phase: Vec<String> = phases
-            .iter()
-            .map(|(total, p, _, _)| format!("{total} Policies {:.2} s", p.cpu_per_round(i)))
-            .collect();
-        println!(
-            "  {:<16} none {:.2} s, floor {:.2} s, patching floor {:.2} s, {}",
-            name,
-            baseline.cpu_per_round(i),
-            floor.cpu_per_round(i),
-            patched_floor.cpu_per_round(i),
-            per_phase.join(", ")
-        );
-    }
-    for (total, _, _, rss) in &phases {
-        println!(
-            "Gatehouse RSS after the {total}-Policy phase: {} KiB",
-            rss.map(|r| r.to_string()).unwrap_or("?".into())
-        );
-    }
-
-    let mut delete = vec!["delete", "policies", "--wait=false"];
-    delete.extend(names.iter().map(String::as_str));
-    cluster.kubectl_ok(delete, None).await?;
-    gh.shutdown().await?;
-    ns.cleanup().await?;
-    home.cleanup().await?;
-    if phases.iter().any(|(_, p, ..)| p.p99().is_zero()) {
-        bail!("no samples");
-    }
-    Ok(())
 }
