@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use gatehouse::api::v1alpha1::{Policy, ReinvocationPolicy};
 use gatehouse::engine::chain::{self, Decision, Scope};
 use gatehouse::engine::rule_table::RuleTable;
-use gatehouse::engine::{CompiledPolicy, Namespace, Request, compile, parse_request};
+use gatehouse::engine::{
+    CompiledPolicy, Namespace, Phase, Request, Response, compile, decide, parse_request,
+};
 use serde_json::{Value, json};
 
 fn policy(name: &str, spec: Value) -> CompiledPolicy {
@@ -191,6 +193,79 @@ fn a_validating_group_reports_every_denial_and_warning() {
             ("w", Decision::Allowed)
         ]
     );
+}
+
+#[test]
+fn validating_members_that_read_alike_decide_as_each_would_alone() {
+    let validate = |name: &str, extra: Value, expression: &str| {
+        let mut spec =
+            json!({"validate": [{"expression": expression, "message": format!("{name} says no")}]});
+        if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+            spec.extend(extra.clone());
+        }
+        policy(name, spec)
+    };
+    let pairs = "object.spec.containers.all(a, object.spec.containers.all(b, a.name == b.name || a.image != ''))";
+    // Alike needs in pairs (team, containers, pairs), one reading `request`, one reading all.
+    let members = [
+        validate("team-1", json!({}), "has(object.metadata.labels.team)"),
+        validate(
+            "containers-1",
+            json!({}),
+            "object.spec.containers.all(c, c.image != '')",
+        ),
+        validate("team-2", json!({}), "object.metadata.labels.team == 'a'"),
+        validate("user", json!({}), "request.userInfo.username != 'mallory'"),
+        validate("pairs-fail", json!({}), pairs),
+        validate(
+            "containers-2",
+            json!({}),
+            "size(object.spec.containers) < 3",
+        ),
+        validate("pairs-ignore", json!({"failurePolicy": "Ignore"}), pairs),
+        validate(
+            "whole",
+            json!({}),
+            "object.kind == 'Pod' && size(object.spec.containers) > 0",
+        ),
+    ];
+    let refs: Vec<&CompiledPolicy> = members.iter().collect();
+    for req in [
+        with_containers(2),
+        with_containers(5),
+        with_containers(2_000),
+    ] {
+        let out = chain::validate(&req, &refs, ASSUMED);
+        // Each alone, as its own entry would have decided.
+        let alone: Vec<Response> = members
+            .iter()
+            .map(|p| decide(&req, p, Phase::Validating))
+            .collect();
+        let expected: Vec<(&str, bool)> = members
+            .iter()
+            .zip(&alone)
+            .map(|(p, r)| (p.name(), r.allowed))
+            .collect();
+        let got: Vec<(&str, bool)> = out
+            .evaluated
+            .iter()
+            .map(|e| (e.policy.name(), e.decision != Decision::Denied))
+            .collect();
+        assert_eq!(got, expected);
+        let over_budget: Vec<bool> = alone.iter().map(|r| r.over_budget).collect();
+        let got_over: Vec<bool> = out.evaluated.iter().map(|e| e.over_budget).collect();
+        assert_eq!(got_over, over_budget);
+        let denials: Vec<Response> = alone.iter().filter(|r| !r.allowed).cloned().collect();
+        assert_eq!(
+            out.response.message(),
+            chain::combine(denials).as_ref().and_then(Response::message)
+        );
+        for r in &alone {
+            for w in &r.warnings {
+                assert!(out.response.warnings.contains(w), "{w}");
+            }
+        }
+    }
 }
 
 #[test]

@@ -206,7 +206,18 @@ fn validating(req: &Request, policy: &CompiledPolicy) -> Response {
         return Response::allow();
     }
     let variables = Variables::new(req, [&policy.hints.validation_needs]);
-    let vars = variables.activation(&policy.hints.validation_needs);
+    validating_with(
+        policy,
+        &variables.activation(&policy.hints.validation_needs),
+    )
+}
+
+/// The validating [`decide`] with the request's variables bound already: `vars` binds at least
+/// what the Policy's validations read (the needs its compiled form keeps for them).
+pub fn validating_with(policy: &CompiledPolicy, vars: &cel::Activation<'_>) -> Response {
+    if !policy.has_validations() {
+        return Response::allow();
+    }
     let (mut denials, mut failures, mut warnings) = (Vec::new(), Vec::new(), Vec::new());
     let mut ignored = false;
     let mut over_budget = false;
@@ -217,7 +228,7 @@ fn validating(req: &Request, policy: &CompiledPolicy) -> Response {
         .zip(&policy.validations)
         .enumerate()
     {
-        match program.eval_bool(&vars) {
+        match program.eval_bool(vars) {
             Ok(true) => {}
             Ok(false) => {
                 let message = format!("{}: {}", prefix(policy), rule.message);

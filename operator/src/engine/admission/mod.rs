@@ -12,7 +12,9 @@ pub mod encode;
 pub mod request;
 mod typed_decode;
 
-pub use decision::{Phase, Response, Status, decide, decide_in_place, decide_policy_object};
+pub use decision::{
+    Phase, Response, Status, decide, decide_in_place, decide_policy_object, validating_with,
+};
 pub use encode::{encoded_review, review_value};
 pub use request::{
     API_VERSION, GroupVersionKind, GroupVersionResource, KIND, Request, ReviewError, UserInfo,
