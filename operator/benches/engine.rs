@@ -311,10 +311,10 @@ fn groups() {
             let mutating: Vec<&CompiledPolicy> = mutating.iter().collect();
             let validating: Vec<&CompiledPolicy> = validating.iter().collect();
             // As the server does: each group's rules in one table, made when its membership is.
-            let table = |members: &[&CompiledPolicy]| {
-                RuleTable::new(members.iter().map(|p| p.spec().match_.rules.as_slice()))
-            };
-            let (mutating_rules, validating_rules) = (table(&mutating), table(&validating));
+            let (mutating_rules, validating_rules) = (
+                RuleTable::of(mutating.iter().copied()),
+                RuleTable::of(validating.iter().copied()),
+            );
             let body = body.clone();
             Box::new(move || {
                 let req = engine::parse_request(black_box(&body)).expect("parses");

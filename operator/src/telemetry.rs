@@ -78,8 +78,9 @@ struct PhaseMeters {
 }
 
 impl PolicyMeters {
-    /// Counts `evaluated`, the part of the Policy named `policy` in a request of `phase`.
-    pub fn record(&self, metrics: &Metrics, policy: &str, phase: Phase, evaluated: &Evaluated<'_>) {
+    /// Counts `evaluated`, its Policy's part in a request of `phase`.
+    pub fn record(&self, metrics: &Metrics, phase: Phase, evaluated: &Evaluated<'_>) {
+        let policy = evaluated.policy.name();
         let index = match phase {
             Phase::Mutating => 0,
             Phase::Validating => 1,
@@ -370,9 +371,9 @@ mod tests {
             over_budget,
             elapsed: Duration::from_micros(15),
         };
-        meters.record(&m, "p", Phase::Validating, &part(Decision::Denied, false));
-        meters.record(&m, "p", Phase::Validating, &part(Decision::Denied, true));
-        meters.record(&m, "p", Phase::Mutating, &part(Decision::Skipped, false));
+        meters.record(&m, Phase::Validating, &part(Decision::Denied, false));
+        meters.record(&m, Phase::Validating, &part(Decision::Denied, true));
+        meters.record(&m, Phase::Mutating, &part(Decision::Skipped, false));
         // The same handles on a second lookup: made once.
         let again = compiled.extension(|| -> PolicyMeters { panic!("made twice") });
         assert!(std::ptr::eq(again.unwrap(), meters));

@@ -356,7 +356,7 @@ fn a_group_decides_the_same_with_its_rule_table() {
                "validate": [{"expression": "false", "message": "db says no"}]}),
     );
     let members = [&pods_create, &pods_update, &status, &selective];
-    let table = RuleTable::new(members.iter().map(|p| p.spec().match_.rules.as_slice()));
+    let table = RuleTable::of(members);
     for (op, tier) in [("CREATE", "web"), ("UPDATE", "db"), ("DELETE", "db")] {
         let req = request(op, json!({"tier": tier}));
         let matching = table.matching(&req);

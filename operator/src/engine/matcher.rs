@@ -65,7 +65,7 @@ pub fn matches(
     matches_beyond_rules(req, policy, namespace)
 }
 
-/// [`matches`] for a request that one of `policy`'s rules matches (as a whole group's
+/// [`matches()`] for a request that one of `policy`'s rules matches (as a whole group's
 /// [`RuleTable`](super::rule_table::RuleTable) tells): the namespaceSelector, objectSelector
 /// and match conditions.
 pub fn matches_beyond_rules(

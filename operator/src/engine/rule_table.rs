@@ -1,12 +1,13 @@
 //! The rules of a whole group of Policies in one table, matched against a request at once.
 //!
-//! [`matcher::rule_matches`] follows each member's rules through its own allocations: the
-//! Policy, its spec, the rule list, every list of strings and every string. Between two requests
-//! the TLS records and the parsed review push all of that out of the CPU's caches, so at 128
-//! members matching the rules took 15 % of `webhook_bench`'s CPU per request (240 ns a member,
-//! for one rule of four short strings). Here every string of the group's rules is numbered once,
-//! when the group's membership changes; a request's group, version, resource and subresource
-//! are looked up once, and each member's rules are a few numbers side by side in one array.
+//! [`rule_matches`] follows each member's rules through its own allocations: the Policy, its
+//! spec, the rule list, every list of strings and every string. At 128 members matching the
+//! rules took 15 % of `webhook_bench`'s CPU per request (240 ns a member, for one rule of four
+//! short strings), most likely because the TLS records and the parsed review push all of that
+//! out of the CPU's caches between requests. Here every string of the group's rules is numbered
+//! once, when the group's membership changes; a request's group, version, resource and
+//! subresource are looked up once, and each member's rules are a few numbers side by side in
+//! one array.
 //!
 //! `webhook_bench` serving 128 mutating Policies in one group (admission-load's, on the Pod
 //! review of `benches/webhook-https.sh`), three interleaved 6 s runs of each with wrk: 9248
@@ -14,12 +15,13 @@
 //! (+15 %). The server also keeps, per group, whether a member is heavy or has a
 //! namespaceSelector, instead of asking every member on every request.
 //!
-//! The answer is exactly [`matcher::rule_matches`]'s for every member (a property test
-//! compares them).
+//! The answer is exactly [`rule_matches`]'s for every member (a property test compares them).
+//!
+//! [`rule_matches`]: super::matcher::rule_matches
 use std::collections::HashMap;
 
+use super::CompiledPolicy;
 use super::admission::{GroupVersionResource, Request};
-use super::matcher;
 use crate::api::v1alpha1::{Operation, Rule, Scope};
 
 /// The number of `*` in every list: it matches anything.
@@ -101,6 +103,15 @@ impl RuleTable {
         table
     }
 
+    /// The table of `members`' rules, in member order.
+    pub fn of<'p>(members: impl IntoIterator<Item = &'p CompiledPolicy>) -> Self {
+        Self::new(
+            members
+                .into_iter()
+                .map(|p| p.spec().match_.rules.as_slice()),
+        )
+    }
+
     /// How many members the table holds.
     pub fn len(&self) -> usize {
         self.members.len()
@@ -111,7 +122,7 @@ impl RuleTable {
     }
 
     /// Per member, in order: whether one of its rules matches `req`
-    /// ([`matcher::rule_matches`]).
+    /// ([`rule_matches`](super::matcher::rule_matches)).
     pub fn matching(&self, req: &Request) -> Vec<bool> {
         let converted = self.numbered(&req.resource, req.sub_resource());
         let original = req
@@ -186,23 +197,24 @@ impl RuleTable {
     }
 }
 
-/// The reference: each member's rules matched one by one.
-pub fn matching_one_by_one<'r>(
-    rules: impl IntoIterator<Item = &'r [Rule]>,
-    req: &Request,
-) -> Vec<bool> {
-    rules
-        .into_iter()
-        .map(|member| member.iter().any(|rule| matcher::rule_matches(rule, req)))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
 
     use super::*;
     use crate::engine::admission::GroupVersionKind;
+    use crate::engine::matcher;
+
+    /// The reference: each member's rules matched one by one.
+    fn matching_one_by_one<'r>(
+        rules: impl IntoIterator<Item = &'r [Rule]>,
+        req: &Request,
+    ) -> Vec<bool> {
+        rules
+            .into_iter()
+            .map(|member| member.iter().any(|rule| matcher::rule_matches(rule, req)))
+            .collect()
+    }
 
     const WORDS: &[&str] = &["", "*", "pods", "apps", "v1", "v2", "deployments", "status"];
     const RESOURCES: &[&str] = &[

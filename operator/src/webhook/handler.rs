@@ -250,12 +250,15 @@ fn decide(
         Phase::Validating => chain::validate(request, &members, scope),
     };
     for e in &outcome.evaluated {
-        let name = e.policy.name();
-        tracing::debug!(policy = name, decision = e.decision.as_str(), "member");
+        tracing::debug!(
+            policy = e.policy.name(),
+            decision = e.decision.as_str(),
+            "member"
+        );
         match e.policy.extension(PolicyMeters::default) {
-            Some(meters) => meters.record(&state.metrics, name, phase, e),
+            Some(meters) => meters.record(&state.metrics, phase, e),
             // Only the server attaches anything to a compiled Policy, and always meters.
-            None => PolicyMeters::default().record(&state.metrics, name, phase, e),
+            None => PolicyMeters::default().record(&state.metrics, phase, e),
         }
     }
     outcome.response

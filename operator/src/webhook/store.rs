@@ -44,7 +44,7 @@ pub struct Members {
 impl Members {
     pub fn new(policies: Vec<Arc<CompiledPolicy>>) -> Self {
         Members {
-            rules: RuleTable::new(policies.iter().map(|p| p.spec().match_.rules.as_slice())),
+            rules: RuleTable::of(policies.iter().map(AsRef::as_ref)),
             heavy: policies.iter().any(|p| p.is_heavy()),
             namespace_selectors: policies
                 .iter()
