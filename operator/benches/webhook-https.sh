@@ -14,7 +14,7 @@
 #
 # Environment: DURATION (default 15s) per measured run, WARMUP (default 3s), CONNECTIONS
 # (default 64), THREADS (default 2), VALIDATE=0 to skip the /validate run, GROUP=0 to skip the
-# group run, LOG=1 to have the
+# group run, BIN=<webhook_bench> to use a server built earlier, LOG=1 to have the
 # gatehouse server log every decision as `gatehouse run` does.
 set -euo pipefail
 
@@ -55,11 +55,17 @@ if ! command -v wrk >/dev/null; then
 fi
 command -v curl >/dev/null || die "curl is required"
 
-say "building the benchmark server (release)"
-bin="$(cd "$here/.." && cargo build --release -p gatehouse --example webhook_bench \
-    --message-format=json-render-diagnostics \
-    | sed -n 's/.*"executable":"\([^"]*webhook_bench\)".*/\1/p' | tail -n 1)"
-[[ -x "$bin" ]] || die "cargo did not report the webhook_bench executable"
+if [[ -n "${BIN:-}" ]]; then
+    # A server built earlier (another commit's, say), for a before/after comparison.
+    bin="$BIN"
+    [[ -x "$bin" ]] || die "BIN=$bin is not an executable"
+else
+    say "building the benchmark server (release)"
+    bin="$(cd "$here/.." && cargo build --release -p gatehouse --example webhook_bench \
+        --message-format=json-render-diagnostics \
+        | sed -n 's/.*"executable":"\([^"]*webhook_bench\)".*/\1/p' | tail -n 1)"
+    [[ -x "$bin" ]] || die "cargo did not report the webhook_bench executable"
+fi
 
 # --- servers -----------------------------------------------------------------------------------
 free_port() {

@@ -13,9 +13,13 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
+
+use crate::telemetry::HandshakeLabels;
 
 /// A response with `status`, `body` and its `Content-Type`: what both ports answer with.
 pub fn response(
@@ -54,12 +58,14 @@ pub async fn serve_tls(
     shutdown: impl Future<Output = ()>,
     drain: Duration,
 ) {
-    serve_tls_on(None, listener, tls, handler, shutdown, drain).await;
+    let unregistered = Family::default();
+    serve_tls_on(None, listener, tls, handler, shutdown, drain, &unregistered).await;
 }
 
 /// [`serve_tls`], with each accepted connection handed to the runtime of `connections` when
 /// given: the accept loop can then run on a thread of its own ([`on_own_thread`]) while the
-/// connections (handshakes, reviews) run on the main runtime's workers.
+/// connections (handshakes, reviews) run on the main runtime's workers. Every handshake is
+/// counted in `handshakes` by its result.
 pub async fn serve_tls_on(
     connections: Option<tokio::runtime::Handle>,
     listener: TcpListener,
@@ -67,21 +73,30 @@ pub async fn serve_tls_on(
     handler: Handler,
     shutdown: impl Future<Output = ()>,
     drain: Duration,
+    handshakes: &Family<HandshakeLabels, Counter>,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let counter = |result| handshakes.get_or_create_owned(&HandshakeLabels { result });
+    let counters = [counter("ok"), counter("failed"), counter("timeout")];
     accept_loop(
         connections,
         listener,
         move |stream: TcpStream, peer: SocketAddr| {
             let acceptor = acceptor.clone();
+            let [ok, failed, timed_out] = counters.clone();
             async move {
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(tls)) => Some(tls),
+                    Ok(Ok(tls)) => {
+                        ok.inc();
+                        Some(tls)
+                    }
                     Ok(Err(e)) => {
+                        failed.inc();
                         debug!(%peer, error = %e, "TLS handshake failed");
                         None
                     }
                     Err(_) => {
+                        timed_out.inc();
                         debug!(%peer, "TLS handshake timed out");
                         None
                     }

@@ -49,6 +49,14 @@ pub struct CertLabels {
     pub cert: String,
 }
 
+/// Labels of TLS handshakes on the webhook port.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HandshakeLabels {
+    /// ok, failed (the client gave up or refused the certificate, or spoke something else),
+    /// timeout.
+    pub result: &'static str,
+}
+
 /// Labels of a CA-rotation step.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RotationLabels {
@@ -139,6 +147,7 @@ pub struct Metrics {
     pub webhook_config_writes: Counter,
     pub cert_not_after: Family<CertLabels, Gauge>,
     pub tls_rotation_waiting: Family<RotationLabels, Gauge>,
+    pub tls_handshakes: Family<HandshakeLabels, Counter>,
     pub leader: Gauge,
     pub ipam_allocations: Counter,
     pub ipam_orphans_collected: Counter,
@@ -167,6 +176,7 @@ impl Metrics {
         let webhook_config_writes = Counter::default();
         let cert_not_after = Family::<CertLabels, Gauge>::default();
         let tls_rotation_waiting = Family::<RotationLabels, Gauge>::default();
+        let tls_handshakes = Family::<HandshakeLabels, Counter>::default();
         let leader = Gauge::default();
         let ipam_allocations = Counter::default();
         let ipam_orphans_collected = Counter::default();
@@ -254,6 +264,15 @@ impl Metrics {
                 "1 while a CA-rotation step (switch, drop) waits for the cluster to confirm it is safe",
                 tls_rotation_waiting.clone(),
             );
+            // The API server speaks HTTP/1.1 to webhooks and keeps a bounded pool of idle
+            // connections: every handshake is a new connection, so a handshake rate that grows
+            // with load is that pool churning (a full handshake costs both sides far more than
+            // a review), and failures are a client that does not trust the serving certificate.
+            tls.register(
+                "handshakes",
+                "TLS handshakes on the webhook port, by result (ok, failed, timeout)",
+                tls_handshakes.clone(),
+            );
         }
         Self {
             registry,
@@ -268,6 +287,7 @@ impl Metrics {
             webhook_config_writes,
             cert_not_after,
             tls_rotation_waiting,
+            tls_handshakes,
             leader,
             ipam_allocations,
             ipam_orphans_collected,

@@ -499,3 +499,66 @@ proptest! {
         prop_assert_eq!(reported, decisions);
     }
 }
+
+fn body_of(object: &Value) -> Vec<u8> {
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u",
+            "kind": {"group": "", "version": "v1", "kind": "Thing"},
+            "resource": {"group": "", "version": "v1", "resource": "things"},
+            "namespace": "ns",
+            "operation": "CREATE",
+            "object": object,
+        }
+    })
+    .to_string()
+    .into_bytes()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    /// The server decodes a mutating group's object only within the members' reach
+    /// (`parse_request_within` with `chain::members_reach`). The reference is the object decoded
+    /// whole: the group must answer the very same (patch, warnings, every member's decision),
+    /// and what was decoded must be the reach's copy of the whole object.
+    #[test]
+    fn a_group_decided_on_the_object_decoded_within_its_reach_answers_as_on_the_whole(
+        x in target(),
+        lists in prop::collection::vec(
+            prop_oneof![
+                2 => element_guarded(),
+                1 => prop::collection::vec(mutation(true), 1..4),
+            ],
+            1..5,
+        ),
+        if_needed in any::<bool>(),
+    ) {
+        let reinvocation = if if_needed { "IfNeeded" } else { "Never" };
+        let compiled: Vec<gatehouse::engine::CompiledPolicy> = lists
+            .into_iter()
+            .enumerate()
+            .map(|(i, list)| compile(&named_policy(&format!("p{i}"), list, reinvocation)).expect("valid"))
+            .collect();
+        let members: Vec<&gatehouse::engine::CompiledPolicy> = compiled.iter().collect();
+        let scope = chain::Scope { namespace: gatehouse::engine::Namespace::Assumed, matched: false, rules: None };
+        let policy: gatehouse::api::v1alpha1::ReinvocationPolicy =
+            serde_json::from_value(json!(reinvocation)).expect("a reinvocation policy");
+        let body = body_of(&x);
+        let whole = gatehouse::engine::parse_request(&body).expect("a valid review");
+        let within = gatehouse::engine::parse_request_within(&body, |req| chain::members_reach(req, &members))
+            .expect("a valid review");
+        let expected_object = match chain::members_reach(&whole, &members) {
+            Some(reach) => Value::Object(reach.copy(x.as_object().expect("an object"))),
+            None => x.clone(),
+        };
+        prop_assert_eq!(within.object.as_ref(), Some(&expected_object));
+        let reference = chain::mutate(&whole, &members, policy, scope);
+        let answer = chain::mutate(&within, &members, policy, scope);
+        prop_assert_eq!(&answer.response, &reference.response);
+        let decisions = |o: &chain::Outcome<'_>| o.evaluated.iter().map(|e| (e.policy.name().to_string(), e.decision)).collect::<Vec<_>>();
+        prop_assert_eq!(decisions(&answer), decisions(&reference));
+    }
+}

@@ -27,6 +27,7 @@ struct Server {
     port: u16,
     ca: CertificateDer<'static>,
     policies: Arc<PolicyStore>,
+    metrics: Arc<Metrics>,
     stop: Option<oneshot::Sender<()>>,
     done: tokio::task::JoinHandle<()>,
 }
@@ -64,26 +65,36 @@ async fn start(body_read_timeout: Duration) -> Server {
         ))
         .unwrap(),
     ));
-    let mut state = WebhookState::new(policies.clone(), Arc::new(Metrics::new()));
+    let metrics = Arc::new(Metrics::new());
+    let mut state = WebhookState::new(policies.clone(), metrics.clone());
     state.body_read_timeout = body_read_timeout;
     let state = Arc::new(state);
     let handler = webhook::handler(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let (stop, stopped) = oneshot::channel::<()>();
-    let done = tokio::spawn(gatehouse::serve::serve_tls(
-        listener,
-        config,
-        handler,
-        async {
-            let _ = stopped.await;
-        },
-        Duration::from_secs(10),
-    ));
+    let done = tokio::spawn({
+        let metrics = metrics.clone();
+        async move {
+            gatehouse::serve::serve_tls_on(
+                None,
+                listener,
+                config,
+                handler,
+                async {
+                    let _ = stopped.await;
+                },
+                Duration::from_secs(10),
+                &metrics.tls_handshakes,
+            )
+            .await;
+        }
+    });
     Server {
         port,
         ca: cert.der().clone(),
         policies,
+        metrics,
         stop: Some(stop),
         done,
     }
@@ -391,4 +402,65 @@ mod tokio_stream_like {
             self.0.poll_recv(cx)
         }
     }
+}
+
+/// The handshake counter's value for `result`, read from the exposition as a scraper would.
+fn handshakes(server: &Server, result: &str) -> u64 {
+    let text = server.metrics.encode().unwrap();
+    let series = format!("gatehouse_tls_handshakes_total{{result=\"{result}\"}} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .map_or(0, |value| value.trim().parse().unwrap())
+}
+
+#[tokio::test]
+async fn handshakes_are_counted_by_result() {
+    let server = start(Duration::from_secs(5)).await;
+    assert_eq!(handshakes(&server, "ok"), 0);
+    // A kept-alive connection shakes hands once, however many reviews it carries.
+    let mut sender = connect::<Full<Bytes>>(&server).await;
+    for _ in 0..3 {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri("/mutate/policy/inject")
+            .header("host", "127.0.0.1")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(pod_review(
+                json!([{"name": "app", "image": "app:1"}]),
+            ))))
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        resp.into_body().collect().await.unwrap();
+    }
+    assert_eq!(handshakes(&server, "ok"), 1);
+    assert_eq!(handshakes(&server, "failed"), 0);
+
+    // A client that does not trust the serving certificate (a stale caBundle) refuses it.
+    let other = rcgen::CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .self_signed(&rcgen::KeyPair::generate().unwrap())
+        .unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(other.der().clone()).unwrap();
+    let config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = TcpStream::connect(("127.0.0.1", server.port))
+        .await
+        .unwrap();
+    let refused = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(
+            rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap(),
+            tcp,
+        )
+        .await;
+    assert!(refused.is_err());
+    // The server learns of the refusal from the client's alert, a moment later.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while handshakes(&server, "failed") == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(handshakes(&server, "failed"), 1);
+    assert_eq!(handshakes(&server, "ok"), 1);
 }

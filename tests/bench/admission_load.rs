@@ -24,6 +24,10 @@
 //! p99 is its 5th-slowest create, which a single stall decides). The 256/16 ratio is given
 //! raw and with each against the floor measured beside it.
 //!
+//! Each phase also counts the new TLS connections its webhook servers accepted (Gatehouse's
+//! `gatehouse_tls_handshakes_total`): the API server speaks HTTP/1.1 to webhooks with a bounded
+//! pool of idle connections, and a full handshake costs both sides more than a review.
+//!
 //! `tests/bench/admission-load` runs it (control plane, release build, environment).
 
 use std::collections::BTreeMap;
@@ -87,6 +91,8 @@ fn stats(mut latencies: Vec<Duration>) -> Stats {
 struct Phase {
     rounds: Vec<Stats>,
     cpu: Vec<f64>,
+    /// New TLS connections the webhook servers accepted, over all rounds.
+    connections: f64,
 }
 
 impl Phase {
@@ -97,6 +103,12 @@ impl Phase {
             *sum += c;
         }
         self.rounds.extend(other.rounds);
+        self.connections += other.connections;
+    }
+
+    /// New TLS connections per round, on average.
+    fn connections_per_round(&self) -> f64 {
+        self.connections / self.rounds.len().max(1) as f64
     }
 
     /// CPU seconds of process `i` in one round, on average.
@@ -126,10 +138,35 @@ impl Phase {
     }
 }
 
+/// The webhook servers a phase's creates call, for the connections they accept: the API server
+/// speaks HTTP/1.1 to webhooks and keeps a bounded pool of idle connections, so every new one
+/// (a full TLS handshake on both sides) is churn that the load itself causes.
+#[derive(Clone, Copy)]
+enum Servers<'a> {
+    None,
+    Hooks(&'a TestWebhook, &'a TestWebhook),
+    Gatehouse(&'a Gatehouse),
+}
+
+impl Servers<'_> {
+    /// TLS connections accepted so far.
+    async fn connections(&self) -> anyhow::Result<f64> {
+        Ok(match self {
+            Servers::None => 0.0,
+            Servers::Hooks(a, b) => (a.connections() + b.connections()) as f64,
+            Servers::Gatehouse(gh) => {
+                gh.metric_sum("gatehouse_tls_handshakes_total", "result=\"ok\"")
+                    .await?
+            }
+        })
+    }
+}
+
 /// What every phase does: `count` creates at `concurrency`, watching the CPU of `procs`.
 struct Load<'a> {
     api: &'a Api<Pod>,
     procs: &'a [(String, u32)],
+    servers: Servers<'a>,
     count: usize,
     concurrency: usize,
 }
@@ -141,12 +178,15 @@ impl Load<'_> {
         let mut phase = Phase {
             rounds: Vec::new(),
             cpu: vec![0.0; self.procs.len()],
+            connections: 0.0,
         };
         for round in 0..rounds {
+            let connected = self.servers.connections().await?;
             let before = cpu_snapshot(self.procs);
             let name = format!("{prefix}-{round}");
             let stats = create_pods(self.api, &name, self.count, self.concurrency).await?;
             let after = cpu_snapshot(self.procs);
+            phase.connections += self.servers.connections().await? - connected;
             for (sum, (a, b)) in phase.cpu.iter_mut().zip(before.iter().zip(&after)) {
                 *sum += b - a;
             }
@@ -428,23 +468,29 @@ async fn main() -> anyhow::Result<()> {
     let api = |ns: &TestNamespace| Api::<Pod>::namespaced(client.clone(), ns.name());
     let (api_policies, api_none, api_floor, api_patch) =
         (api(&ns), api(&quiet), api(&allow_ns), api(&patch_ns));
-    let load = |api| Load {
-        api,
-        procs: &procs,
-        count,
-        concurrency,
-    };
-    let (policies, none, floor, patching) = (
-        load(&api_policies),
-        load(&api_none),
-        load(&api_floor),
-        load(&api_patch),
-    );
-
     // The floor: as many entries as Gatehouse's shared ones, answered by a server that does no
     // work (a fixed allow, no patch). What they add is the API server's own cost of calling 2
     // webhooks per create on this machine, which no webhook implementation can get under.
     let allowing = TestWebhook::start(&["127.0.0.1"], allow())?;
+    // The same, with the mutating entry answering the Policies' change as a fixed patch: the
+    // floor for a mutating workload, since applying a patch (and storing the larger object)
+    // costs the API server what no webhook can save it.
+    let patcher = TestWebhook::start(&["127.0.0.1"], fixed_patch())?;
+    let load = |api, servers| Load {
+        api,
+        procs: &procs,
+        servers,
+        count,
+        concurrency,
+    };
+    let hooks = Servers::Hooks(&allowing, &patcher);
+    let (policies, none, floor, patching) = (
+        load(&api_policies, Servers::Gatehouse(&gh)),
+        load(&api_none, Servers::None),
+        load(&api_floor, hooks),
+        load(&api_patch, hooks),
+    );
+
     install_floor(
         cluster,
         FLOORS[0],
@@ -453,10 +499,6 @@ async fn main() -> anyhow::Result<()> {
         (&allowing, &allowing),
     )
     .await?;
-    // The same, with the mutating entry answering the Policies' change as a fixed patch: the
-    // floor for a mutating workload, since applying a patch (and storing the larger object)
-    // costs the API server what no webhook can save it.
-    let patcher = TestWebhook::start(&["127.0.0.1"], fixed_patch())?;
     install_floor(
         cluster,
         FLOORS[1],
@@ -631,6 +673,13 @@ fn report(
                 b.with.cpu_per_round(i),
             );
         }
+        println!(
+            "New TLS connections to the webhook servers per round: floor {:.0}, patching floor {:.0}, {} Policies {:.0}",
+            b.floor.connections_per_round(),
+            b.patching.connections_per_round(),
+            b.policies,
+            b.with.connections_per_round(),
+        );
         println!(
             "Gatehouse RSS after the {}-Policy block: {} KiB",
             b.policies,

@@ -5,6 +5,7 @@
 
 use std::convert::Infallible;
 use std::net::TcpListener as StdTcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -49,6 +50,7 @@ pub struct TestWebhook {
     ca_pem: String,
     port: u16,
     reviews: Arc<Mutex<Vec<Value>>>,
+    connections: Arc<AtomicUsize>,
     shutdown: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -92,8 +94,10 @@ impl TestWebhook {
             .enable_all()
             .build()
             .context("building the test webhook's runtime")?;
+        let connections = Arc::new(AtomicUsize::new(0));
         let state = Arc::new(Handler {
             reviews: reviews.clone(),
+            connections: connections.clone(),
             responder: Arc::new(responder),
         });
         let thread = std::thread::Builder::new()
@@ -104,6 +108,7 @@ impl TestWebhook {
             ca_pem,
             port,
             reviews,
+            connections,
             shutdown: Some(shutdown_tx),
             thread: Some(thread),
         })
@@ -137,6 +142,11 @@ impl TestWebhook {
             .clone()
     }
 
+    /// TLS connections accepted so far (a completed handshake each).
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::Relaxed)
+    }
+
     /// Stops the server and waits for its thread.
     pub fn shutdown(mut self) {
         self.stop();
@@ -160,6 +170,7 @@ impl Drop for TestWebhook {
 
 struct Handler {
     reviews: Arc<Mutex<Vec<Value>>>,
+    connections: Arc<AtomicUsize>,
     responder: Responder,
 }
 
@@ -236,7 +247,10 @@ async fn serve(
         let handler = handler.clone();
         tokio::spawn(async move {
             let tls = match acceptor.accept(stream).await {
-                Ok(tls) => tls,
+                Ok(tls) => {
+                    handler.connections.fetch_add(1, Ordering::Relaxed);
+                    tls
+                }
                 Err(err) => {
                     eprintln!("test webhook: TLS handshake: {err}");
                     return;

@@ -313,6 +313,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let state = Arc::new(state);
     let webhook_handler = webhook::handler(state);
     let (webhook_stopped, drain) = (stopped(), args.drain_timeout);
+    let handshakes = metrics.tls_handshakes.clone();
     let workers = tokio::runtime::Handle::current();
     let webhook_task = serve::on_own_thread("gatehouse-accept", move || async move {
         match TcpListener::from_std(webhook_listener) {
@@ -324,6 +325,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                     webhook_handler,
                     webhook_stopped,
                     drain,
+                    &handshakes,
                 )
                 .await;
             }

@@ -30,7 +30,7 @@ pub mod rule_table;
 
 pub use admission::{
     Phase, Request, Response, ReviewError, Status, decide, decide_policy_object, encoded_review,
-    parse_request,
+    parse_request, parse_request_within,
 };
 pub use matcher::{MatchError, Namespace, matches};
 pub use merge::merge;

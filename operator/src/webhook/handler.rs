@@ -131,11 +131,21 @@ async fn review_entry(
     body: &[u8],
 ) -> Response<Full<Bytes>> {
     let started = Instant::now();
-    let request = match engine::parse_request(body) {
+    let lookup = state.policies.lookup(phase.into(), id);
+    let parsed = match (&lookup, phase) {
+        // A mutating group's members may only touch part of the object: only that part is
+        // decoded.
+        (Lookup::Group { members, .. }, Phase::Mutating) => {
+            let members: Vec<&CompiledPolicy> = members.iter().map(AsRef::as_ref).collect();
+            engine::parse_request_within(body, |req| chain::members_reach(req, &members))
+        }
+        _ => engine::parse_request(body),
+    };
+    let request = match parsed {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    let (group, members, matched) = match state.policies.lookup(phase.into(), id) {
+    let (group, members, matched) = match lookup {
         Lookup::Group {
             group,
             members,

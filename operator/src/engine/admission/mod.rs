@@ -4,11 +4,14 @@
 //!   request;
 //! * `typed_decode`: the fast path of [`parse_request`], one typed pass for what the API server
 //!   sends;
+//! * `reach_decode`: an object decoded only as far as a mutating group can touch it
+//!   ([`parse_request_within`]);
 //! * [`decision`]: the [`Response`] for one Policy ([`decide`]) and for Gatehouse's own Policy
 //!   webhook ([`decide_policy_object`]);
 //! * [`encode`]: the AdmissionReview answering a request ([`encoded_review`], [`review_value`]).
 pub mod decision;
 pub mod encode;
+mod reach_decode;
 pub mod request;
 mod typed_decode;
 
@@ -18,5 +21,5 @@ pub use decision::{
 pub use encode::{encoded_review, review_value};
 pub use request::{
     API_VERSION, GroupVersionKind, GroupVersionResource, KIND, Request, ReviewError, UserInfo,
-    Variables, parse_request,
+    Variables, parse_request, parse_request_within,
 };

@@ -3,9 +3,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::typed_decode;
+use super::{reach_decode, typed_decode};
 use crate::api::v1alpha1::Operation;
 use crate::engine::cel::{Activation, Needs};
+use crate::engine::merge::Reach;
 
 /// The only AdmissionReview version Gatehouse registers for.
 pub const API_VERSION: &str = "admission.k8s.io/v1";
@@ -222,6 +223,38 @@ pub fn parse_request(body: &[u8]) -> Result<Request, ReviewError> {
     // malformed body) takes the generic path below, which reports what is wrong.
     match typed_decode::parse(body) {
         Some(request) => Ok(request),
+        None => parse_generic(body),
+    }
+}
+
+/// [`parse_request`] for a review whose object matters only as far as `reach` says: the object
+/// is decoded within the [`Reach`] that `reach` gives for the request (exactly [`Reach::copy`]
+/// of the whole object; its other members are checked as JSON, not built), or whole when it
+/// gives none. For a mutating group whose members only touch their reach
+/// ([`chain::members_reach`](crate::engine::chain::members_reach)).
+///
+/// One difference from [`parse_request`], on no body the API server sends: a number outside the
+/// reach too large for a float is not noticed, where decoding the whole object refuses it.
+pub fn parse_request_within<R: std::ops::Deref<Target = Reach>>(
+    body: &[u8],
+    reach: impl FnOnce(&Request) -> Option<R>,
+) -> Result<Request, ReviewError> {
+    let Some((mut request, object)) = typed_decode::parse_lazy(body) else {
+        return parse_generic(body);
+    };
+    let Some(object) = object else {
+        return Ok(request);
+    };
+    let decoded = match reach(&request) {
+        Some(reach) => reach_decode::object_within(object.get(), &reach).map(Value::Object),
+        None => serde_json::from_str(object.get()).ok(),
+    };
+    match decoded {
+        Some(object) => {
+            request.object = Some(object);
+            Ok(request)
+        }
+        // Not an object, or not one that decodes: the generic path decides, errors included.
         None => parse_generic(body),
     }
 }
