@@ -1,9 +1,6 @@
 //! An object decoded only as far as a [`Reach`] goes: the members the reach names are built as
 //! JSON values, every other member is checked as JSON and skipped. The result is exactly
 //! [`Reach::copy`] of the whole object, without building (and then dropping) the rest.
-//!
-//! What it saves (`webhook_bench`, the group of eight mutating Policies, whose reach is the Pod's
-//! labels, annotations and containers): see [`object_within`].
 use std::borrow::Cow;
 use std::fmt;
 
@@ -15,8 +12,12 @@ use crate::engine::merge::Reach;
 /// `text`, a JSON object, decoded as far as `reach` goes: equal to `reach.copy` of the whole
 /// object decoded. `None` when `text` is not a JSON object or does not decode.
 ///
-/// `webhook_bench`, the group of eight mutating Policies on an 8 KB Pod review: the whole
-/// object decoded, then copied within the reach: TODO; decoded within the reach: TODO.
+/// What it saves (`operator/benches/webhook-https.sh`, the group of eight mutating Policies,
+/// whose reach is the Pod's labels, annotations and containers, 3.1 of the object's 5.8 KB):
+/// 84.6 µs of server CPU per request (0.645 of the fixed-allow server's throughput) with the
+/// object decoded whole, 79.6 µs (0.668) decoded within the reach, together with one UTF-8
+/// check per body instead of one per string. The object is still read twice (once to find its
+/// end, once here); that scan is about 7 % of the request in a profile.
 pub fn object_within(text: &str, reach: &Reach) -> Option<Map<String, Value>> {
     let mut de = serde_json::Deserializer::from_str(text);
     let map = de.deserialize_map(Within(reach)).ok()?;
