@@ -346,7 +346,40 @@ fn named_policy(name: &str, mutate: Vec<Value>, reinvocation: &str) -> Policy {
 }
 
 fn review_of(object: &Value) -> gatehouse::engine::Request {
-    let body = json!({
+    gatehouse::engine::parse_request(&body_of(object)).expect("a valid review")
+}
+
+/// Policies `p0`, `p1`, … with the mutate lists `lists`, compiled, and their reinvocation policy.
+fn compiled_chain(
+    lists: Vec<Vec<Value>>,
+    reinvocation: &str,
+) -> (
+    Vec<gatehouse::engine::CompiledPolicy>,
+    gatehouse::api::v1alpha1::ReinvocationPolicy,
+) {
+    let compiled = lists
+        .into_iter()
+        .enumerate()
+        .map(|(i, list)| {
+            compile(&named_policy(&format!("p{i}"), list, reinvocation)).expect("valid")
+        })
+        .collect();
+    let policy = serde_json::from_value(json!(reinvocation)).expect("a reinvocation policy");
+    (compiled, policy)
+}
+
+/// Members offered the request with nothing matched beforehand and any Namespace.
+fn unscoped() -> chain::Scope<'static> {
+    chain::Scope {
+        namespace: gatehouse::engine::Namespace::Assumed,
+        matched: false,
+        rules: None,
+    }
+}
+
+/// An AdmissionReview creating `object`.
+fn body_of(object: &Value) -> Vec<u8> {
+    json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
@@ -357,8 +390,9 @@ fn review_of(object: &Value) -> gatehouse::engine::Request {
             "operation": "CREATE",
             "object": object,
         }
-    });
-    gatehouse::engine::parse_request(body.to_string().as_bytes()).expect("a valid review")
+    })
+    .to_string()
+    .into_bytes()
 }
 
 proptest! {
@@ -372,16 +406,9 @@ proptest! {
         x in target(),
         lists in prop::collection::vec(prop::collection::vec(mutation(false), 1..4), 1..5),
     ) {
-        let reinvocation = "IfNeeded";
-        let compiled: Vec<gatehouse::engine::CompiledPolicy> = lists
-            .into_iter()
-            .enumerate()
-            .map(|(i, list)| compile(&named_policy(&format!("p{i}"), list, reinvocation)).expect("valid"))
-            .collect();
+        let (compiled, policy) = compiled_chain(lists, "IfNeeded");
         let members: Vec<&gatehouse::engine::CompiledPolicy> = compiled.iter().collect();
-        let scope = chain::Scope { namespace: gatehouse::engine::Namespace::Assumed, matched: false, rules: None };
-        let policy: gatehouse::api::v1alpha1::ReinvocationPolicy =
-            serde_json::from_value(json!(reinvocation)).expect("a reinvocation policy");
+        let scope = unscoped();
         let once = chain::mutate(&review_of(&x), &members, policy, scope);
         prop_assert!(once.response.allowed, "{:?}", once.response.message());
         let after = once.object(&review_of(&x)).expect("an object");
@@ -500,23 +527,6 @@ proptest! {
     }
 }
 
-fn body_of(object: &Value) -> Vec<u8> {
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": "u",
-            "kind": {"group": "", "version": "v1", "kind": "Thing"},
-            "resource": {"group": "", "version": "v1", "resource": "things"},
-            "namespace": "ns",
-            "operation": "CREATE",
-            "object": object,
-        }
-    })
-    .to_string()
-    .into_bytes()
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(500))]
 
@@ -536,16 +546,9 @@ proptest! {
         ),
         if_needed in any::<bool>(),
     ) {
-        let reinvocation = if if_needed { "IfNeeded" } else { "Never" };
-        let compiled: Vec<gatehouse::engine::CompiledPolicy> = lists
-            .into_iter()
-            .enumerate()
-            .map(|(i, list)| compile(&named_policy(&format!("p{i}"), list, reinvocation)).expect("valid"))
-            .collect();
+        let (compiled, policy) = compiled_chain(lists, if if_needed { "IfNeeded" } else { "Never" });
         let members: Vec<&gatehouse::engine::CompiledPolicy> = compiled.iter().collect();
-        let scope = chain::Scope { namespace: gatehouse::engine::Namespace::Assumed, matched: false, rules: None };
-        let policy: gatehouse::api::v1alpha1::ReinvocationPolicy =
-            serde_json::from_value(json!(reinvocation)).expect("a reinvocation policy");
+        let scope = unscoped();
         let body = body_of(&x);
         let whole = gatehouse::engine::parse_request(&body).expect("a valid review");
         let within = gatehouse::engine::parse_request_within(&body, |req| chain::members_reach(req, &members))
