@@ -551,9 +551,9 @@ proptest! {
         let scope = unscoped();
         let body = body_of(&x);
         let whole = gatehouse::engine::parse_request(&body).expect("a valid review");
-        let within = gatehouse::engine::parse_request_within(&body, |req| chain::members_reach(req, &members))
+        let within = gatehouse::engine::parse_request_within(&body, |req| chain::members_reach(req.is_namespace(), &members))
             .expect("a valid review");
-        let expected_object = match chain::members_reach(&whole, &members) {
+        let expected_object = match chain::members_reach(whole.is_namespace(), &members) {
             Some(reach) => Value::Object(reach.copy(x.as_object().expect("an object"))),
             None => x.clone(),
         };

@@ -225,16 +225,20 @@ fn shared_reach<'p>(req: &Request, members: &[&'p CompiledPolicy]) -> Option<Cow
     if !matches!(req.object, Some(Value::Object(_))) {
         return None;
     }
-    members_reach(req, members)
+    members_reach(req.is_namespace(), members)
 }
 
-/// What all `members` can touch of `req`'s object, judged before the object is decoded: how far
-/// the server needs to decode it ([`parse_request_within`](super::admission::parse_request_within)).
-/// [`mutate`] finds the same reach on the request so decoded, and the members then read and
-/// write nothing outside it.
-pub fn members_reach<'p>(req: &Request, members: &[&'p CompiledPolicy]) -> Option<Cow<'p, Reach>> {
+/// What all `members` can touch of an object, judged before it is decoded, from whether it is a
+/// Namespace (all the request tells about it): how far the server needs to decode it
+/// ([`parse_request_within`](super::admission::parse_request_within)). [`mutate`] finds the same
+/// reach on the request so decoded, and the members then read and write nothing outside it.
+pub fn members_reach<'p>(
+    namespace_object: bool,
+    members: &[&'p CompiledPolicy],
+) -> Option<Cow<'p, Reach>> {
     let reach = |policy: &'p CompiledPolicy| {
-        let touches_only_its_reach = policy.ipam().is_none() && !matcher::reads_object(req, policy);
+        let touches_only_its_reach =
+            policy.ipam().is_none() && !matcher::reads_object_of(policy, namespace_object);
         policy
             .hints
             .reach

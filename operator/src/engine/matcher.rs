@@ -109,14 +109,15 @@ pub fn matches_beyond_rules(
 /// match condition reading `object`, or a namespaceSelector when the request is for a Namespace
 /// (matched against its own labels). Otherwise a change to the object cannot change the match.
 pub fn reads_object(req: &Request, policy: &CompiledPolicy) -> bool {
+    reads_object_of(policy, req.is_namespace())
+}
+
+/// [`reads_object`] for a request whose object is a Namespace or not (all it depends on).
+pub fn reads_object_of(policy: &CompiledPolicy, namespace_object: bool) -> bool {
     let spec = &policy.spec().match_;
     spec.object_selector.is_some()
         || policy.hints.condition_needs.reads_object()
-        || (is_namespace(req) && spec.namespace_selector.is_some())
-}
-
-fn is_namespace(req: &Request) -> bool {
-    req.kind.group.is_empty() && req.kind.kind == "Namespace"
+        || (namespace_object && spec.namespace_selector.is_some())
 }
 
 /// One `RuleWithOperations`, with the API server's meaning: `*` wildcards, `res/sub` resources
@@ -171,7 +172,7 @@ fn namespace_selector_matches(
     req: &Request,
     namespace: Namespace<'_>,
 ) -> Result<bool, MatchError> {
-    if is_namespace(req) {
+    if req.is_namespace() {
         let own = req.object.as_ref().or(req.old_object.as_ref());
         return Ok(selector_matches(selector, |key| {
             own.and_then(|o| label(o, key))

@@ -135,9 +135,8 @@ async fn review_entry(
     let parsed = match (&lookup, phase) {
         // A mutating group's members may only touch part of the object: only that part is
         // decoded.
-        (Lookup::Group { members, .. }, Phase::Mutating) => {
-            let members: Vec<&CompiledPolicy> = members.iter().map(AsRef::as_ref).collect();
-            engine::parse_request_within(body, |req| chain::members_reach(req, &members))
+        (Lookup::Group { members, .. }, Phase::Mutating) if members.may_reach() => {
+            engine::parse_request_within(body, |req| members.reach(req))
         }
         _ => engine::parse_request(body),
     };
@@ -284,9 +283,8 @@ async fn namespace_labels(
 ) -> Option<Result<std::collections::BTreeMap<String, String>, String>> {
     // A Namespace is judged by its own labels and other cluster-scoped objects always match:
     // only a namespaced object needs its Namespace's.
-    let is_namespace = request.kind.group.is_empty() && request.kind.kind == "Namespace";
-    let needed =
-        !(matched || request.namespace().is_empty() || is_namespace) && members.namespace_selectors;
+    let needed = !(matched || request.namespace().is_empty() || request.is_namespace())
+        && members.namespace_selectors;
     if !needed {
         return None;
     }

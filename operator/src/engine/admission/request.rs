@@ -118,6 +118,10 @@ impl Request {
     pub fn kind_name(&self) -> &str {
         &self.kind.kind
     }
+    /// Whether the object is a Namespace, which selectors judge by its own labels.
+    pub fn is_namespace(&self) -> bool {
+        self.kind.group.is_empty() && self.kind.kind == "Namespace"
+    }
     /// `request.namespace`, empty for cluster-scoped objects.
     pub fn namespace(&self) -> &str {
         &self.namespace
@@ -231,7 +235,8 @@ pub fn parse_request(body: &[u8]) -> Result<Request, ReviewError> {
 /// is decoded within the [`Reach`] that `reach` gives for the request (exactly [`Reach::copy`]
 /// of the whole object; its other members are checked as JSON, not built), or whole when it
 /// gives none. For a mutating group whose members only touch their reach
-/// ([`chain::members_reach`](crate::engine::chain::members_reach)).
+/// ([`chain::members_reach`](crate::engine::chain::members_reach), which needs only the
+/// request's kind).
 ///
 /// One difference from [`parse_request`], on no body the API server sends: a number outside the
 /// reach too large for a float is not noticed, where decoding the whole object refuses it.
