@@ -8,6 +8,11 @@
 //! fixed patch: the API server's own cost of applying and storing a mutation, which the
 //! fixed-allow floor does not pay and no webhook can save.
 //!
+//! The floors' webhooks are reached as Gatehouse is, through a Service: the API server speaks
+//! HTTP/1.1 to a webhook behind a Service, but HTTP/2 to one at a loopback URL, which no webhook
+//! of a real cluster gets (floors called by URL made the API server's CPU per create lower than
+//! Gatehouse's by 0.14–0.28 s per round, a difference of transport, not of the webhooks).
+//!
 //! Every phase stores the same Pod: each mutating Policy sets one of eight labels (and drops a
 //! capability), so from 16 Policies on the eight labels are all set and the Policies added
 //! later find their change made. What grows with the number of Policies is then Gatehouse's
@@ -28,6 +33,11 @@
 //! `gatehouse_tls_handshakes_total`): the API server speaks HTTP/1.1 to webhooks with a bounded
 //! pool of idle connections, and a full handshake costs both sides more than a review.
 //!
+//! `PROFILE=<dir>` also takes a CPU profile of the API server in each phase of the 16-Policy
+//! block, after its rounds: `PROFILE_SECONDS` (default 20) of creates in a loop per phase,
+//! written to `<dir>/<phase>.pprof`, with the number of creates it covers printed beside it
+//! (compare per create: `go tool pprof -top -unit ms <file>`).
+//!
 //! `tests/bench/admission-load` runs it (control plane, release build, environment).
 
 use std::collections::BTreeMap;
@@ -37,7 +47,7 @@ use ::gatehouse::controller::wiring::ENTRY_SUFFIX;
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use gatehouse_e2e::cpu::{cpu_snapshot, processes};
-use gatehouse_e2e::instance::{Gatehouse, Options};
+use gatehouse_e2e::instance::{Gatehouse, Options, localhost_service};
 use gatehouse_e2e::pods::delete_all;
 use gatehouse_e2e::{Cluster, TestNamespace, TestWebhook, allow, await_condition, cluster};
 use k8s_openapi::api::core::v1::Pod;
@@ -201,6 +211,43 @@ impl Load<'_> {
         create_pods(self.api, prefix, 20, self.concurrency).await?;
         delete_all(self.api).await
     }
+
+    /// The API server's CPU profile over `seconds` of this phase's creates, written to `path`;
+    /// returns the number of creates it covers (the cut-off round's by the Pods it left).
+    async fn profile(
+        &self,
+        cluster: &Cluster,
+        prefix: &str,
+        seconds: u64,
+        path: &std::path::Path,
+    ) -> anyhow::Result<usize> {
+        let url = format!("/debug/pprof/profile?seconds={seconds}");
+        let fetch = cluster.kubectl_output(["get", "--raw", url.as_str()], None);
+        tokio::pin!(fetch);
+        let mut creates = 0;
+        let output = loop {
+            let name = format!("{prefix}-{creates}");
+            tokio::select! {
+                output = &mut fetch => break output?,
+                stats = create_pods(self.api, &name, self.count, self.concurrency) => {
+                    stats?;
+                    creates += self.count;
+                    delete_all(self.api).await?;
+                }
+            }
+        };
+        if !output.status.success() {
+            bail!(
+                "fetching the API server's profile: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::fs::write(path, &output.stdout)
+            .with_context(|| format!("writing {}", path.display()))?;
+        creates += self.api.list(&Default::default()).await?.items.len();
+        delete_all(self.api).await?;
+        Ok(creates)
+    }
 }
 
 async fn create_pods(
@@ -291,13 +338,56 @@ fn policy(name: &str, ns: &str, body: Value) -> Value {
 /// Names of the webhook configurations of the floors.
 const FLOORS: [&str; 2] = ["bench-floor", "bench-patching-floor"];
 
+/// A fixed webhook of the floors, reached as Gatehouse is: through a Service. The API server
+/// speaks HTTP/1.1 to a webhook behind a Service (one request per connection at a time, a
+/// bounded pool of idle ones), but HTTP/2 to a loopback URL; a floor called by URL would be a
+/// cheaper transport than any webhook of a real cluster gets.
+struct FixedHook {
+    server: TestWebhook,
+    service: &'static str,
+    namespace: String,
+}
+
+impl FixedHook {
+    async fn start<R>(
+        cluster: &Cluster,
+        service: &'static str,
+        namespace: &str,
+        responder: R,
+    ) -> anyhow::Result<Self>
+    where
+        R: Fn(&Value) -> Value + Send + Sync + 'static,
+    {
+        let server = TestWebhook::start(&[&format!("{service}.{namespace}.svc")], responder)?;
+        cluster
+            .kubectl_ok(
+                ["apply", "-f", "-"],
+                Some(&localhost_service(service, namespace, server.port())),
+            )
+            .await?;
+        Ok(Self {
+            server,
+            service,
+            namespace: namespace.to_owned(),
+        })
+    }
+
+    /// The entry's `clientConfig` for `path`.
+    fn client_config(&self, path: &str) -> Value {
+        json!({
+            "service": {"name": self.service, "namespace": self.namespace, "port": self.server.port(), "path": path},
+            "caBundle": self.server.ca_bundle(),
+        })
+    }
+}
+
 /// One mutating and one validating entry, shaped like Gatehouse's shared ones (same rules,
 /// failurePolicy and sideEffects, only a namespace selector), that call `mutating` and
-/// `validating` by URL.
+/// `validating`.
 fn floor_configurations(
     name: &str,
-    mutating: &TestWebhook,
-    validating: &TestWebhook,
+    mutating: &FixedHook,
+    validating: &FixedHook,
     ns: &str,
 ) -> String {
     let entry = |kind: &str| -> Value {
@@ -308,7 +398,7 @@ fn floor_configurations(
         };
         json!({
             "name": format!("{kind}.bench.gatehouse.test"),
-            "clientConfig": {"url": hook.url(&format!("/{kind}")), "caBundle": hook.ca_bundle()},
+            "clientConfig": hook.client_config(&format!("/{kind}")),
             "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
             "failurePolicy": "Fail",
@@ -393,7 +483,7 @@ async fn install_floor(
     name: &str,
     load: &Load<'_>,
     ns: &str,
-    (mutating, validating): (&TestWebhook, &TestWebhook),
+    (mutating, validating): (&FixedHook, &FixedHook),
 ) -> anyhow::Result<()> {
     cluster
         .kubectl_ok(
@@ -403,8 +493,8 @@ async fn install_floor(
         .await?;
     let calls = || async {
         anyhow::Ok(
-            reviews_per_create(load.api, mutating).await?
-                + reviews_per_create(load.api, validating).await?,
+            reviews_per_create(load.api, &mutating.server).await?
+                + reviews_per_create(load.api, &validating.server).await?,
         )
     };
     // Two dry-run creates per probe: each hook sees its entry's call (one hook may serve both).
@@ -471,11 +561,11 @@ async fn main() -> anyhow::Result<()> {
     // The floor: as many entries as Gatehouse's shared ones, answered by a server that does no
     // work (a fixed allow, no patch). What they add is the API server's own cost of calling 2
     // webhooks per create on this machine, which no webhook implementation can get under.
-    let allowing = TestWebhook::start(&["127.0.0.1"], allow())?;
+    let allowing = FixedHook::start(cluster, "bench-allowing", home.name(), allow()).await?;
     // The same, with the mutating entry answering the Policies' change as a fixed patch: the
     // floor for a mutating workload, since applying a patch (and storing the larger object)
     // costs the API server what no webhook can save it.
-    let patcher = TestWebhook::start(&["127.0.0.1"], fixed_patch())?;
+    let patcher = FixedHook::start(cluster, "bench-patcher", home.name(), fixed_patch()).await?;
     let load = |api, servers| Load {
         api,
         procs: &procs,
@@ -483,7 +573,7 @@ async fn main() -> anyhow::Result<()> {
         count,
         concurrency,
     };
-    let hooks = Servers::Hooks(&allowing, &patcher);
+    let hooks = Servers::Hooks(&allowing.server, &patcher.server);
     let (policies, none, floor, patching) = (
         load(&api_policies, Servers::Gatehouse(&gh)),
         load(&api_none, Servers::None),
@@ -578,12 +668,26 @@ async fn main() -> anyhow::Result<()> {
             block.with.extend(policies.measure("pol", 1).await?);
         }
         let after = webhook_buckets(&client).await?;
+        if let (16, Ok(dir)) = (total, std::env::var("PROFILE")) {
+            let seconds = env_usize("PROFILE_SECONDS", 20) as u64;
+            std::fs::create_dir_all(&dir)?;
+            for (phase, load) in [
+                ("none", &none),
+                ("floor", &floor),
+                ("patching", &patching),
+                ("policies", &policies),
+            ] {
+                let path = std::path::Path::new(&dir).join(format!("{phase}.pprof"));
+                let creates = load.profile(cluster, "prof", seconds, &path).await?;
+                eprintln!("==> profile {}: {creates} creates", path.display());
+            }
+        }
         block.bucket = bucket_p99(&before, &after);
         block.rss = gh.rss_kib();
         blocks.push(block);
     }
-    allowing.shutdown();
-    patcher.shutdown();
+    allowing.server.shutdown();
+    patcher.server.shutdown();
 
     report(&blocks, &procs, count, concurrency, rounds, distinct);
 

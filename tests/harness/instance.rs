@@ -17,6 +17,17 @@ pub const BIN_ENV: &str = "GATEHOUSE_BIN";
 /// Name of the ExternalName Service of service mode (the production default).
 pub const SERVICE_NAME: &str = "gatehouse-webhook";
 
+/// An ExternalName Service `name` in `namespace` through which the API server reaches a webhook
+/// listening on localhost at `port`, as YAML. The API server's resolver dials
+/// `<externalName>:<service port>` and verifies the certificate for `<name>.<namespace>.svc`; it
+/// speaks HTTP/1.1 to a webhook behind a Service, as it does in a real cluster, where a loopback
+/// URL would get HTTP/2.
+pub fn localhost_service(name: &str, namespace: &str, port: u16) -> String {
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec:\n  type: ExternalName\n  externalName: localhost\n  ports: [{{name: https, port: {port}}}]\n"
+    )
+}
+
 /// How the API server reaches the Gatehouse under test.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -172,13 +183,13 @@ impl Gatehouse {
                 args.push(format!("https://127.0.0.1:{port}"));
             }
             Mode::Service => {
-                // The API server's resolver dials <externalName>:<service.port>, so the webhook
-                // port and the Service port are the same number.
-                let service = format!(
-                    "apiVersion: v1\nkind: Service\nmetadata: {{name: {SERVICE_NAME}, namespace: {namespace}}}\nspec:\n  type: ExternalName\n  externalName: localhost\n  ports: [{{name: https, port: {port}}}]\n"
-                );
+                // The webhook port and the Service port are the same number (see
+                // `localhost_service`).
                 cluster
-                    .kubectl_ok(["apply", "-f", "-"], Some(&service))
+                    .kubectl_ok(
+                        ["apply", "-f", "-"],
+                        Some(&localhost_service(SERVICE_NAME, namespace, port)),
+                    )
                     .await?;
                 args.extend([
                     "--service-name".into(),
