@@ -554,7 +554,7 @@ async fn main() -> anyhow::Result<()> {
             .arg("--exclude-namespaces", &excluded),
     )
     .await?;
-    let procs = processes(cluster.state_dir(), gh.pid());
+    let mut procs = processes(cluster.state_dir(), gh.pid());
     let api = |ns: &TestNamespace| Api::<Pod>::namespaced(client.clone(), ns.name());
     let (api_policies, api_none, api_floor, api_patch) =
         (api(&ns), api(&quiet), api(&allow_ns), api(&patch_ns));
@@ -566,6 +566,12 @@ async fn main() -> anyhow::Result<()> {
     // floor for a mutating workload, since applying a patch (and storing the larger object)
     // costs the API server what no webhook can save it.
     let patcher = FixedHook::start(cluster, "bench-patcher", home.name(), fixed_patch()).await?;
+    // The fixed webhooks' CPU: each runs on a thread of its own in this process.
+    for (name, hook) in [("fixed allow", &allowing), ("fixed patch", &patcher)] {
+        if let Some(tid) = hook.server.thread_id() {
+            procs.push((name.into(), tid));
+        }
+    }
     let load = |api, servers| Load {
         api,
         procs: &procs,

@@ -1,8 +1,16 @@
 //! CPU seconds of the control plane and Gatehouse, for the benchmarks' reports.
 
-/// CPU seconds (user + system) a process has used so far, from /proc/<pid>/stat.
+/// CPU seconds (user + system) a process has used so far, from /proc/<pid>/stat; for a thread
+/// of this process other than its first (a test webhook's), that thread's alone, which only
+/// /proc/self/task/<tid>/stat gives (/proc/<tid>/stat counts the whole process).
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let thread = format!("/proc/self/task/{pid}/stat");
+    let path = if pid != std::process::id() && std::path::Path::new(&thread).exists() {
+        thread
+    } else {
+        format!("/proc/{pid}/stat")
+    };
+    let stat = std::fs::read_to_string(path).ok()?;
     // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
     let rest = stat.rsplit_once(')')?.1;
     let fields: Vec<&str> = rest.split_whitespace().collect();

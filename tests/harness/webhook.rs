@@ -6,7 +6,7 @@
 use std::convert::Infallible;
 use std::net::TcpListener as StdTcpListener;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
 use anyhow::Context;
@@ -51,6 +51,7 @@ pub struct TestWebhook {
     port: u16,
     reviews: Arc<Mutex<Vec<Value>>>,
     connections: Arc<AtomicUsize>,
+    tid: Arc<OnceLock<u32>>,
     shutdown: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -100,15 +101,23 @@ impl TestWebhook {
             connections: connections.clone(),
             responder: Arc::new(responder),
         });
+        let tid = Arc::new(OnceLock::new());
+        let tid_here = tid.clone();
         let thread = std::thread::Builder::new()
             .name(format!("test-webhook-{port}"))
-            .spawn(move || runtime.block_on(serve(listener, acceptor, state, shutdown_rx)))
+            .spawn(move || {
+                if let Some(id) = own_thread_id() {
+                    let _ = tid_here.set(id);
+                }
+                runtime.block_on(serve(listener, acceptor, state, shutdown_rx))
+            })
             .context("starting the test webhook thread")?;
         Ok(Self {
             ca_pem,
             port,
             reviews,
             connections,
+            tid,
             shutdown: Some(shutdown_tx),
             thread: Some(thread),
         })
@@ -145,6 +154,12 @@ impl TestWebhook {
     /// TLS connections accepted so far (a completed handshake each).
     pub fn connections(&self) -> usize {
         self.connections.load(Ordering::Relaxed)
+    }
+
+    /// The OS thread id of the server's thread (it does all the server's work), for its CPU time
+    /// in `/proc/<tid>/stat`; `None` off Linux or before the thread has started.
+    pub fn thread_id(&self) -> Option<u32> {
+        self.tid.get().copied()
     }
 
     /// Stops the server and waits for its thread.
@@ -307,4 +322,14 @@ fn issue_certificates(
         cert.der().clone(),
         PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
     ))
+}
+
+/// The calling thread's OS id, from the `/proc/thread-self` link (`<pid>/task/<tid>`).
+fn own_thread_id() -> Option<u32> {
+    std::fs::read_link("/proc/thread-self")
+        .ok()?
+        .file_name()?
+        .to_str()?
+        .parse()
+        .ok()
 }
