@@ -34,7 +34,7 @@
 //! pool of idle connections, and a full handshake costs both sides more than a review.
 //!
 //! `PROFILE=<dir>` also takes a CPU profile of the API server in each phase of the 16-Policy
-//! block, after its rounds: `PROFILE_SECONDS` (default 20) of creates in a loop per phase,
+//! block (`PROFILE_POLICIES`: of the 64- or 256-Policy one), after its rounds: `PROFILE_SECONDS` (default 20) of creates in a loop per phase,
 //! written to `<dir>/<phase>.pprof`, with the number of creates it covers printed beside it
 //! (compare per create: `go tool pprof -top -unit ms <file>`).
 //!
@@ -103,6 +103,9 @@ struct Phase {
     cpu: Vec<f64>,
     /// New TLS connections the webhook servers accepted, over all rounds.
     connections: f64,
+    /// The API server's webhook calls, as its own metrics time them: seconds and number.
+    waited: f64,
+    calls: f64,
 }
 
 impl Phase {
@@ -114,6 +117,13 @@ impl Phase {
         }
         self.rounds.extend(other.rounds);
         self.connections += other.connections;
+        self.waited += other.waited;
+        self.calls += other.calls;
+    }
+
+    /// The mean webhook call, as the API server timed it, in milliseconds.
+    fn mean_call_ms(&self) -> f64 {
+        1000.0 * self.waited / self.calls.max(1.0)
     }
 
     /// New TLS connections per round, on average.
@@ -175,8 +185,11 @@ impl Servers<'_> {
 /// What every phase does: `count` creates at `concurrency`, watching the CPU of `procs`.
 struct Load<'a> {
     api: &'a Api<Pod>,
+    client: &'a kube::Client,
     procs: &'a [(String, u32)],
     servers: Servers<'a>,
+    /// How the names of the entries its creates call end (none without webhooks).
+    entries: Option<&'a str>,
     count: usize,
     concurrency: usize,
 }
@@ -188,15 +201,19 @@ impl Load<'_> {
         let mut phase = Phase {
             rounds: Vec::new(),
             cpu: vec![0.0; self.procs.len()],
-            connections: 0.0,
+            ..Phase::default()
         };
         for round in 0..rounds {
+            let waits = self.webhook_waits().await?;
             let connected = self.servers.connections().await?;
             let before = cpu_snapshot(self.procs);
             let name = format!("{prefix}-{round}");
             let stats = create_pods(self.api, &name, self.count, self.concurrency).await?;
             let after = cpu_snapshot(self.procs);
             phase.connections += self.servers.connections().await? - connected;
+            let (waited, calls) = self.webhook_waits().await?;
+            phase.waited += waited - waits.0;
+            phase.calls += calls - waits.1;
             for (sum, (a, b)) in phase.cpu.iter_mut().zip(before.iter().zip(&after)) {
                 *sum += b - a;
             }
@@ -204,6 +221,38 @@ impl Load<'_> {
             delete_all(self.api).await?;
         }
         Ok(phase)
+    }
+
+    /// Seconds the API server has spent in calls to this phase's entries so far, and their
+    /// number (`apiserver_admission_webhook_admission_duration_seconds`).
+    async fn webhook_waits(&self) -> anyhow::Result<(f64, f64)> {
+        let Some(suffix) = self.entries else {
+            return Ok((0.0, 0.0));
+        };
+        let req = http::Request::get("/metrics").body(Vec::new())?;
+        let text = self.client.request_text(req).await?;
+        let mut out = (0.0, 0.0);
+        for line in text.lines() {
+            let Some(rest) =
+                line.strip_prefix("apiserver_admission_webhook_admission_duration_seconds_")
+            else {
+                continue;
+            };
+            let ours = rest
+                .split("name=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next());
+            if !ours.is_some_and(|n| n.ends_with(suffix)) {
+                continue;
+            }
+            let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+            match (rest.split('{').next(), value) {
+                (Some("sum"), Some(v)) => out.0 += v,
+                (Some("count"), Some(v)) => out.1 += v,
+                _ => {}
+            }
+        }
+        Ok(out)
     }
 
     /// A few creates so that the phase does not pay first-use costs.
@@ -337,6 +386,8 @@ fn policy(name: &str, ns: &str, body: Value) -> Value {
 
 /// Names of the webhook configurations of the floors.
 const FLOORS: [&str; 2] = ["bench-floor", "bench-patching-floor"];
+/// Their entries are `<mutate|validate>.<configuration><FLOOR_SUFFIX>`.
+const FLOOR_SUFFIX: &str = ".gatehouse.test";
 
 /// A fixed webhook of the floors, reached as Gatehouse is: through a Service. The API server
 /// speaks HTTP/1.1 to a webhook behind a Service (one request per connection at a time, a
@@ -397,7 +448,7 @@ fn floor_configurations(
             validating
         };
         json!({
-            "name": format!("{kind}.bench.gatehouse.test"),
+            "name": format!("{kind}.{name}{FLOOR_SUFFIX}"),
             "clientConfig": hook.client_config(&format!("/{kind}")),
             "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
@@ -572,19 +623,22 @@ async fn main() -> anyhow::Result<()> {
             procs.push((name.into(), tid));
         }
     }
-    let load = |api, servers| Load {
+    let load = |api, servers, entries| Load {
         api,
+        client: &client,
         procs: &procs,
         servers,
+        entries,
         count,
         concurrency,
     };
     let hooks = Servers::Hooks(&allowing.server, &patcher.server);
+    let suffixes = FLOORS.map(|f| format!(".{f}{FLOOR_SUFFIX}"));
     let (policies, none, floor, patching) = (
-        load(&api_policies, Servers::Gatehouse(&gh)),
-        load(&api_none, Servers::None),
-        load(&api_floor, hooks),
-        load(&api_patch, hooks),
+        load(&api_policies, Servers::Gatehouse(&gh), Some(ENTRY_SUFFIX)),
+        load(&api_none, Servers::None, None),
+        load(&api_floor, hooks, Some(&suffixes[0])),
+        load(&api_patch, hooks, Some(&suffixes[1])),
     );
 
     install_floor(
@@ -674,7 +728,8 @@ async fn main() -> anyhow::Result<()> {
             block.with.extend(policies.measure("pol", 1).await?);
         }
         let after = webhook_buckets(&client).await?;
-        if let (16, Ok(dir)) = (total, std::env::var("PROFILE")) {
+        let profiled = env_usize("PROFILE_POLICIES", 16);
+        if let (true, Ok(dir)) = (total == profiled, std::env::var("PROFILE")) {
             let seconds = env_usize("PROFILE_SECONDS", 20) as u64;
             std::fs::create_dir_all(&dir)?;
             for (phase, load) in [
@@ -783,6 +838,13 @@ fn report(
                 b.with.cpu_per_round(i),
             );
         }
+        println!(
+            "Mean webhook call as the API server timed it: floor {:.2} ms, patching floor {:.2} ms, {} Policies {:.2} ms",
+            b.floor.mean_call_ms(),
+            b.patching.mean_call_ms(),
+            b.policies,
+            b.with.mean_call_ms(),
+        );
         println!(
             "New TLS connections to the webhook servers per round: floor {:.0}, patching floor {:.0}, {} Policies {:.0}",
             b.floor.connections_per_round(),
