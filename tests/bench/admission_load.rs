@@ -34,9 +34,10 @@
 //! pool of idle connections, and a full handshake costs both sides more than a review.
 //!
 //! `PROFILE=<dir>` also takes a CPU profile of the API server in each phase of the 16-Policy
-//! block (`PROFILE_POLICIES`: of the 64- or 256-Policy one), after its rounds: `PROFILE_SECONDS` (default 20) of creates in a loop per phase,
-//! written to `<dir>/<phase>.pprof`, with the number of creates it covers printed beside it
-//! (compare per create: `go tool pprof -top -unit ms <file>`).
+//! block (`PROFILE_POLICIES`: of the 64- or 256-Policy one), after its rounds:
+//! `PROFILE_SECONDS` (default 20) of creates in a loop per phase, written to
+//! `<dir>/<phase>.pprof`, with the number of creates it covers printed beside it (compare per
+//! create: `go tool pprof -top -unit ms <file>`).
 //!
 //! `tests/bench/admission-load` runs it (control plane, release build, environment).
 
@@ -224,35 +225,13 @@ impl Load<'_> {
     }
 
     /// Seconds the API server has spent in calls to this phase's entries so far, and their
-    /// number (`apiserver_admission_webhook_admission_duration_seconds`).
+    /// number.
     async fn webhook_waits(&self) -> anyhow::Result<(f64, f64)> {
         let Some(suffix) = self.entries else {
             return Ok((0.0, 0.0));
         };
-        let req = http::Request::get("/metrics").body(Vec::new())?;
-        let text = self.client.request_text(req).await?;
-        let mut out = (0.0, 0.0);
-        for line in text.lines() {
-            let Some(rest) =
-                line.strip_prefix("apiserver_admission_webhook_admission_duration_seconds_")
-            else {
-                continue;
-            };
-            let ours = rest
-                .split("name=\"")
-                .nth(1)
-                .and_then(|r| r.split('"').next());
-            if !ours.is_some_and(|n| n.ends_with(suffix)) {
-                continue;
-            }
-            let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
-            match (rest.split('{').next(), value) {
-                (Some("sum"), Some(v)) => out.0 += v,
-                (Some("count"), Some(v)) => out.1 += v,
-                _ => {}
-            }
-        }
-        Ok(out)
+        let durations = webhook_durations(self.client, suffix).await?;
+        Ok((durations.seconds, durations.calls))
     }
 
     /// A few creates so that the phase does not pay first-use costs.
@@ -325,25 +304,47 @@ async fn create_pods(
     Ok(stats(latencies))
 }
 
-/// Cumulative webhook admission-duration buckets of the API server for Gatehouse's entries,
-/// summed over entries: upper bound (seconds) → count.
-async fn webhook_buckets(client: &kube::Client) -> anyhow::Result<BTreeMap<String, f64>> {
+/// The API server's `apiserver_admission_webhook_admission_duration_seconds` for the entries
+/// whose names end with a suffix, summed over those entries.
+#[derive(Default)]
+struct WebhookDurations {
+    /// Cumulative buckets: upper bound (seconds) → count.
+    buckets: BTreeMap<String, f64>,
+    /// Seconds spent in the calls, and their number.
+    seconds: f64,
+    calls: f64,
+}
+
+/// [`WebhookDurations`] of the entries named `*<suffix>`, as the API server's `/metrics` has
+/// them now.
+async fn webhook_durations(
+    client: &kube::Client,
+    suffix: &str,
+) -> anyhow::Result<WebhookDurations> {
     let req = http::Request::get("/metrics").body(Vec::new())?;
     let text = client.request_text(req).await?;
-    let mut out = BTreeMap::new();
+    let mut out = WebhookDurations::default();
     for line in text.lines() {
-        if !line.starts_with("apiserver_admission_webhook_admission_duration_seconds_bucket{")
-            || !line.contains(&format!("{ENTRY_SUFFIX}\""))
-        {
-            continue;
-        }
-        let Some(le) = line.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else {
+        let Some(rest) =
+            line.strip_prefix("apiserver_admission_webhook_admission_duration_seconds_")
+        else {
             continue;
         };
+        let label = |key: &str| rest.split(key).nth(1).and_then(|r| r.split('"').next());
+        if !label("name=\"").is_some_and(|n| n.ends_with(suffix)) {
+            continue;
+        }
         let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
             continue;
         };
-        *out.entry(le.to_string()).or_insert(0.0) += value;
+        match (rest.split('{').next(), label("le=\"")) {
+            (Some("bucket"), Some(le)) => {
+                *out.buckets.entry(le.to_string()).or_insert(0.0) += value
+            }
+            (Some("sum"), _) => out.seconds += value,
+            (Some("count"), _) => out.calls += value,
+            _ => {}
+        }
     }
     Ok(out)
 }
@@ -719,7 +720,7 @@ async fn main() -> anyhow::Result<()> {
             bucket: None,
             rss: None,
         };
-        let before = webhook_buckets(&client).await?;
+        let before = webhook_durations(&client, ENTRY_SUFFIX).await?.buckets;
         for round in 0..rounds {
             eprintln!("==> {total} Policies: round {}/{rounds}", round + 1);
             block.none.extend(none.measure("none", 1).await?);
@@ -727,7 +728,7 @@ async fn main() -> anyhow::Result<()> {
             block.patching.extend(patching.measure("patch", 1).await?);
             block.with.extend(policies.measure("pol", 1).await?);
         }
-        let after = webhook_buckets(&client).await?;
+        let after = webhook_durations(&client, ENTRY_SUFFIX).await?.buckets;
         let profiled = env_usize("PROFILE_POLICIES", 16);
         if let (true, Ok(dir)) = (total == profiled, std::env::var("PROFILE")) {
             let seconds = env_usize("PROFILE_SECONDS", 20) as u64;

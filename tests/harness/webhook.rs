@@ -157,7 +157,7 @@ impl TestWebhook {
     }
 
     /// The OS thread id of the server's thread (it does all the server's work), for its CPU time
-    /// in `/proc/<tid>/stat`; `None` off Linux or before the thread has started.
+    /// ([`crate::cpu::cpu_seconds`]); `None` off Linux or before the thread has started.
     pub fn thread_id(&self) -> Option<u32> {
         self.tid.get().copied()
     }

@@ -53,7 +53,7 @@ impl Members {
         });
         Members {
             reach,
-            rules: RuleTable::of(policies.iter().map(AsRef::as_ref)),
+            rules: RuleTable::of(refs.iter().copied()),
             heavy: policies.iter().any(|p| p.is_heavy()),
             namespace_selectors: policies
                 .iter()
@@ -61,9 +61,7 @@ impl Members {
             policies,
         }
     }
-}
 
-impl Members {
     /// Whether the members can touch only part of an object, for some request: then only that
     /// part needs decoding.
     pub fn may_reach(&self) -> bool {
@@ -372,25 +370,18 @@ mod tests {
 
         let two = Members::new(vec![plain.clone(), by_namespace]);
         assert!(two.may_reach());
-        let labels = two.reach(&pod).expect("a reach for a Pod");
-        let reached = labels
+        let reach = two.reach(&pod).expect("a reach for a Pod");
+        let reached = reach
             .member("metadata")
             .flatten()
             .expect("metadata, in part");
-        assert_eq!(
-            reached
-                .member("labels")
-                .flatten()
-                .map(|l| l.member("a").is_some()),
-            Some(true)
-        );
-        assert_eq!(
-            reached
-                .member("labels")
-                .flatten()
-                .map(|l| l.member("b").is_some()),
-            Some(true)
-        );
+        let labels = reached
+            .member("labels")
+            .flatten()
+            .expect("the labels, in part");
+        for name in ["a", "b"] {
+            assert!(labels.member(name).is_some(), "the label of {name}");
+        }
         // A Namespace's own labels decide its namespaceSelector: the whole object is needed.
         assert!(two.reach(&namespace).is_none());
 
