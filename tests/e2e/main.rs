@@ -6,6 +6,7 @@ mod install;
 mod ipam;
 mod lockout;
 mod operator;
+mod outage;
 mod scene;
 mod shared;
 mod smoke;

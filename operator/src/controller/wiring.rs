@@ -2,9 +2,9 @@
 //! server reaches Gatehouse, and the CA bundle.
 //!
 //! Policies share entries ([`crate::engine::group`]): a shared entry's rules are the union of its
-//! members' rules, its timeout the largest of theirs, its namespaceSelector only the system
-//! exclusion, with no objectSelector and no matchConditions; Gatehouse matches each member
-//! itself. A Policy whose conditions use `authorizer` keeps an entry of its own with all of its
+//! members' rules, its namespaceSelector and objectSelector the exact union of theirs (the system
+//! exclusion ANDed in), its timeout the largest of theirs, with no matchConditions; Gatehouse
+//! matches each member itself, and the entry's selectors keep an outage to the members' scope. A Policy whose conditions use `authorizer` keeps an entry of its own with all of its
 //! match fields, as every Policy had before. Both configurations carry the membership of every
 //! entry in the annotation [`GROUPS_ANNOTATION`], so every replica can answer every entry the
 //! API server may call.
@@ -20,6 +20,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 
 use crate::api::v1alpha1::{GROUP, Policy, Rule};
+use crate::engine::coverage::Coverage;
 use crate::engine::group::{self, Group, GroupPhase};
 use crate::webhook::{MUTATE_PREFIX, VALIDATE_POLICY_PATH, VALIDATE_PREFIX};
 
@@ -259,23 +260,38 @@ impl Entry {
             .max()
             .unwrap_or(MAX_TIMEOUT_SECONDS)
             .min(MAX_TIMEOUT_SECONDS);
-        // A Policy's own entry keeps every match field: the API server matches it.
+        // A Policy's own entry keeps every match field: the API server matches it. A shared
+        // entry selects the exact union of its members' selectors (the grouping made sure
+        // there is one), so the API server calls it only where some member may apply.
         let own = members.first().filter(|_| g.is_own());
-        let rules = match own {
-            Some(p) => rules(&p.spec.match_.rules),
-            None => union_of_rules(members.iter().flat_map(|p| &p.spec.match_.rules)),
+        let (rules, conditions, namespaces, objects) = match own {
+            Some(p) => (
+                rules(&p.spec.match_.rules),
+                match_conditions(p),
+                p.spec.match_.namespace_selector.clone(),
+                p.spec.match_.object_selector.clone(),
+            ),
+            None => {
+                let coverage = Coverage::of_members(members.iter().map(|p| &p.spec));
+                (
+                    union_of_rules(members.iter().flat_map(|p| &p.spec.match_.rules)),
+                    None,
+                    coverage.namespace_selector(),
+                    coverage.object_selector(),
+                )
+            }
         };
         Self {
             name: group_entry_name(g),
             client_config,
             failure_policy: Some(g.failure_policy.as_str().to_string()),
             reinvocation_policy: Some(g.reinvocation_policy.as_str().to_string()),
-            match_conditions: own.and_then(|p| match_conditions(p)),
+            match_conditions: conditions,
             namespace_selector: Some(namespace_selector(
-                own.and_then(|p| p.spec.match_.namespace_selector.as_ref()),
+                namespaces.as_ref(),
                 &wiring.excluded_namespaces,
             )),
-            object_selector: own.and_then(|p| p.spec.match_.object_selector.clone()),
+            object_selector: objects,
             rules: Some(rules),
             timeout_seconds: Some(timeout),
         }
@@ -526,15 +542,21 @@ mod tests {
         );
     }
 
+    fn team(value: &str) -> Option<LabelSelector> {
+        Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([("team".into(), value.into())])),
+            match_expressions: None,
+        })
+    }
+
     #[test]
-    fn a_shared_entry_unions_rules_takes_the_largest_timeout_and_matches_nothing_itself() {
+    fn a_shared_entry_unions_rules_keeps_its_members_selectors_and_takes_the_largest_timeout() {
         let mut a = policy("a", 1, true, false);
         let mut b = policy("b", 2, true, false);
+        // An empty objectSelector selects everything, as none does.
         a.spec.match_.object_selector = Some(LabelSelector::default());
-        a.spec.match_.namespace_selector = Some(LabelSelector {
-            match_labels: Some(BTreeMap::from([("team".into(), "a".into())])),
-            match_expressions: None,
-        });
+        a.spec.match_.namespace_selector = team("a");
+        b.spec.match_.namespace_selector = team("a");
         b.spec.timeout_seconds = 12;
         b.spec.match_.rules[0].operations = vec![Operation::Update];
         b.spec.match_.rules.push(Rule {
@@ -545,15 +567,18 @@ mod tests {
             scope: Scope::Namespaced,
         });
         let d = desired(&[&a, &b], &wiring(), "CA");
-        let m = &d.mutating.webhooks.as_ref().unwrap()[0];
+        let m = d.mutating.webhooks.as_ref().unwrap();
+        assert_eq!(m.len(), 1, "one scope, one entry: {m:?}");
+        let m = &m[0];
         assert_eq!(m.timeout_seconds, Some(12));
         assert!(m.object_selector.is_none() && m.match_conditions.is_none());
         let ns = m.namespace_selector.as_ref().unwrap();
-        assert!(
-            ns.match_labels.is_none(),
-            "only the system exclusion: {ns:?}"
+        assert_eq!(ns.match_labels, team("a").unwrap().match_labels);
+        let exclusion = &ns.match_expressions.as_ref().unwrap()[0];
+        assert_eq!(
+            (exclusion.key.as_str(), exclusion.operator.as_str()),
+            ("kubernetes.io/metadata.name", "NotIn")
         );
-        assert_eq!(ns.match_expressions.as_ref().unwrap().len(), 1);
         let rules: Vec<(Vec<String>, Vec<String>)> = m
             .rules
             .iter()
@@ -569,6 +594,50 @@ mod tests {
                 (strings(&["deployments"]), strings(&["CREATE"])),
             ]
         );
+    }
+
+    #[test]
+    fn policies_of_other_scopes_get_entries_that_select_only_their_scope() {
+        let mut in_a = policy("in-a", 1, false, true);
+        in_a.spec.match_.namespace_selector = team("a");
+        let mut in_b = policy("in-b", 1, true, false);
+        in_b.spec.match_.namespace_selector = team("b");
+        let mut db = policy("db", 1, false, true);
+        db.spec.match_.object_selector = Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([("tier".into(), "db".into())])),
+            match_expressions: None,
+        });
+        let d = desired(&[&in_a, &in_b, &db], &wiring(), "CA");
+        let m = d.mutating.webhooks.as_ref().unwrap();
+        assert_eq!(m.len(), 1);
+        let selects = |ns: &Option<LabelSelector>, team: &str| {
+            ns.as_ref()
+                .and_then(|s| s.match_labels.as_ref())
+                .and_then(|l| l.get("team"))
+                == Some(&team.to_string())
+        };
+        assert!(selects(&m[0].namespace_selector, "b"), "{m:?}");
+        // Self entry, then in-a's and db's: (team a, any object) and (any namespace, tier db)
+        // have no exact union.
+        let v = d.validating.webhooks.as_ref().unwrap();
+        assert_eq!(v.len(), 3, "{v:?}");
+        let by_team: Vec<&ValidatingWebhook> = v[1..]
+            .iter()
+            .filter(|w| selects(&w.namespace_selector, "a"))
+            .collect();
+        assert_eq!(by_team.len(), 1);
+        assert!(by_team[0].object_selector.is_none());
+        let by_tier: Vec<&ValidatingWebhook> = v[1..]
+            .iter()
+            .filter(|w| w.object_selector.is_some())
+            .collect();
+        assert_eq!(by_tier.len(), 1);
+        let ns = by_tier[0].namespace_selector.as_ref().unwrap();
+        assert!(
+            ns.match_labels.is_none(),
+            "only the system exclusion: {ns:?}"
+        );
+        assert_eq!(ns.match_expressions.as_ref().unwrap().len(), 1);
     }
 
     #[test]

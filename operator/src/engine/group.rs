@@ -2,12 +2,16 @@
 //! for the wiring, the webhook server and `gatehouse eval`.
 //!
 //! * **Order**: Policies run by `(priority, name)`, ascending ([`in_order`]).
+//! * **Scope**: members share an entry only where the union of their rules and selectors is
+//!   exact ([`super::coverage`]): the entry carries that union, so the API server calls it —
+//!   and, while Gatehouse is unreachable, fails its `Fail` requests — only for requests some
+//!   member could match. An outage's blast radius is the Policies' scope, not every namespace.
 //! * **Mutating entries** are the maximal runs of consecutive Policies (in that order) that share
-//!   `failurePolicy` and `reinvocationPolicy`: the API server calls the entries of one
-//!   configuration in list order, so the order across Policies stays exact while the common case
-//!   is a single entry.
-//! * **Validating entries**: one per `failurePolicy`. The API server calls validating webhooks in
-//!   parallel, so their order means nothing.
+//!   `failurePolicy` and `reinvocationPolicy` and whose coverages union exactly: the API server
+//!   calls the entries of one configuration in list order, so the order across Policies stays
+//!   exact while the common case (one scope) is a single entry.
+//! * **Validating entries**: per `failurePolicy`, as few as exact unions allow. The API server
+//!   calls validating webhooks in parallel, so their order means nothing.
 //! * A Policy whose match conditions use `authorizer` keeps an entry of its own: only the API
 //!   server can evaluate `authorizer`, so it must match that Policy itself. It also ends a
 //!   mutating run, which keeps the order exact.
@@ -21,6 +25,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::Phase;
+use super::coverage::Coverage;
 use crate::api::v1alpha1::{FailurePolicy, PolicySpec, ReinvocationPolicy};
 
 /// Prefix of the id of a Policy's own entry: `policy/<name>`, path `/mutate/policy/<name>`.
@@ -114,65 +119,142 @@ pub fn in_order<M: Member>(members: &[M]) -> Vec<&M> {
 pub fn groups<M: Member>(members: &[M]) -> Groups {
     let sorted = in_order(members);
     let mut mutating: Vec<Group> = Vec::new();
-    let mut run: Vec<&M> = Vec::new();
-    let close = |run: &mut Vec<&M>, out: &mut Vec<Group>| {
-        if let Some(first) = run.first() {
-            let spec = first.spec();
-            out.push(group(
-                GroupPhase::Mutating,
-                spec.failure_policy,
-                spec.reinvocation_policy,
-                run.iter().map(|m| m.name().to_string()).collect(),
-            ));
-        }
-        run.clear();
-    };
+    let mut run: Forming<'_, M> = Forming::default();
     for m in sorted.iter().filter(|m| super::is_mutating(m.spec())) {
         if m.needs_own_entry() {
-            close(&mut run, &mut mutating);
-            mutating.push(own(m, GroupPhase::Mutating));
+            run.close_into(GroupPhase::Mutating, &mut mutating);
+            mutating.push(own(*m, GroupPhase::Mutating));
             continue;
         }
-        let continues = run.last().is_none_or(|last| {
-            (last.spec().failure_policy, last.spec().reinvocation_policy)
-                == (m.spec().failure_policy, m.spec().reinvocation_policy)
-        });
-        if !continues {
-            close(&mut run, &mut mutating);
+        let coverage = Coverage::of(m.spec());
+        let union = match run.members.last() {
+            Some(last)
+                if (last.spec().failure_policy, last.spec().reinvocation_policy)
+                    == (m.spec().failure_policy, m.spec().reinvocation_policy) =>
+            {
+                run.coverage.as_ref().and_then(|c| c.union(&coverage))
+            }
+            _ => None,
+        };
+        match union {
+            Some(union) => run.push(*m, union),
+            None => {
+                run.close_into(GroupPhase::Mutating, &mut mutating);
+                run.push(*m, coverage);
+            }
         }
-        run.push(m);
     }
-    close(&mut run, &mut mutating);
+    run.close_into(GroupPhase::Mutating, &mut mutating);
 
-    let validators: Vec<&&M> = sorted
+    let validators: Vec<&M> = sorted
         .iter()
+        .copied()
         .filter(|m| !m.spec().validate.is_empty())
         .collect();
     let mut validating: Vec<Group> = validators
         .iter()
         .filter(|m| m.needs_own_entry())
-        .map(|m| own(**m, GroupPhase::Validating))
+        .map(|m| own(*m, GroupPhase::Validating))
         .collect();
     validating.sort_by(|a, b| a.id.cmp(&b.id));
     for failure_policy in [FailurePolicy::Fail, FailurePolicy::Ignore] {
-        let names: Vec<String> = validators
+        let shared = validators
             .iter()
-            .filter(|m| !m.needs_own_entry() && m.spec().failure_policy == failure_policy)
-            .map(|m| m.name().to_string())
-            .collect();
-        if !names.is_empty() {
-            validating.push(group(
-                GroupPhase::Validating,
-                failure_policy,
-                ReinvocationPolicy::Never,
-                names,
-            ));
+            .copied()
+            .filter(|m| !m.needs_own_entry() && m.spec().failure_policy == failure_policy);
+        for mut forming in validating_sets(shared) {
+            forming.close_into(GroupPhase::Validating, &mut validating);
         }
     }
     Groups {
         mutating,
         validating,
     }
+}
+
+/// Members (in run order) that will share an entry, with the exact union of their coverages.
+struct Forming<'m, M> {
+    members: Vec<&'m M>,
+    coverage: Option<Coverage>,
+}
+
+impl<M> Default for Forming<'_, M> {
+    fn default() -> Self {
+        Self {
+            members: Vec::new(),
+            coverage: None,
+        }
+    }
+}
+
+impl<'m, M: Member> Forming<'m, M> {
+    fn push(&mut self, m: &'m M, coverage: Coverage) {
+        self.members.push(m);
+        self.coverage = Some(coverage);
+    }
+
+    /// Adds the group formed so far to `out` and starts anew.
+    fn close_into(&mut self, phase: GroupPhase, out: &mut Vec<Group>) {
+        if let Some(first) = self.members.first() {
+            let spec = first.spec();
+            let reinvocation_policy = match phase {
+                GroupPhase::Mutating => spec.reinvocation_policy,
+                GroupPhase::Validating => ReinvocationPolicy::Never,
+            };
+            out.push(group(
+                phase,
+                spec.failure_policy,
+                reinvocation_policy,
+                self.members.iter().map(|m| m.name().to_string()).collect(),
+            ));
+        }
+        *self = Self::default();
+    }
+}
+
+/// Validating members of one failurePolicy in as few sets as exact unions allow: each joins
+/// the first set it unions with exactly, then sets that now union are joined, until none do.
+/// Their order means nothing to the API server; members keep run order within a set.
+fn validating_sets<'m, M: Member>(members: impl Iterator<Item = &'m M>) -> Vec<Forming<'m, M>> {
+    let mut sets: Vec<Forming<'m, M>> = Vec::new();
+    for m in members {
+        let coverage = Coverage::of(m.spec());
+        let joined = sets.iter_mut().find_map(|set| {
+            let union = set.coverage.as_ref()?.union(&coverage)?;
+            Some((set, union))
+        });
+        match joined {
+            Some((set, union)) => set.push(m, union),
+            None => {
+                let mut set = Forming::default();
+                set.push(m, coverage);
+                sets.push(set);
+            }
+        }
+    }
+    while let Some((i, j, union)) = mergeable_pair(&sets) {
+        let later = sets.remove(j);
+        let set = &mut sets[i];
+        set.members.extend(later.members);
+        set.members
+            .sort_by(|a, b| (a.spec().priority, a.name()).cmp(&(b.spec().priority, b.name())));
+        set.coverage = Some(union);
+    }
+    sets
+}
+
+/// The first two sets (`i < j`) whose coverages union exactly, with the union.
+fn mergeable_pair<M>(sets: &[Forming<'_, M>]) -> Option<(usize, usize, Coverage)> {
+    for (i, a) in sets.iter().enumerate() {
+        for (j, b) in sets.iter().enumerate().skip(i + 1) {
+            if let (Some(ca), Some(cb)) = (&a.coverage, &b.coverage)
+                && let Some(union) = ca.union(cb)
+            {
+                return Some((i, j, union));
+            }
+        }
+    }
+    None
 }
 
 /// The group of `m` alone, in an entry of its own.
@@ -344,6 +426,71 @@ mod tests {
         assert_eq!(g.mutating[1].id, "policy/own");
         assert!(g.mutating[1].is_own());
         assert_eq!(members(&g.validating), [vec!["own"], vec!["a", "c"]]);
+    }
+
+    fn in_namespaces(mut member: P, team: &str) -> P {
+        member.spec.match_.namespace_selector = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                match_labels: Some([("team".to_string(), team.to_string())].into()),
+                match_expressions: None,
+            },
+        );
+        member
+    }
+
+    fn with_rules(mut member: P, resource: &str) -> P {
+        member.spec.match_.rules = vec![crate::api::v1alpha1::Rule {
+            operations: vec![crate::api::v1alpha1::Operation::Create],
+            api_groups: vec!["".into()],
+            api_versions: vec!["v1".into()],
+            resources: vec![resource.into()],
+            scope: crate::api::v1alpha1::Scope::Namespaced,
+        }];
+        member
+    }
+
+    #[test]
+    fn mutating_runs_break_where_the_scope_cannot_be_joined_exactly() {
+        // pods in team a, services in team b: a union entry would be called for pods in team b.
+        let all = vec![
+            in_namespaces(with_rules(p("a", 1, true, true, false), "pods"), "a"),
+            in_namespaces(with_rules(p("b", 2, true, true, false), "services"), "b"),
+            in_namespaces(with_rules(p("c", 3, true, true, false), "pods"), "a"),
+        ];
+        assert_eq!(
+            members(&groups(&all).mutating),
+            [vec!["a"], vec!["b"], vec!["c"]]
+        );
+        // The same rules in two teams: one entry, `team In [a, b]`.
+        let all = vec![
+            in_namespaces(with_rules(p("a", 1, true, true, false), "pods"), "a"),
+            in_namespaces(with_rules(p("b", 2, true, true, false), "pods"), "b"),
+        ];
+        assert_eq!(members(&groups(&all).mutating), [vec!["a", "b"]]);
+    }
+
+    #[test]
+    fn validating_members_gather_by_scope_whatever_their_order() {
+        let all = vec![
+            in_namespaces(with_rules(p("a", 1, true, false, true), "pods"), "a"),
+            in_namespaces(with_rules(p("b", 2, true, false, true), "services"), "b"),
+            in_namespaces(with_rules(p("c", 3, true, false, true), "services"), "a"),
+            in_namespaces(with_rules(p("d", 4, true, false, true), "services"), "b"),
+            in_namespaces(with_rules(p("e", 5, false, false, true), "services"), "b"),
+        ];
+        // a and c share team a (rules listed together); b and d share team b; e is Ignore.
+        assert_eq!(
+            members(&groups(&all).validating),
+            [vec!["a", "c"], vec!["b", "d"], vec!["e"]]
+        );
+        // A Policy for everything takes in every narrower one with the same rules.
+        let mut all = vec![
+            in_namespaces(with_rules(p("a", 1, true, false, true), "pods"), "a"),
+            in_namespaces(with_rules(p("b", 2, true, false, true), "pods"), "b"),
+            with_rules(p("z", 9, true, false, true), "pods"),
+        ];
+        all[1].spec.match_.object_selector = all[0].spec.match_.namespace_selector.clone();
+        assert_eq!(members(&groups(&all).validating), [vec!["a", "b", "z"]]);
     }
 
     #[test]

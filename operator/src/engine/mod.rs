@@ -18,6 +18,7 @@ pub mod admission;
 pub mod cel;
 pub mod chain;
 pub mod cost;
+pub mod coverage;
 pub mod diff;
 pub mod group;
 pub mod k8s_names;
