@@ -33,6 +33,11 @@
 //! `gatehouse_tls_handshakes_total`): the API server speaks HTTP/1.1 to webhooks with a bounded
 //! pool of idle connections, and a full handshake costs both sides more than a review.
 //!
+//! A first block (`SCOPED=off` leaves it out) has 16 Policies over 4 namespace scopes: each
+//! scope's Policies select Namespaces by a label of their own, so each scope gets entries of its
+//! own (no exact union of their selectors), and the creates are in one scope's namespace. Every
+//! block reports Gatehouse's entries and the webhook calls per create.
+//!
 //! `PROFILE=<dir>` also takes a CPU profile of the API server in each phase of the 16-Policy
 //! block (`PROFILE_POLICIES`: of the 64- or 256-Policy one), after its rounds:
 //! `PROFILE_SECONDS` (default 20) of creates in a loop per phase, written to
@@ -565,7 +570,11 @@ async fn install_floor(
 
 /// One step of Policies, and the phases measured in turn with it, round by round.
 struct Block {
+    /// What the block measures, as its table's heading.
+    label: String,
     policies: usize,
+    /// Gatehouse's mutating and validating entries (the self entry left out).
+    entries: (usize, usize),
     none: Phase,
     floor: Phase,
     patching: Phase,
@@ -574,6 +583,167 @@ struct Block {
     bucket: Option<String>,
     /// Gatehouse's RSS (KiB) after the block.
     rss: Option<u64>,
+}
+
+/// Number of namespace scopes of the scoped block.
+const SCOPES: usize = 4;
+
+/// The label a scope's Namespaces carry.
+fn scope_key(scope: usize) -> String {
+    format!("bench-scope-{scope}")
+}
+
+/// The label the `j`-th mutating Policy of `scope` sets.
+fn scoped_label(scope: usize, j: usize) -> String {
+    format!("bench-s{scope}-{j}")
+}
+
+/// The `j`-th mutating and validating Policies of `scope` (named after it, so a team's Policies
+/// sort together), as YAML documents, and their names.
+fn scoped_policies(scope: usize, j: usize) -> anyhow::Result<(String, [String; 2])> {
+    let m = format!("bench-scope{scope}-mutate-{j}");
+    let v = format!("bench-scope{scope}-validate-{j}");
+    let selector = json!({"matchLabels": {scope_key(scope): "yes"}});
+    let with_scope = |name: &str, body: Value| -> Value {
+        let mut p = policy(name, "", body);
+        p["spec"]["match"]["namespaceSelector"] = selector.clone();
+        p
+    };
+    let docs = format!(
+        "---\n{}\n---\n{}\n",
+        serde_json::to_string(&with_scope(
+            &m,
+            json!({"mutate": [
+                {"merge": {"metadata": {"labels": {scoped_label(scope, j): "yes"}}}},
+                {"forEach": "spec.containers", "merge": {"securityContext": {"capabilities": {"drop": ["BPF"]}}}}
+            ]})
+        ))?,
+        serde_json::to_string(&with_scope(
+            &v,
+            json!({"validate": [{"expression": "object.spec.containers.all(c, has(c.resources) && has(c.resources.limits))", "message": "limits required"}]})
+        ))?
+    );
+    Ok((docs, [m, v]))
+}
+
+/// What every block shares: the Policy-free phases and how many rounds they take turns for.
+struct Bench<'a> {
+    cluster: &'static Cluster,
+    client: &'a kube::Client,
+    gh: &'a Gatehouse,
+    /// No webhooks, the fixed-allow floor, the patching floor.
+    phases: [&'a Load<'a>; 3],
+    rounds: usize,
+}
+
+impl Bench<'_> {
+    /// Waits until `names` are in effect for `with`'s creates (a server dry run reaches each
+    /// of them and shows every one of `labels`), then measures the phases and `with` in turns;
+    /// with `profile`, also the API server's CPU profile of each phase, into that directory.
+    async fn block(
+        &self,
+        label: &str,
+        policies: usize,
+        with: &Load<'_>,
+        names: &[String],
+        labels: Vec<String>,
+        profile: Option<String>,
+    ) -> anyhow::Result<Block> {
+        let probe = pod("probe")?;
+        await_condition(
+            &format!("{label} in effect"),
+            Duration::from_secs(300),
+            || async {
+                let dry_run = PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                };
+                let p = with.api.create(&dry_run, &probe).await?;
+                let set = p.metadata.labels.unwrap_or_default();
+                let metrics = self.gh.metrics().await?;
+                let decided = |name: &str| {
+                    let of = format!("policy=\"{name}\"");
+                    metrics.lines().any(|l| {
+                        l.starts_with("gatehouse_policy_decisions_total{")
+                            && l.contains(&of)
+                            && !l.contains("decision=\"skipped\"")
+                    })
+                };
+                Ok(
+                    (labels.iter().all(|l| set.contains_key(l))
+                        && names.iter().all(|n| decided(n)))
+                    .then_some(()),
+                )
+            },
+        )
+        .await?;
+        let [none, floor, patching] = self.phases;
+        for load in [none, floor, patching, with] {
+            load.warm("warm").await?;
+        }
+        let mut block = Block {
+            label: label.to_string(),
+            policies,
+            entries: entry_counts(self.cluster).await?,
+            none: Phase::default(),
+            floor: Phase::default(),
+            patching: Phase::default(),
+            with: Phase::default(),
+            bucket: None,
+            rss: None,
+        };
+        let before = webhook_durations(self.client, ENTRY_SUFFIX).await?.buckets;
+        for round in 0..self.rounds {
+            eprintln!("==> {label}: round {}/{}", round + 1, self.rounds);
+            block.none.extend(none.measure("none", 1).await?);
+            block.floor.extend(floor.measure("floor", 1).await?);
+            block.patching.extend(patching.measure("patch", 1).await?);
+            block.with.extend(with.measure("pol", 1).await?);
+        }
+        let after = webhook_durations(self.client, ENTRY_SUFFIX).await?.buckets;
+        if let Some(dir) = profile {
+            let seconds = env_usize("PROFILE_SECONDS", 20) as u64;
+            std::fs::create_dir_all(&dir)?;
+            for (phase, load) in [
+                ("none", none),
+                ("floor", floor),
+                ("patching", patching),
+                ("policies", with),
+            ] {
+                let path = std::path::Path::new(&dir).join(format!("{phase}.pprof"));
+                let creates = load.profile(self.cluster, "prof", seconds, &path).await?;
+                eprintln!("==> profile {}: {creates} creates", path.display());
+            }
+        }
+        block.bucket = bucket_p99(&before, &after);
+        block.rss = self.gh.rss_kib();
+        Ok(block)
+    }
+}
+
+/// The number of Gatehouse's mutating and validating entries (its self entry left out).
+async fn entry_counts(cluster: &Cluster) -> anyhow::Result<(usize, usize)> {
+    let mut counts = [0, 0];
+    for (count, kind) in counts.iter_mut().zip([
+        "mutatingwebhookconfiguration",
+        "validatingwebhookconfiguration",
+    ]) {
+        let out = cluster
+            .kubectl_ok(["get", kind, "gatehouse", "-o", "json"], None)
+            .await?;
+        let cfg: Value = serde_json::from_str(&out)?;
+        *count = cfg["webhooks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|w| {
+                w["name"].as_str().is_some_and(|n| {
+                    n.ends_with(".mutate.gatehouse.dev") || n.ends_with(".validate.gatehouse.dev")
+                })
+            })
+            .count();
+    }
+    Ok((counts[0], counts[1]))
 }
 
 #[tokio::main]
@@ -589,6 +759,7 @@ async fn main() -> anyhow::Result<()> {
     // select `ns`; the floors' entries select their own; Gatehouse's shared entries leave out
     // all three others, as they leave out kube-system.
     let ns = TestNamespace::new(cluster, "bench-load").await?;
+    let scoped_ns = TestNamespace::new(cluster, "bench-scoped").await?;
     let quiet = TestNamespace::new(cluster, "bench-none").await?;
     let allow_ns = TestNamespace::new(cluster, "bench-floor").await?;
     let patch_ns = TestNamespace::new(cluster, "bench-patch").await?;
@@ -610,6 +781,7 @@ async fn main() -> anyhow::Result<()> {
     let api = |ns: &TestNamespace| Api::<Pod>::namespaced(client.clone(), ns.name());
     let (api_policies, api_none, api_floor, api_patch) =
         (api(&ns), api(&quiet), api(&allow_ns), api(&patch_ns));
+    let api_scoped = api(&scoped_ns);
     // The floor: as many entries as Gatehouse's shared ones, answered by a server that does no
     // work (a fixed allow, no patch). What they add is the API server's own cost of calling 2
     // webhooks per create on this machine, which no webhook implementation can get under.
@@ -659,11 +831,70 @@ async fn main() -> anyhow::Result<()> {
     )
     .await?;
 
+    let bench = Bench {
+        cluster,
+        client: &client,
+        gh: &gh,
+        phases: [&none, &floor, &patching],
+        rounds,
+    };
+    let mut blocks: Vec<Block> = Vec::new();
+
+    // 16 Policies over 4 namespace scopes (SCOPED=off leaves it out): each team's Policies select
+    // Namespaces by a label of their own, so no union of their selectors is exact and each scope
+    // gets entries of its own; the creates are in one team's namespace.
+    if std::env::var("SCOPED").map_or(true, |v| v != "off") {
+        cluster
+            .kubectl_ok(
+                [
+                    "label",
+                    "namespace",
+                    scoped_ns.name(),
+                    &format!("{}=yes", scope_key(0)),
+                ],
+                None,
+            )
+            .await?;
+        let scoped = load(&api_scoped, Servers::Gatehouse(&gh), Some(ENTRY_SUFFIX));
+        let mut docs = String::new();
+        let mut scoped_names = Vec::new();
+        for scope in 0..SCOPES {
+            for j in 0..16 / SCOPES / 2 {
+                let (d, pair) = scoped_policies(scope, j)?;
+                docs.push_str(&d);
+                scoped_names.extend(pair);
+            }
+        }
+        cluster
+            .kubectl_ok(["apply", "-f", "-"], Some(&docs))
+            .await?;
+        let applying: Vec<String> = scoped_names
+            .iter()
+            .filter(|n| n.starts_with("bench-scope0-"))
+            .cloned()
+            .collect();
+        let labels = (0..16 / SCOPES / 2).map(|j| scoped_label(0, j)).collect();
+        let label = format!("16 Policies over {SCOPES} namespace scopes (creates in one scope)");
+        blocks.push(
+            bench
+                .block(&label, 16, &scoped, &applying, labels, None)
+                .await?,
+        );
+        let mut delete = vec!["delete", "policies", "--wait=false"];
+        delete.extend(scoped_names.iter().map(String::as_str));
+        cluster.kubectl_ok(delete, None).await?;
+        await_condition(
+            "the scoped entries gone",
+            Duration::from_secs(60),
+            || async { Ok((entry_counts(cluster).await? == (0, 0)).then_some(())) },
+        )
+        .await?;
+    }
+
     // Policies, in steps of 16, 64 and 256 (half mutating, half validating); with each step
     // the four phases take turns, round by round, so that a slow stretch of this shared
     // machine falls on all of them.
     let mut names: Vec<String> = Vec::new();
-    let mut blocks: Vec<Block> = Vec::new();
     for total in [16, 64, 256] {
         let mut docs = String::new();
         for i in names.len() / 2..total / 2 {
@@ -674,79 +905,15 @@ async fn main() -> anyhow::Result<()> {
         cluster
             .kubectl_ok(["apply", "-f", "-"], Some(&docs))
             .await?;
-        // In effect: a server dry run reaches every Policy (Gatehouse counts what each decided)
-        // and shows every label.
-        let probe = pod("probe")?;
-        await_condition(
-            &format!("{total} Policies in effect"),
-            Duration::from_secs(300),
-            || async {
-                let p = api_policies
-                    .create(
-                        &PostParams {
-                            dry_run: true,
-                            ..Default::default()
-                        },
-                        &probe,
-                    )
-                    .await?;
-                let labels = p.metadata.labels.unwrap_or_default();
-                let metrics = gh.metrics().await?;
-                let decided = |name: &str| {
-                    let of = format!("policy=\"{name}\"");
-                    metrics.lines().any(|l| {
-                        l.starts_with("gatehouse_policy_decisions_total{")
-                            && l.contains(&of)
-                            && !l.contains("decision=\"skipped\"")
-                    })
-                };
-                Ok(
-                    ((0..total / 2).all(|i| labels.contains_key(&label_of(i, distinct)))
-                        && names.iter().all(|n| decided(n)))
-                    .then_some(()),
-                )
-            },
-        )
-        .await?;
-        for load in [&none, &floor, &patching, &policies] {
-            load.warm("warm").await?;
-        }
-        let mut block = Block {
-            policies: total,
-            none: Phase::default(),
-            floor: Phase::default(),
-            patching: Phase::default(),
-            with: Phase::default(),
-            bucket: None,
-            rss: None,
-        };
-        let before = webhook_durations(&client, ENTRY_SUFFIX).await?.buckets;
-        for round in 0..rounds {
-            eprintln!("==> {total} Policies: round {}/{rounds}", round + 1);
-            block.none.extend(none.measure("none", 1).await?);
-            block.floor.extend(floor.measure("floor", 1).await?);
-            block.patching.extend(patching.measure("patch", 1).await?);
-            block.with.extend(policies.measure("pol", 1).await?);
-        }
-        let after = webhook_durations(&client, ENTRY_SUFFIX).await?.buckets;
+        let labels = (0..total / 2).map(|i| label_of(i, distinct)).collect();
         let profiled = env_usize("PROFILE_POLICIES", 16);
-        if let (true, Ok(dir)) = (total == profiled, std::env::var("PROFILE")) {
-            let seconds = env_usize("PROFILE_SECONDS", 20) as u64;
-            std::fs::create_dir_all(&dir)?;
-            for (phase, load) in [
-                ("none", &none),
-                ("floor", &floor),
-                ("patching", &patching),
-                ("policies", &policies),
-            ] {
-                let path = std::path::Path::new(&dir).join(format!("{phase}.pprof"));
-                let creates = load.profile(cluster, "prof", seconds, &path).await?;
-                eprintln!("==> profile {}: {creates} creates", path.display());
-            }
-        }
-        block.bucket = bucket_p99(&before, &after);
-        block.rss = gh.rss_kib();
-        blocks.push(block);
+        let profile = std::env::var("PROFILE").ok().filter(|_| total == profiled);
+        let label = format!("{total} Policies");
+        blocks.push(
+            bench
+                .block(&label, total, &policies, &names, labels, profile)
+                .await?,
+        );
     }
     allowing.server.shutdown();
     patcher.server.shutdown();
@@ -769,7 +936,7 @@ async fn main() -> anyhow::Result<()> {
             .await?;
     }
     gh.shutdown().await?;
-    for namespace in [ns, quiet, allow_ns, patch_ns, home] {
+    for namespace in [ns, scoped_ns, quiet, allow_ns, patch_ns, home] {
         namespace.cleanup().await?;
     }
     if blocks.iter().any(|b| b.with.p99().is_zero()) {
@@ -799,7 +966,7 @@ fn report(
     );
     for b in blocks {
         println!();
-        println!("{} Policies", b.policies);
+        println!("{}", b.label);
         println!(
             "| phase | avg | p95 | p99 | p99 of each round (ms) | p99 / none | p99 / 2-webhook floor | p99 / patching floor |"
         );
@@ -822,7 +989,16 @@ fn report(
             "2 fixed webhooks, the mutating one patching as 16 Policies do",
             &b.patching,
         );
-        row(&format!("{} Policies", b.policies), &b.with);
+        row(&b.label, &b.with);
+        let per_create = |p: &Phase| p.calls / (p.rounds.len() * count).max(1) as f64;
+        println!(
+            "Gatehouse entries: {} mutating, {} validating; webhook calls per create: floor {:.2}, patching floor {:.2}, Policies {:.2}",
+            b.entries.0,
+            b.entries.1,
+            per_create(&b.floor),
+            per_create(&b.patching),
+            per_create(&b.with),
+        );
         println!(
             "API server apiserver_admission_webhook_admission_duration_seconds p99 for Gatehouse entries: {}",
             b.bucket.clone().unwrap_or_else(|| "no samples".into())
@@ -859,7 +1035,7 @@ fn report(
             b.rss.map(|r| r.to_string()).unwrap_or("?".into())
         );
     }
-    let of = |n: usize| blocks.iter().find(|b| b.policies == n);
+    let of = |n: usize| blocks.iter().find(|b| b.label == format!("{n} Policies"));
     if let (Some(b16), Some(b256)) = (of(16), of(256)) {
         println!();
         println!(
