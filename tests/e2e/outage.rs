@@ -11,9 +11,10 @@ use gatehouse_e2e::{Cluster, await_condition};
 use serde_json::{Value, json};
 
 use crate::operator::{
-    apply, await_ready, create_pod_until, get_json, merge, pod, policy_object, stderr,
+    apply, await_ready, create_pod_until, get_json, merge, policy_object, stderr,
 };
 use crate::scene::scenario;
+use crate::shared::create_labelled;
 
 /// What the API server says when it cannot reach a webhook.
 const UNREACHABLE: &str = "failed calling webhook";
@@ -31,22 +32,6 @@ fn pod_create_policy(name: &str, spec: Value) -> Value {
 /// Refuses only Pods named `probe-denied…`: proof that the entry is live, while it answers.
 fn refuses_probe() -> Value {
     json!({"validate": [{"expression": "!object.metadata.name.startsWith('probe-denied')", "message": "probe refused"}]})
-}
-
-/// `kubectl create` of a Pod `name` in `ns` with `labels`.
-async fn create(
-    cluster: &Cluster,
-    ns: &str,
-    name: &str,
-    labels: &[(&str, &str)],
-) -> anyhow::Result<std::process::Output> {
-    let mut pod: Value = serde_saphyr::from_str(&pod(name, ns))?;
-    for (k, v) in labels {
-        pod["metadata"]["labels"][*k] = json!(v);
-    }
-    cluster
-        .kubectl_output(["create", "-f", "-", "-o", "json"], Some(&pod.to_string()))
-        .await
 }
 
 /// The resourceVersions of both configurations.
@@ -82,7 +67,7 @@ async fn refused_within(
             attempt += 1;
             let name = format!("{name}-{attempt}");
             async move {
-                let out = create(cluster, ns, &name, labels).await?;
+                let out = create_labelled(cluster, ns, &name, labels).await?;
                 Ok((!out.status.success() && stderr(&out).contains(reason))
                     .then(|| started.elapsed()))
             }
@@ -225,7 +210,7 @@ async fn with_gatehouse_down_only_the_policies_scopes_fail_closed() {
                 "an object in the object scope",
             ),
         ] {
-            let out = create(cluster, ns, "during-outage", &labels).await?;
+            let out = create_labelled(cluster, ns, "during-outage", &labels).await?;
             ensure!(
                 !out.status.success() && stderr(&out).contains(UNREACHABLE),
                 "{what} did not fail closed: {}",
@@ -236,7 +221,7 @@ async fn with_gatehouse_down_only_the_policies_scopes_fail_closed() {
             (vec![], "an unlabelled Pod"),
             (vec![("tier", "web")], "a Pod of another label"),
         ] {
-            let out = create(
+            let out = create_labelled(
                 cluster,
                 &unrelated,
                 &format!("outside-{}", labels.len()),
@@ -252,7 +237,7 @@ async fn with_gatehouse_down_only_the_policies_scopes_fail_closed() {
 
         // A Namespace's labels changing while Gatehouse is down: in scope at once, as far as the
         // API server's own view of the Namespace goes.
-        let out = create(cluster, &flipped, "before-label", &[]).await?;
+        let out = create_labelled(cluster, &flipped, "before-label", &[]).await?;
         ensure!(
             out.status.success(),
             "out of scope, yet refused: {}",

@@ -111,7 +111,7 @@ async fn sixteen_policies_share_one_entry_and_keep_their_order() {
 }
 
 /// Creates a Pod named `name` with `labels` in `ns`; returns kubectl's output.
-async fn create_labelled(
+pub(crate) async fn create_labelled(
     cluster: &Cluster,
     ns: &str,
     name: &str,
