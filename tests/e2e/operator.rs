@@ -667,6 +667,16 @@ async fn invalid_policies_are_refused_or_marked_not_ready() {
             "an over-budget Policy was not refused with its estimate: {err}"
         );
         ensure!(get_json(cluster, &["policy", &costly]).await?.is_none(), "refused policy was stored");
+        // A function the environment does not declare is refused by name, not failed at run time.
+        let unknown = format!("unknown-fn-{id}");
+        let unknown_spec = json!({"priority": 100, "validate": [{"expression": "foo(object)", "message": "never runs"}]});
+        let out = try_apply(cluster, &policy(&unknown, scene.ns(), unknown_spec)).await?;
+        let err = stderr(&out);
+        ensure!(
+            !out.status.success() && err.contains("spec.validate[0].expression: unknown function \"foo\""),
+            "a Policy calling an unknown function was not refused with its name: {err}"
+        );
+        ensure!(get_json(cluster, &["policy", &unknown]).await?.is_none(), "refused policy was stored");
 
         // With Gatehouse away, an invalid Policy slips in; once back, it is Ready=False with
         // reason InvalidSpec and is not wired.

@@ -496,6 +496,19 @@ fn check_expression(
                     format!("unknown variable {unknown:?}{hint}"),
                 ));
             }
+            match cel::unknown_functions(&program, site) {
+                Ok(unknown) => {
+                    for name in unknown {
+                        problems.push(Problem::new(
+                            path,
+                            format!(
+                                "unknown function {name:?}: Gatehouse's CEL environment does not declare it, so the expression would fail on every request"
+                            ),
+                        ));
+                    }
+                }
+                Err(e) => problems.push(Problem::new(path, e.to_string())),
+            }
             if let Err(too_costly) = super::cost::check(&program) {
                 let shown: String = source.chars().take(120).collect();
                 let ellipsis = if shown.len() < source.len() {

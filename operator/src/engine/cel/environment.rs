@@ -9,14 +9,14 @@ use super::check::free_identifiers;
 use crate::engine::cost;
 
 /// The environment every Policy expression is compiled and run in: the standard library plus the
-/// strings, lists and math extensions, which Kubernetes' own CEL environment also offers. Built
-/// once; compiling against and executing with the same `Env` keeps macros and overloads in sync.
+/// strings and lists extensions, which Kubernetes' own CEL environment also offers (its
+/// environment has no math extension, so neither has this one). Built once; compiling against
+/// and executing with the same `Env` keeps macros and overloads in sync.
 static ENV: LazyLock<Result<Arc<Env>, CelError>> = LazyLock::new(|| {
     let mut env = Env::stdlib();
     for extension in [
         ::cel::extensions::strings as fn(&mut Env) -> Result<(), ::cel::DeclarationError>,
         ::cel::extensions::lists,
-        ::cel::extensions::math,
     ] {
         env.add_extension(extension)
             .map_err(|e| CelError::Environment(e.to_string()))?;
@@ -24,7 +24,7 @@ static ENV: LazyLock<Result<Arc<Env>, CelError>> = LazyLock::new(|| {
     Ok(Arc::new(env))
 });
 
-fn env() -> Result<&'static Arc<Env>, CelError> {
+pub(super) fn env() -> Result<&'static Arc<Env>, CelError> {
     ENV.as_ref().map_err(Clone::clone)
 }
 
@@ -103,6 +103,8 @@ fn type_name(v: &CelValue) -> &'static str {
         CelValue::Opaque(_) => "opaque",
         CelValue::Struct(_) => "struct",
         CelValue::Null => "null",
+        CelValue::Duration(_) => "google.protobuf.Duration",
+        CelValue::Timestamp(_) => "google.protobuf.Timestamp",
     }
 }
 
@@ -131,6 +133,26 @@ mod tests {
         assert_eq!(run("oldObject == null", &pod), Ok(true));
         assert_eq!(run("request.userInfo.username == 'alice'", &pod), Ok(true));
         assert_eq!(run("'ABC'.lowerAscii() == 'abc'", &pod), Ok(true));
+        // Timestamps and durations, as in Kubernetes' environment.
+        assert_eq!(
+            run(
+                "timestamp('2026-01-01T00:00:00Z') + duration('1h') == timestamp('2026-01-01T01:00:00Z')",
+                &pod
+            ),
+            Ok(true)
+        );
+        assert_eq!(run("duration('90m') > duration('1h')", &pod), Ok(true));
+        assert_eq!(
+            run(
+                "timestamp('2026-03-04T05:06:07Z').getFullYear() == 2026",
+                &pod
+            ),
+            Ok(true)
+        );
+        assert_eq!(
+            run("math.greatest(1, 2) == 2", &pod).map_err(|_| ()),
+            Err(())
+        );
         assert!(matches!(
             run("object.spec.missing", &pod),
             Err(CelError::Execute(_))

@@ -3,6 +3,8 @@
 //! * [`environment`]: the shared environment, [`compile`] and [`eval_bool`];
 //! * [`expression`]: a compiled expression as a Policy keeps it ([`Expression`]);
 //! * [`check`]: which variables an expression may use where ([`Site`], [`unknown_variables`]);
+//! * [`functions`]: the functions an expression calls that the environment lacks
+//!   ([`unknown_functions`]);
 //! * [`convert`]: JSON to CEL values ([`to_val`], and [`to_val_pruned`] for what is read);
 //! * [`needs`]: what expressions read of each variable ([`Needs`]);
 //! * [`activation`]: the variables of one evaluation ([`Activation`]);
@@ -17,6 +19,7 @@ pub mod check;
 pub mod convert;
 pub mod environment;
 pub mod expression;
+pub mod functions;
 pub mod needs;
 mod scope;
 
@@ -25,6 +28,7 @@ pub use check::{Site, reads_variable, unknown_variables};
 pub use convert::{to_val, to_val_pruned};
 pub use environment::{compile, eval_bool};
 pub use expression::Expression;
+pub use functions::unknown_functions;
 pub use needs::{Need, Needs};
 
 /// Why an expression could not be compiled or evaluated.
