@@ -44,6 +44,9 @@ const COLLECTION_FUNCTIONS: &[&str] = &[
     "reverse",
     "indexOf",
     "lastIndexOf",
+    // Kubernetes' regex library: a scan of the string per call.
+    "find",
+    "findAll",
 ];
 
 /// The worst-case cost of `program` when no collection from the request holds more than `n`

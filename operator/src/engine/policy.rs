@@ -509,6 +509,9 @@ fn check_expression(
                 }
                 Err(e) => problems.push(Problem::new(path, e.to_string())),
             }
+            for invalid in cel::regex::invalid_constant_patterns(&program) {
+                problems.push(Problem::new(path, invalid));
+            }
             if let Err(too_costly) = super::cost::check(&program) {
                 let shown: String = source.chars().take(120).collect();
                 let ellipsis = if shown.len() < source.len() {

@@ -5,6 +5,7 @@
 //! * [`check`]: which variables an expression may use where ([`Site`], [`unknown_variables`]);
 //! * [`functions`]: the functions an expression calls that the environment lacks
 //!   ([`unknown_functions`]);
+//! * [`regex`]: Kubernetes' `find` and `findAll`, and constant patterns checked when written;
 //! * [`convert`]: JSON to CEL values ([`to_val`], and [`to_val_pruned`] for what is read);
 //! * [`needs`]: what expressions read of each variable ([`Needs`]);
 //! * [`activation`]: the variables of one evaluation ([`Activation`]);
@@ -21,6 +22,7 @@ pub mod environment;
 pub mod expression;
 pub mod functions;
 pub mod needs;
+pub mod regex;
 mod scope;
 
 pub use activation::{Activation, Bindings, ElementActivation};
