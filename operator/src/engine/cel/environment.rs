@@ -9,15 +9,16 @@ use super::check::free_identifiers;
 use crate::engine::cost;
 
 /// The environment every Policy expression is compiled and run in: the standard library plus the
-/// strings and lists extensions and Kubernetes' regex library, as Kubernetes' own CEL environment
-/// has them (it has no math extension, so neither has this one). Built once; compiling against
-/// and executing with the same `Env` keeps macros and overloads in sync.
+/// strings and lists extensions and Kubernetes' regex and lists libraries, as Kubernetes' own CEL
+/// environment has them (it has no math extension, so neither has this one). Built once;
+/// compiling against and executing with the same `Env` keeps macros and overloads in sync.
 static ENV: LazyLock<Result<Arc<Env>, CelError>> = LazyLock::new(|| {
     let mut env = Env::stdlib();
     for extension in [
         ::cel::extensions::strings as fn(&mut Env) -> Result<(), ::cel::DeclarationError>,
         ::cel::extensions::lists,
         super::regex::library,
+        super::lists::library,
     ] {
         env.add_extension(extension)
             .map_err(|e| CelError::Environment(e.to_string()))?;

@@ -5,6 +5,7 @@
 //! * [`check`]: which variables an expression may use where ([`Site`], [`unknown_variables`]);
 //! * [`functions`]: the functions an expression calls that the environment lacks
 //!   ([`unknown_functions`]);
+//! * [`lists`]: Kubernetes' `isSorted`, `sum`, `min`, `max`, `indexOf` and `lastIndexOf` on lists;
 //! * [`regex`]: Kubernetes' `find` and `findAll`, and constant patterns checked when written;
 //! * [`convert`]: JSON to CEL values ([`to_val`], and [`to_val_pruned`] for what is read);
 //! * [`needs`]: what expressions read of each variable ([`Needs`]);
@@ -21,6 +22,7 @@ pub mod convert;
 pub mod environment;
 pub mod expression;
 pub mod functions;
+pub mod lists;
 pub mod needs;
 pub mod regex;
 mod scope;
