@@ -116,12 +116,25 @@ fn walk(expr: &IdedExpr, n: u64) -> Walked {
         Expr::Call(call) => {
             let mut cost: u64 = 1;
             let mut largest: u64 = 0;
+            // The product of the arguments' sizes (the receiver left out).
+            let mut product: u64 = 1;
             for operand in call.target.iter().map(|t| t.as_ref()).chain(&call.args) {
                 let w = walk(operand, n);
                 cost = cost.saturating_add(w.cost);
                 largest = largest.max(w.size.unwrap_or(n));
+                if !call
+                    .target
+                    .as_deref()
+                    .is_some_and(|t| std::ptr::eq(t, operand))
+                {
+                    product = product.saturating_mul(w.size.unwrap_or(n).max(1));
+                }
             }
-            if COLLECTION_FUNCTIONS.contains(&call.func_name.as_str()) {
+            let on_sets = matches!(call.target.as_deref().map(|t| &t.expr), Some(Expr::Ident(ns)) if ns == "sets");
+            if on_sets {
+                // `sets.contains(a, b)` and its kin compare every element of one with the other's.
+                cost = cost.saturating_add(product);
+            } else if COLLECTION_FUNCTIONS.contains(&call.func_name.as_str()) {
                 cost = cost.saturating_add(largest);
             }
             unknown(cost)
@@ -162,6 +175,21 @@ mod tests {
 
     fn at(src: &str, n: u64) -> u64 {
         estimate(&compile(src).unwrap(), n)
+    }
+
+    #[test]
+    fn set_functions_cost_the_product_of_their_lists() {
+        let two_inputs = "sets.intersects(object.a, object.b)";
+        assert!(at(two_inputs, 100) >= 100 * 100, "{}", at(two_inputs, 100));
+        assert!(at(two_inputs, 100) < 100 * 100 + 100);
+        // A literal list counts its own size.
+        let one_input = "sets.contains(object.a, [1, 2])";
+        assert!(
+            (200..300).contains(&at(one_input, 100)),
+            "{}",
+            at(one_input, 100)
+        );
+        assert!(depends_on_input(&compile(two_inputs).unwrap()));
     }
 
     #[test]

@@ -37,8 +37,8 @@ pub fn library(env: &mut Env) -> Result<(), DeclarationError> {
     Ok(())
 }
 
-/// The arguments of a call of `function`, which takes `N` (the receiver first).
-fn take<'b, 'v, const N: usize>(
+/// The `N` arguments of a call (the receiver first).
+pub(super) fn take<'b, 'v, const N: usize>(
     args: Vec<CowVal<'b, 'v>>,
 ) -> Result<[CowVal<'b, 'v>; N], ExecutionError> {
     <[CowVal<'b, 'v>; N]>::try_from(args)
@@ -46,7 +46,7 @@ fn take<'b, 'v, const N: usize>(
 }
 
 /// The elements of `list`, borrowed.
-fn elements<'a, 'v>(
+pub(super) fn elements<'a, 'v>(
     list: &'a (dyn Val + 'v),
     function: &str,
 ) -> Result<Vec<&'a (dyn Val + 'v)>, ExecutionError> {

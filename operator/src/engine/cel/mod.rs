@@ -6,6 +6,7 @@
 //! * [`functions`]: the functions an expression calls that the environment lacks
 //!   ([`unknown_functions`]);
 //! * [`lists`]: Kubernetes' `isSorted`, `sum`, `min`, `max`, `indexOf` and `lastIndexOf` on lists;
+//! * [`sets`]: cel-go's `sets.contains`, `sets.equivalent` and `sets.intersects`;
 //! * [`regex`]: Kubernetes' `find` and `findAll`, and constant patterns checked when written;
 //! * [`convert`]: JSON to CEL values ([`to_val`], and [`to_val_pruned`] for what is read);
 //! * [`needs`]: what expressions read of each variable ([`Needs`]);
@@ -26,6 +27,7 @@ pub mod lists;
 pub mod needs;
 pub mod regex;
 mod scope;
+pub mod sets;
 
 pub use activation::{Activation, Bindings, ElementActivation};
 pub use check::{Site, reads_variable, unknown_variables};
