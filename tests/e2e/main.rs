@@ -1,5 +1,6 @@
 //! End-to-end tests against a real kube-apiserver (see `tests/cluster/up`).
 
+mod cel;
 mod faults;
 mod hostile;
 mod install;

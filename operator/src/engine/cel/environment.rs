@@ -9,7 +9,8 @@ use super::check::free_identifiers;
 use crate::engine::cost;
 
 /// The environment every Policy expression is compiled and run in: the standard library plus the
-/// strings, lists and sets extensions and Kubernetes' regex and lists libraries, as Kubernetes'
+/// strings, lists and sets extensions and Kubernetes' regex, lists and quantity libraries, as
+/// Kubernetes'
 /// own CEL environment has them (it has no math extension, so neither has this one). Built once;
 /// compiling against and executing with the same `Env` keeps macros and overloads in sync.
 static ENV: LazyLock<Result<Arc<Env>, CelError>> = LazyLock::new(|| {
@@ -20,6 +21,7 @@ static ENV: LazyLock<Result<Arc<Env>, CelError>> = LazyLock::new(|| {
         super::regex::library,
         super::lists::library,
         super::sets::library,
+        super::quantity::library,
     ] {
         env.add_extension(extension)
             .map_err(|e| CelError::Environment(e.to_string()))?;

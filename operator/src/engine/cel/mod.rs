@@ -7,6 +7,7 @@
 //!   ([`unknown_functions`]);
 //! * [`lists`]: Kubernetes' `isSorted`, `sum`, `min`, `max`, `indexOf` and `lastIndexOf` on lists;
 //! * [`sets`]: cel-go's `sets.contains`, `sets.equivalent` and `sets.intersects`;
+//! * [`quantity`]: Kubernetes' `quantity()` and its methods;
 //! * [`regex`]: Kubernetes' `find` and `findAll`, and constant patterns checked when written;
 //! * [`convert`]: JSON to CEL values ([`to_val`], and [`to_val_pruned`] for what is read);
 //! * [`needs`]: what expressions read of each variable ([`Needs`]);
@@ -25,6 +26,7 @@ pub mod expression;
 pub mod functions;
 pub mod lists;
 pub mod needs;
+pub mod quantity;
 pub mod regex;
 mod scope;
 pub mod sets;
