@@ -25,6 +25,11 @@ const fn quantity_type() -> Type {
     Type::simple_type(Kind::Opaque, QUANTITY_TYPE_NAME)
 }
 
+/// Largest power of ten a quantity may carry; Kubernetes' own quantities stay far inside it.
+const MAX_EXPONENT: u32 = 1000;
+/// Most digits a quantity may have.
+const MAX_DIGITS: usize = 1000;
+
 /// `mantissa × 10^exponent`.
 #[derive(Clone, Debug)]
 pub struct Quantity {
@@ -87,6 +92,11 @@ impl Quantity {
         }
         if negative {
             mantissa = -mantissa;
+        }
+        // Aligning two quantities multiplies by ten to the difference of their exponents: bound
+        // it, so that `1e2000000000` is refused instead of stalling admission.
+        if exponent.unsigned_abs() > MAX_EXPONENT || all_digits.len() > MAX_DIGITS {
+            return None;
         }
         Some(Quantity { mantissa, exponent })
     }
@@ -385,6 +395,11 @@ mod tests {
         for (source, reason) in [
             ("quantity('10Mo') == quantity('1')", "quantities must match"),
             ("quantity('10Mm') == quantity('1')", "quantities must match"),
+            // Bounded, so that comparing never computes a power of ten of that size.
+            (
+                "quantity('1e2000000000').compareTo(quantity('1')) == 1",
+                "quantities must match",
+            ),
             (
                 "quantity('9999999999999999999999999999999999999G').asInteger() == 1",
                 "cannot convert value to integer",
