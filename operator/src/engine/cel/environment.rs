@@ -22,6 +22,7 @@ static ENV: LazyLock<Result<Arc<Env>, CelError>> = LazyLock::new(|| {
         super::lists::library,
         super::sets::library,
         super::quantity::library,
+        super::net::library,
     ] {
         env.add_extension(extension)
             .map_err(|e| CelError::Environment(e.to_string()))?;

@@ -7,6 +7,7 @@
 //!   ([`unknown_functions`]);
 //! * [`lists`]: Kubernetes' `isSorted`, `sum`, `min`, `max`, `indexOf` and `lastIndexOf` on lists;
 //! * [`sets`]: cel-go's `sets.contains`, `sets.equivalent` and `sets.intersects`;
+//! * [`net`]: Kubernetes' `ip()` and `cidr()` and their methods;
 //! * [`quantity`]: Kubernetes' `quantity()` and its methods;
 //! * [`regex`]: Kubernetes' `find` and `findAll`, and constant patterns checked when written;
 //! * [`convert`]: JSON to CEL values ([`to_val`], and [`to_val_pruned`] for what is read);
@@ -26,6 +27,7 @@ pub mod expression;
 pub mod functions;
 pub mod lists;
 pub mod needs;
+pub mod net;
 pub mod quantity;
 pub mod regex;
 mod scope;
