@@ -5,7 +5,9 @@ use gatehouse_e2e::await_condition;
 use gatehouse_e2e::instance::Options;
 use serde_json::{Value, json};
 
-use crate::operator::{WAIT, apply_ready, pod, policy, stderr};
+use gatehouse_e2e::Cluster;
+
+use crate::operator::{WAIT, apply, apply_ready, pod, policy, stderr};
 use crate::scene::scenario;
 
 /// A Pod `name` in `ns` whose container declares `memory` as its memory limit.
@@ -52,6 +54,147 @@ async fn a_quantity_limit_admits_pods_within_it_and_denies_the_rest() {
             ensure!(out.status.success(), "a Pod with {memory} was refused: {}", stderr(&out));
         }
         Ok(())
+    })
+    .await;
+}
+
+/// The parity corpus, which the unit test `engine::cel::parity` runs through Gatehouse.
+const CORPUS: &str = include_str!("../../operator/testdata/cel/parity.txt");
+
+/// The corpus's cases with outcome `outcome`.
+fn cases(outcome: &str) -> Vec<&'static str> {
+    CORPUS
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .filter(|(o, _)| *o == outcome)
+        .map(|(_, source)| source)
+        .collect()
+}
+
+/// A ValidatingAdmissionPolicy named `name` for ConfigMap creates, one validation per expression
+/// (message `false:<index>`), and its binding: warnings only, in namespace `ns`.
+fn policy_and_binding(name: &str, ns: &str, expressions: &[&str]) -> Value {
+    let validations: Vec<Value> = expressions
+        .iter()
+        .enumerate()
+        .map(|(i, e)| json!({"expression": e, "message": format!("false:{i}")}))
+        .collect();
+    json!({"apiVersion": "v1", "kind": "List", "items": [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": name, "labels": {"gatehouse.dev/e2e": "true"}},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["configmaps"]}]},
+                "validations": validations,
+            },
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": name, "labels": {"gatehouse.dev/e2e": "true"}},
+            "spec": {
+                "policyName": name,
+                "validationActions": ["Warn"],
+                "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}},
+            },
+        },
+    ]})
+}
+
+/// The warnings the ValidatingAdmissionPolicy `name` gave a server-dry-run ConfigMap create in
+/// `ns`, once it is in effect: its validation `false` (the last) reports itself first.
+async fn warnings_of(cluster: &Cluster, name: &str, ns: &str) -> anyhow::Result<Vec<String>> {
+    let prefix = format!("ValidatingAdmissionPolicy '{name}'");
+    await_condition(&format!("{name} in effect"), WAIT, || async {
+        let out = cluster
+            .kubectl_output(
+                ["create", "configmap", "probe", "-n", ns, "--dry-run=server"],
+                None,
+            )
+            .await?;
+        let warnings: Vec<String> = stderr(&out)
+            .lines()
+            .filter(|l| l.contains(&prefix))
+            .map(str::to_string)
+            .collect();
+        Ok((!warnings.is_empty()).then_some(warnings))
+    })
+    .await
+}
+
+/// Every case of the corpus means on kube-apiserver what it means in Gatehouse: the `true` cases
+/// are true there, the `error` cases fail at run time there, and the `refused` and `typeerror`
+/// cases are refused when the policy is written.
+#[tokio::test]
+async fn parity_with_the_api_server() {
+    gatehouse_e2e::run_test(|cluster| async move {
+        let ns = gatehouse_e2e::TestNamespace::new(cluster, "gh-parity").await?;
+        let id = ns.name().rsplit('-').next().unwrap_or("x").to_string();
+        let sentinel = "false";
+
+        let name = format!("gh-parity-true-{id}");
+        let mut expressions = cases("true");
+        let trues = expressions.len();
+        expressions.push(sentinel);
+        let _guard = (
+            cluster.delete_on_drop("validatingadmissionpolicy", &name, None),
+            cluster.delete_on_drop("validatingadmissionpolicybinding", &name, None),
+        );
+        apply(cluster, &policy_and_binding(&name, ns.name(), &expressions)).await?;
+        let warnings = warnings_of(cluster, &name, ns.name()).await?;
+        let sentinel_message = format!("false:{trues}");
+        let not_true: Vec<&str> = warnings
+            .iter()
+            .filter(|w| !w.ends_with(&sentinel_message))
+            .map(|w| {
+                w.rsplit_once("false:")
+                    .and_then(|(_, i)| i.parse::<usize>().ok())
+                    .and_then(|i| expressions.get(i).copied())
+                    .unwrap_or(w)
+            })
+            .collect();
+        ensure!(
+            not_true.is_empty(),
+            "cases true in Gatehouse are not true on the API server: {not_true:#?}"
+        );
+
+        let name = format!("gh-parity-error-{id}");
+        let mut expressions = cases("error");
+        let errors = expressions.len();
+        expressions.push(sentinel);
+        let _guard = (
+            cluster.delete_on_drop("validatingadmissionpolicy", &name, None),
+            cluster.delete_on_drop("validatingadmissionpolicybinding", &name, None),
+        );
+        apply(cluster, &policy_and_binding(&name, ns.name(), &expressions)).await?;
+        let warnings = warnings_of(cluster, &name, ns.name()).await?;
+        let evaluated: Vec<&String> = warnings
+            .iter()
+            .filter(|w| w.contains("false:") && !w.ends_with(&format!("false:{errors}")))
+            .collect();
+        ensure!(
+            evaluated.is_empty() && warnings.len() == errors + 1,
+            "cases that fail in Gatehouse did not all fail on the API server ({} warnings for {errors} cases): {warnings:#?}",
+            warnings.len()
+        );
+
+        for outcome in ["refused", "typeerror"] {
+            for (i, expression) in cases(outcome).into_iter().enumerate() {
+                let name = format!("gh-parity-{outcome}-{i}-{id}");
+                let policy = policy_and_binding(&name, ns.name(), &[expression]);
+                let out = cluster
+                    .kubectl_output(
+                        ["create", "--dry-run=server", "-f", "-"],
+                        Some(&policy["items"][0].to_string()),
+                    )
+                    .await?;
+                ensure!(
+                    !out.status.success(),
+                    "the API server accepted {expression:?} ({outcome} in the corpus)"
+                );
+            }
+        }
+        ns.cleanup().await
     })
     .await;
 }

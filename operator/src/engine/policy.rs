@@ -512,6 +512,9 @@ fn check_expression(
             for invalid in cel::regex::invalid_constant_patterns(&program) {
                 problems.push(Problem::new(path, invalid));
             }
+            for mixed in cel::literals::mixed_type_literals(&program) {
+                problems.push(Problem::new(path, mixed));
+            }
             if let Err(too_costly) = super::cost::check(&program) {
                 let shown: String = source.chars().take(120).collect();
                 let ellipsis = if shown.len() < source.len() {

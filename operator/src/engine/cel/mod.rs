@@ -5,6 +5,7 @@
 //! * [`check`]: which variables an expression may use where ([`Site`], [`unknown_variables`]);
 //! * [`functions`]: the functions an expression calls that the environment lacks
 //!   ([`unknown_functions`]);
+//! * [`literals`]: list and map literals of one type, as Kubernetes compiles them;
 //! * [`lists`]: Kubernetes' `isSorted`, `sum`, `min`, `max`, `indexOf` and `lastIndexOf` on lists;
 //! * [`sets`]: cel-go's `sets.contains`, `sets.equivalent` and `sets.intersects`;
 //! * [`net`]: Kubernetes' `ip()` and `cidr()` and their methods;
@@ -26,8 +27,11 @@ pub mod environment;
 pub mod expression;
 pub mod functions;
 pub mod lists;
+pub mod literals;
 pub mod needs;
 pub mod net;
+#[cfg(test)]
+mod parity;
 pub mod quantity;
 pub mod regex;
 mod scope;

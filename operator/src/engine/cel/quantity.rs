@@ -1,7 +1,7 @@
 //! Kubernetes' quantity library (`k8s.io/apiserver/pkg/cel/library/quantity.go`): `quantity()`
 //! and `isQuantity()` on strings, and on a quantity `isLessThan`, `isGreaterThan`, `compareTo`,
-//! `add`, `sub` (a quantity or an int), `asInteger`, `isInteger`, `asApproximateFloat` and
-//! `sign`; `==` compares values (`quantity('200M') == quantity('0.2G')`).
+//! `add`, `sub` (a quantity or an int), `asInteger`, `isInteger` and `asApproximateFloat`, and
+//! `sign(q)`; `==` compares values (`quantity('200M') == quantity('0.2G')`).
 //!
 //! A quantity is kept exactly, as an integer times a power of ten, so that arithmetic and
 //! comparisons on the quantities Kubernetes accepts (`9999999999999999999999999999999999999G`
@@ -217,7 +217,9 @@ pub fn library(env: &mut Env) -> Result<(), DeclarationError> {
         vec![STRING_TYPE],
         is_quantity,
     )?;
-    let members: [(&str, Vec<Type>, ::cel::common::functions::Function); 11] = [
+    // `sign(q)`, not `q.sign()`: Kubernetes declares it as a global function.
+    env.add_overload("sign", "quantity_sign", vec![quantity_type()], sign)?;
+    let members: [(&str, Vec<Type>, ::cel::common::functions::Function); 10] = [
         ("isLessThan", vec![quantity_type()], is_less_than),
         ("isGreaterThan", vec![quantity_type()], is_greater_than),
         ("compareTo", vec![quantity_type()], compare_to),
@@ -228,7 +230,6 @@ pub fn library(env: &mut Env) -> Result<(), DeclarationError> {
         ("asInteger", vec![], as_integer),
         ("isInteger", vec![], is_integer),
         ("asApproximateFloat", vec![], as_approximate_float),
-        ("sign", vec![], sign),
     ];
     for (name, args, op) in members {
         let id = format!("quantity.{name}({})", args.len());
@@ -380,7 +381,7 @@ mod tests {
             "quantity('50').isInteger()",
             "quantity('50.703k').asApproximateFloat() == 50703.0",
             "[quantity('9999999999999999999999999999999999999')].all(x, x.add(quantity('1')).compareTo(x.add(quantity('2'))) == -1)",
-            "quantity('-1').sign() == -1 && quantity('0').sign() == 0 && quantity('1m').sign() == 1",
+            "sign(quantity('-1')) == -1 && sign(quantity('0')) == 0 && sign(quantity('1m')) == 1",
             "quantity('1e3') == quantity('1k') && quantity('1E-3') == quantity('1m')",
             // The seed's rule: every container's limits within bounds.
             "object.spec.containers.all(c, quantity(c.resources.limits.memory).compareTo(quantity('2Gi')) <= 0)",

@@ -1,0 +1,45 @@
+//! The parity corpus (`operator/testdata/cel/parity.txt`) through Gatehouse: every case has the
+//! outcome the corpus states, which the e2e suite checks against kube-apiserver.
+use serde_json::json;
+
+use super::{Activation, CelError, Site, compile, eval_bool, literals, regex, unknown_functions};
+
+/// The corpus, shared with the e2e suite.
+const CORPUS: &str = include_str!("../../../testdata/cel/parity.txt");
+
+/// What Gatehouse makes of `source`: refused when written, or the result of evaluating it.
+fn outcome(source: &str) -> Result<Result<bool, CelError>, String> {
+    let program = compile(source).map_err(|e| e.to_string())?;
+    let mut problems = unknown_functions(&program, Site::Validation).map_err(|e| e.to_string())?;
+    problems.extend(regex::invalid_constant_patterns(&program));
+    problems.extend(literals::mixed_type_literals(&program));
+    if !problems.is_empty() {
+        return Err(problems.join("; "));
+    }
+    let (object, request) = (json!({}), json!({"operation": "CREATE"}));
+    Ok(eval_bool(
+        &program,
+        &Activation::new(Some(&object), None, &request),
+    ))
+}
+
+#[test]
+fn every_case_has_the_outcome_the_corpus_states() {
+    let mut cases = 0;
+    for line in CORPUS
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let (expected, source) = line.split_once(' ').expect("`<outcome> <expression>`");
+        let got = outcome(source);
+        let agrees = match expected {
+            "true" => got == Ok(Ok(true)),
+            "error" | "typeerror" => matches!(got, Ok(Err(CelError::Execute(_)))),
+            "refused" => got.is_err(),
+            other => panic!("unknown outcome {other:?} in {line:?}"),
+        };
+        assert!(agrees, "{line}: Gatehouse says {got:?}");
+        cases += 1;
+    }
+    assert!(cases >= 150, "only {cases} cases");
+}
