@@ -9,10 +9,10 @@ use super::check::free_identifiers;
 use crate::engine::cost;
 
 /// The environment every Policy expression is compiled and run in: the standard library plus the
-/// strings, lists and sets extensions and Kubernetes' regex, lists and quantity libraries, as
-/// Kubernetes'
-/// own CEL environment has them (it has no math extension, so neither has this one). Built once;
-/// compiling against and executing with the same `Env` keeps macros and overloads in sync.
+/// strings, lists and sets extensions and Kubernetes' regex, lists, quantity, IP/CIDR and semver
+/// libraries, as Kubernetes' own CEL environment has them (it has no math extension, so neither
+/// has this one). Built once; compiling against and executing with the same `Env` keeps macros
+/// and overloads in sync.
 static ENV: LazyLock<Result<Arc<Env>, CelError>> = LazyLock::new(|| {
     let mut env = Env::stdlib();
     for extension in [
@@ -23,6 +23,7 @@ static ENV: LazyLock<Result<Arc<Env>, CelError>> = LazyLock::new(|| {
         super::sets::library,
         super::quantity::library,
         super::net::library,
+        super::semver::library,
     ] {
         env.add_extension(extension)
             .map_err(|e| CelError::Environment(e.to_string()))?;

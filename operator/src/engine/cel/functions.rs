@@ -178,9 +178,9 @@ mod tests {
                 "url(object.spec.url).getHost() == '' || semver('1.0.0').isLessThan(semver('2.0.0'))",
                 Site::Validation
             ),
-            // `isLessThan` is declared (on quantities): a call on another type is a type
-            // error, which only a type checker would find.
-            ["getHost", "semver", "url"]
+            // `isLessThan` and `semver` are declared: a call on another type would be a type
+            // error, which only a type checker finds.
+            ["getHost", "url"]
         );
         // Not in Kubernetes' environment for new expressions, so not in Gatehouse's.
         assert_eq!(

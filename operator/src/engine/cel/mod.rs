@@ -7,6 +7,7 @@
 //!   ([`unknown_functions`]);
 //! * [`literals`]: list and map literals of one type, as Kubernetes compiles them;
 //! * [`lists`]: Kubernetes' `isSorted`, `sum`, `min`, `max`, `indexOf` and `lastIndexOf` on lists;
+//! * [`semver`]: Kubernetes' `semver()` and its methods;
 //! * [`sets`]: cel-go's `sets.contains`, `sets.equivalent` and `sets.intersects`;
 //! * [`net`]: Kubernetes' `ip()` and `cidr()` and their methods;
 //! * [`quantity`]: Kubernetes' `quantity()` and its methods;
@@ -35,6 +36,7 @@ mod parity;
 pub mod quantity;
 pub mod regex;
 mod scope;
+pub mod semver;
 pub mod sets;
 
 pub use activation::{Activation, Bindings, ElementActivation};
