@@ -175,12 +175,12 @@ mod tests {
     fn functions_it_does_not_declare_are_reported_by_name() {
         assert_eq!(
             unknown(
-                "url(object.spec.url).getHost() == '' || semver('1.0.0').isLessThan(semver('2.0.0'))",
+                "format.dns1123Label().validate(object.metadata.name) == optional.none() && semver('1.0.0').isLessThan(semver('2.0.0'))",
                 Site::Validation
             ),
-            // `isLessThan` and `semver` are declared: a call on another type would be a type
-            // error, which only a type checker finds.
-            ["getHost", "url"]
+            // `isLessThan` is declared (on quantities and versions): a call on another type
+            // would be a type error, which only a type checker finds.
+            ["dns1123Label", "validate"]
         );
         // Not in Kubernetes' environment for new expressions, so not in Gatehouse's.
         assert_eq!(

@@ -8,6 +8,7 @@
 //! * [`literals`]: list and map literals of one type, as Kubernetes compiles them;
 //! * [`lists`]: Kubernetes' `isSorted`, `sum`, `min`, `max`, `indexOf` and `lastIndexOf` on lists;
 //! * [`semver`]: Kubernetes' `semver()` and its methods;
+//! * [`url`]: Kubernetes' `url()` and its methods, with Go's parsing rules;
 //! * [`sets`]: cel-go's `sets.contains`, `sets.equivalent` and `sets.intersects`;
 //! * [`net`]: Kubernetes' `ip()` and `cidr()` and their methods;
 //! * [`quantity`]: Kubernetes' `quantity()` and its methods;
@@ -38,6 +39,7 @@ pub mod regex;
 mod scope;
 pub mod semver;
 pub mod sets;
+pub mod url;
 
 pub use activation::{Activation, Bindings, ElementActivation};
 pub use check::{Site, reads_variable, unknown_variables};
