@@ -6,7 +6,8 @@
 //! Pod and Policies: what it saves, also as a share of one review. A layer stays only while this
 //! shows a gain; its doc comment quotes the figure.
 //!
-//! `cargo bench -p gatehouse --bench engine` (`ONLY=groups` for the last table). No external harness: each case is calibrated to
+//! `cargo bench -p gatehouse --bench engine` (`ONLY=groups` for the last table, `ONLY=libraries`
+//! for Kubernetes' CEL libraries). No external harness: each case is calibrated to
 //! about 200ms per sample, seven interleaved samples are taken, and the median time per iteration
 //! is printed with its ratio to the baseline.
 use std::hint::black_box;
@@ -192,9 +193,10 @@ fn measure(cases: &mut [&mut dyn FnMut()]) -> Vec<Duration> {
 }
 
 fn main() {
-    // `ONLY=groups`: just the group figures.
-    if std::env::var("ONLY").is_ok_and(|only| only == "groups") {
-        return groups();
+    match std::env::var("ONLY").as_deref() {
+        Ok("groups") => return groups(),
+        Ok("libraries") => return libraries(&body()),
+        _ => {}
     }
     let body = body();
     let policies = policies();
@@ -247,7 +249,40 @@ fn main() {
         ratio(chain)
     );
     layers(&body, &policies, per_policy);
+    libraries(&body);
     groups();
+}
+
+/// One validating review with a Policy calling Kubernetes' quantity and CIDR libraries on every
+/// container, beside the same review with a plain expression reading the same fields.
+fn libraries(body: &[u8]) {
+    let plain = policy(
+        "plain",
+        100,
+        json!({"validate": [{"expression": "object.spec.containers.all(c, has(c.resources.limits.memory) && has(c.resources.limits.cpu) && c.resources.limits.memory != '' && c.resources.limits.cpu != '') && '10.1.2.3' != ''", "message": "m"}]}),
+    );
+    let libraries = policy(
+        "libraries",
+        100,
+        json!({"validate": [{"expression": "object.spec.containers.all(c, quantity(c.resources.limits.memory).compareTo(quantity('1Gi')) <= 0 && quantity(c.resources.limits.cpu).isLessThan(quantity('2'))) && cidr('10.0.0.0/8').containsIP('10.1.2.3')", "message": "m"}]}),
+    );
+    let review_with = |p: &CompiledPolicy| {
+        let req = engine::parse_request(black_box(body)).expect("parses");
+        let resp = engine::decide(&req, p, Phase::Validating);
+        assert!(resp.allowed, "the bench Pod passes");
+        black_box(engine::encoded_review(&req, &resp));
+    };
+    let times = measure(&mut [&mut || review_with(&plain), &mut || review_with(&libraries)]);
+    println!("Kubernetes' CEL libraries (one validating Policy, 10 containers):");
+    println!(
+        "  plain expression over the limits               {:>9.1?}",
+        times[0]
+    );
+    println!(
+        "  quantity() on 20 limits and a cidr() check      {:>9.1?}  {:>5.2}x plain",
+        times[1],
+        times[1].as_secs_f64() / times[0].as_secs_f64()
+    );
 }
 
 /// A review of the one-container Pod of `tests/bench/admission-load`.
