@@ -8,13 +8,13 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use ::cel::common::ast::{EntryExpr, Expr, IdedExpr};
+use ::cel::common::ast::{Expr, IdedExpr};
 use ::cel::{Context, ExecutionError, Program};
 
 use super::CelError;
 use super::check::{Site, reads_variable};
 use super::environment::{compile, env};
-use super::scope::FUNCTION_NAMESPACES;
+use super::scope::{FUNCTION_NAMESPACES, children};
 
 /// The methods of `authorizer` (Kubernetes' authz library): only the API server evaluates a
 /// condition that reads it ([`crate::engine::group`] gives such a Policy an entry of its own).
@@ -70,55 +70,24 @@ fn is_name(function: &str) -> bool {
 }
 
 fn collect<'e>(expr: &'e IdedExpr, calls: &mut BTreeSet<Call<'e>>) {
-    match &expr.expr {
-        Expr::Call(call) => {
-            if is_name(&call.func_name) {
-                let namespace = call.target.as_deref().and_then(|t| match &t.expr {
-                    Expr::Ident(n) if FUNCTION_NAMESPACES.contains(&n.as_str()) => Some(n),
-                    _ => None,
-                });
-                calls.insert(Call {
-                    name: match namespace {
-                        Some(ns) => format!("{ns}.{}", call.func_name),
-                        None => call.func_name.clone(),
-                    },
-                    function: &call.func_name,
-                    receiver: call.target.is_some() && namespace.is_none(),
-                });
-            }
-            if let Some(target) = &call.target {
-                collect(target, calls);
-            }
-            for arg in &call.args {
-                collect(arg, calls);
-            }
-        }
-        Expr::Select(select) => collect(&select.operand, calls),
-        Expr::Comprehension(c) => {
-            for e in [
-                &c.iter_range,
-                &c.accu_init,
-                &c.loop_cond,
-                &c.loop_step,
-                &c.result,
-            ] {
-                collect(e, calls);
-            }
-        }
-        Expr::List(list) => list.elements.iter().for_each(|e| collect(e, calls)),
-        Expr::Map(map) => map.entries.iter().for_each(|e| entry(&e.expr, calls)),
-        Expr::Struct(s) => s.entries.iter().for_each(|e| entry(&e.expr, calls)),
-        Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
+    if let Expr::Call(call) = &expr.expr
+        && is_name(&call.func_name)
+    {
+        let namespace = call.target.as_deref().and_then(|t| match &t.expr {
+            Expr::Ident(n) if FUNCTION_NAMESPACES.contains(&n.as_str()) => Some(n),
+            _ => None,
+        });
+        calls.insert(Call {
+            name: match namespace {
+                Some(ns) => format!("{ns}.{}", call.func_name),
+                None => call.func_name.clone(),
+            },
+            function: &call.func_name,
+            receiver: call.target.is_some() && namespace.is_none(),
+        });
     }
-}
-
-fn entry<'e>(entry: &'e EntryExpr, calls: &mut BTreeSet<Call<'e>>) {
-    match entry {
-        EntryExpr::StructField(f) => collect(&f.value, calls),
-        EntryExpr::MapEntry(m) => {
-            collect(&m.key, calls);
-            collect(&m.value, calls);
-        }
+    for child in children(expr) {
+        collect(child, calls);
     }
 }
 

@@ -6,6 +6,8 @@
 use ::cel::Program;
 use ::cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
 
+use super::scope::children;
+
 /// The literals of `program` whose elements' types differ, each with the two types.
 pub fn mixed_type_literals(program: &Program) -> Vec<String> {
     let mut mixed = Vec::new();
@@ -54,36 +56,9 @@ fn type_of(expr: &IdedExpr, mixed: &mut Vec<String>) -> Option<String> {
                 value.as_deref().unwrap_or("dyn")
             ))
         }
-        Expr::Call(call) => {
-            call.target.iter().for_each(|t| {
-                type_of(t, mixed);
-            });
-            call.args.iter().for_each(|a| {
-                type_of(a, mixed);
-            });
-            None
-        }
-        Expr::Select(select) => {
-            type_of(&select.operand, mixed);
-            None
-        }
-        Expr::Comprehension(c) => {
-            for e in [
-                &c.iter_range,
-                &c.accu_init,
-                &c.loop_cond,
-                &c.loop_step,
-                &c.result,
-            ] {
-                type_of(e, mixed);
-            }
-            None
-        }
-        Expr::Struct(s) => {
-            for entry in &s.entries {
-                if let EntryExpr::StructField(f) = &entry.expr {
-                    type_of(&f.value, mixed);
-                }
+        Expr::Call(_) | Expr::Select(_) | Expr::Comprehension(_) | Expr::Struct(_) => {
+            for child in children(expr) {
+                type_of(child, mixed);
             }
             None
         }

@@ -32,6 +32,7 @@ pub mod lists;
 pub mod literals;
 pub mod needs;
 pub mod net;
+mod opaque;
 #[cfg(test)]
 mod parity;
 pub mod quantity;

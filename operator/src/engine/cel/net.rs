@@ -7,16 +7,16 @@
 //! * `string(ip)`, `string(cidr)`, `type(…) == net.IP` / `net.CIDR`.
 //!
 //! As in Kubernetes, an address with a zone or an IPv4-mapped IPv6 address is refused.
-use std::any::Any;
 use std::net::IpAddr;
 use std::str::FromStr;
 
 use ::cel::common::types::{CelBool, CelInt, CelString, Kind, STRING_TYPE, Type};
-use ::cel::common::value::{CowVal, StaticVal, Val};
+use ::cel::common::value::{CowVal, Val};
 use ::cel::{DeclarationError, Env, ExecutionError};
 use ipnet::IpNet;
 
 use super::lists::take;
+use super::opaque::opaque_val;
 
 const IP_TYPE_NAME: &str = "net.IP";
 const CIDR_TYPE_NAME: &str = "net.CIDR";
@@ -102,39 +102,8 @@ impl Cidr {
     }
 }
 
-macro_rules! opaque_val {
-    ($t:ty, $ty:expr) => {
-        impl Val for $t {
-            fn get_type(&self) -> &Type {
-                &$ty
-            }
-
-            fn cel_type() -> &'static Type {
-                &$ty
-            }
-
-            fn equals(&self, other: &dyn Val) -> bool {
-                other
-                    .as_any()
-                    .and_then(|a| a.downcast_ref::<$t>())
-                    .is_some_and(|o| o == self)
-            }
-
-            fn clone_as_boxed<'v>(&self) -> Box<dyn Val + 'v> {
-                Box::new(self.clone())
-            }
-
-            fn as_any(&self) -> Option<&dyn Any> {
-                Some(self)
-            }
-        }
-
-        impl StaticVal for $t {}
-    };
-}
-
-opaque_val!(Ip, IP_TYPE);
-opaque_val!(Cidr, CIDR_TYPE);
+opaque_val!(Ip, IP_TYPE, |a, b| a == b);
+opaque_val!(Cidr, CIDR_TYPE, |a, b| a == b);
 
 fn downcast<'a, T: 'static>(val: &'a dyn Val, function: &str) -> Result<&'a T, ExecutionError> {
     val.as_any()

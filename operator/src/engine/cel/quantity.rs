@@ -6,16 +6,16 @@
 //! A quantity is kept exactly, as an integer times a power of ten, so that arithmetic and
 //! comparisons on the quantities Kubernetes accepts (`9999999999999999999999999999999999999G`
 //! included) never round.
-use std::any::Any;
 use std::cmp::Ordering;
 
 use ::cel::common::types::{CelBool, CelDouble, CelInt, INT_TYPE, Kind, STRING_TYPE, Type};
-use ::cel::common::value::{CowVal, StaticVal, Val};
+use ::cel::common::value::{CowVal, Val};
 use ::cel::{DeclarationError, Env, ExecutionError};
 use num_bigint::BigInt;
 use num_traits::{Signed, ToPrimitive, Zero};
 
 use super::lists::take;
+use super::opaque::opaque_val;
 
 const QUANTITY_TYPE_NAME: &str = "kubernetes.Quantity";
 static QUANTITY_TYPE: Type = quantity_type();
@@ -154,29 +154,8 @@ impl Quantity {
     }
 }
 
-impl Val for Quantity {
-    fn get_type(&self) -> &Type {
-        &QUANTITY_TYPE
-    }
-
-    fn cel_type() -> &'static Type {
-        &QUANTITY_TYPE
-    }
-
-    fn equals(&self, other: &dyn Val) -> bool {
-        quantity_of(other).is_some_and(|o| self.compare(o) == Ordering::Equal)
-    }
-
-    fn clone_as_boxed<'v>(&self) -> Box<dyn Val + 'v> {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> Option<&dyn Any> {
-        Some(self)
-    }
-}
-
-impl StaticVal for Quantity {}
+opaque_val!(Quantity, QUANTITY_TYPE, |a, b| a.compare(b)
+    == Ordering::Equal);
 
 fn quantity_of(val: &dyn Val) -> Option<&Quantity> {
     val.as_any()?.downcast_ref::<Quantity>()

@@ -13,6 +13,8 @@ use ::cel::common::value::Val;
 use ::cel::{DeclarationError, Env, ExecutionError, Program};
 use regex::Regex;
 
+use super::scope::children;
+
 /// Functions whose argument is a regular expression.
 const PATTERN_FUNCTIONS: &[&str] = &["matches", "find", "findAll"];
 
@@ -75,40 +77,25 @@ pub fn invalid_constant_patterns(program: &Program) -> Vec<String> {
 }
 
 fn walk(expr: &IdedExpr, invalid: &mut Vec<String>) {
-    match &expr.expr {
-        Expr::Call(call) => {
-            if PATTERN_FUNCTIONS.contains(&call.func_name.as_str()) {
-                // `s.find(re[, n])`, or `matches(s, re)` without a receiver.
-                let position = usize::from(call.target.is_none());
-                if let Some(Expr::Literal(LiteralValue::String(pattern))) =
-                    call.args.get(position).map(|a| &a.expr)
-                    && let Err(e) = Regex::new(pattern)
-                {
-                    invalid.push(format!(
-                        "{}: invalid regular expression {:?}: {}",
-                        call.func_name,
-                        pattern.to_string(),
-                        reason(&e.to_string())
-                    ));
-                }
-            }
-            call.target.iter().for_each(|t| walk(t, invalid));
-            call.args.iter().for_each(|a| walk(a, invalid));
+    if let Expr::Call(call) = &expr.expr
+        && PATTERN_FUNCTIONS.contains(&call.func_name.as_str())
+    {
+        // `s.find(re[, n])`, or `matches(s, re)` without a receiver.
+        let position = usize::from(call.target.is_none());
+        if let Some(Expr::Literal(LiteralValue::String(pattern))) =
+            call.args.get(position).map(|a| &a.expr)
+            && let Err(e) = Regex::new(pattern)
+        {
+            invalid.push(format!(
+                "{}: invalid regular expression {:?}: {}",
+                call.func_name,
+                pattern.to_string(),
+                reason(&e.to_string())
+            ));
         }
-        Expr::Select(select) => walk(&select.operand, invalid),
-        Expr::Comprehension(c) => {
-            for e in [
-                &c.iter_range,
-                &c.accu_init,
-                &c.loop_cond,
-                &c.loop_step,
-                &c.result,
-            ] {
-                walk(e, invalid);
-            }
-        }
-        Expr::List(list) => list.elements.iter().for_each(|e| walk(e, invalid)),
-        _ => {}
+    }
+    for child in children(expr) {
+        walk(child, invalid);
     }
 }
 

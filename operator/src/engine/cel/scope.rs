@@ -152,6 +152,45 @@ impl<'e, V: Visitor<'e>> Walk<'_, 'e, V> {
     }
 }
 
+/// The direct sub-expressions of `expr`, in source order: for the checks that look at every call
+/// or literal and need no scoping ([`super::functions`], [`super::regex`], [`super::literals`]).
+pub(super) fn children(expr: &IdedExpr) -> Vec<&IdedExpr> {
+    match &expr.expr {
+        Expr::Call(call) => call
+            .target
+            .iter()
+            .map(|t| t.as_ref())
+            .chain(&call.args)
+            .collect(),
+        Expr::Select(select) => vec![&select.operand],
+        Expr::Comprehension(c) => vec![
+            &c.iter_range,
+            &c.accu_init,
+            &c.loop_cond,
+            &c.loop_step,
+            &c.result,
+        ],
+        Expr::List(list) => list.elements.iter().collect(),
+        Expr::Map(map) => map
+            .entries
+            .iter()
+            .flat_map(|e| match &e.expr {
+                EntryExpr::MapEntry(m) => vec![&m.key, &m.value],
+                EntryExpr::StructField(f) => vec![&f.value],
+            })
+            .collect(),
+        Expr::Struct(s) => s
+            .entries
+            .iter()
+            .flat_map(|e| match &e.expr {
+                EntryExpr::MapEntry(m) => vec![&m.key, &m.value],
+                EntryExpr::StructField(f) => vec![&f.value],
+            })
+            .collect(),
+        Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => Vec::new(),
+    }
+}
+
 fn is_test(expr: &IdedExpr) -> bool {
     matches!(&expr.expr, Expr::Select(s) if s.test)
 }

@@ -5,15 +5,15 @@
 //!
 //! With `normalize`, a leading `v` is dropped, leading zeros are removed and a missing minor or
 //! patch is `0` (`v01.01` is `1.1.0`); a short version may not carry pre-release or build data.
-use std::any::Any;
 use std::cmp::Ordering;
 
 use ::cel::common::types::{BOOL_TYPE, CelBool, CelInt, Kind, STRING_TYPE, Type};
-use ::cel::common::value::{CowVal, StaticVal, Val};
+use ::cel::common::value::{CowVal, Val};
 use ::cel::{DeclarationError, Env, ExecutionError};
 use semver::Version;
 
 use super::lists::take;
+use super::opaque::opaque_val;
 
 const SEMVER_TYPE_NAME: &str = "kubernetes.Semver";
 static SEMVER_TYPE: Type = semver_type();
@@ -61,32 +61,8 @@ fn normalized(text: &str) -> Result<String, String> {
     Ok(parts.join("."))
 }
 
-impl Val for Semver {
-    fn get_type(&self) -> &Type {
-        &SEMVER_TYPE
-    }
-
-    fn cel_type() -> &'static Type {
-        &SEMVER_TYPE
-    }
-
-    fn equals(&self, other: &dyn Val) -> bool {
-        other
-            .as_any()
-            .and_then(|a| a.downcast_ref::<Semver>())
-            .is_some_and(|o| self.0.cmp_precedence(&o.0) == Ordering::Equal)
-    }
-
-    fn clone_as_boxed<'v>(&self) -> Box<dyn Val + 'v> {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> Option<&dyn Any> {
-        Some(self)
-    }
-}
-
-impl StaticVal for Semver {}
+opaque_val!(Semver, SEMVER_TYPE, |a, b| a.0.cmp_precedence(&b.0)
+    == Ordering::Equal);
 
 fn version<'a>(val: &'a dyn Val, function: &str) -> Result<&'a Semver, ExecutionError> {
     val.as_any()

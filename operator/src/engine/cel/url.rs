@@ -6,16 +6,16 @@
 //! absolute URI or an absolute path), and the value is what `Parse` makes of it (the fragment
 //! split off). Browsers' URL standard normalises differently (it lowercases hosts, resolves
 //! dots), so this follows Go's rules, the parts that these functions can show.
-use std::any::Any;
 use std::collections::HashMap;
 
 use ::cel::common::types::{
     CelBool, CelList, CelMap, CelMapKey, CelString, Kind, STRING_TYPE, Type,
 };
-use ::cel::common::value::{CowVal, StaticVal, Val};
+use ::cel::common::value::{CowVal, Val};
 use ::cel::{DeclarationError, Env, ExecutionError};
 
 use super::lists::take;
+use super::opaque::opaque_val;
 
 const URL_TYPE_NAME: &str = "kubernetes.URL";
 static URL_TYPE: Type = url_type();
@@ -235,32 +235,7 @@ fn unescape(text: &str, query: bool) -> Result<String, String> {
     String::from_utf8(out).map_err(|e| e.to_string())
 }
 
-impl Val for Url {
-    fn get_type(&self) -> &Type {
-        &URL_TYPE
-    }
-
-    fn cel_type() -> &'static Type {
-        &URL_TYPE
-    }
-
-    fn equals(&self, other: &dyn Val) -> bool {
-        other
-            .as_any()
-            .and_then(|a| a.downcast_ref::<Url>())
-            .is_some_and(|o| o == self)
-    }
-
-    fn clone_as_boxed<'v>(&self) -> Box<dyn Val + 'v> {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> Option<&dyn Any> {
-        Some(self)
-    }
-}
-
-impl StaticVal for Url {}
+opaque_val!(Url, URL_TYPE, |a, b| a == b);
 
 fn receiver<'a>(val: &'a dyn Val, function: &str) -> Result<&'a Url, ExecutionError> {
     val.as_any()
