@@ -171,24 +171,21 @@ pub(super) fn children(expr: &IdedExpr) -> Vec<&IdedExpr> {
             &c.result,
         ],
         Expr::List(list) => list.elements.iter().collect(),
-        Expr::Map(map) => map
-            .entries
-            .iter()
-            .flat_map(|e| match &e.expr {
-                EntryExpr::MapEntry(m) => vec![&m.key, &m.value],
-                EntryExpr::StructField(f) => vec![&f.value],
-            })
-            .collect(),
-        Expr::Struct(s) => s
-            .entries
-            .iter()
-            .flat_map(|e| match &e.expr {
-                EntryExpr::MapEntry(m) => vec![&m.key, &m.value],
-                EntryExpr::StructField(f) => vec![&f.value],
-            })
-            .collect(),
+        Expr::Map(map) => entry_children(&map.entries),
+        Expr::Struct(s) => entry_children(&s.entries),
         Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => Vec::new(),
     }
+}
+
+/// The keys and values of map entries, the values of struct fields.
+fn entry_children(entries: &[IdedEntryExpr]) -> Vec<&IdedExpr> {
+    entries
+        .iter()
+        .flat_map(|e| match &e.expr {
+            EntryExpr::MapEntry(m) => vec![&m.key, &m.value],
+            EntryExpr::StructField(f) => vec![&f.value],
+        })
+        .collect()
 }
 
 fn is_test(expr: &IdedExpr) -> bool {
