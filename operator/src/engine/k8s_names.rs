@@ -15,6 +15,8 @@
 pub const QUALIFIED_NAME_MAX_LENGTH: usize = 63;
 /// Longest label value.
 pub const LABEL_VALUE_MAX_LENGTH: usize = 63;
+/// Longest DNS-1123 or DNS-1035 label.
+pub const DNS_LABEL_MAX_LENGTH: usize = 63;
 /// Longest DNS-1123 subdomain.
 pub const DNS1123_SUBDOMAIN_MAX_LENGTH: usize = 253;
 
@@ -25,6 +27,14 @@ const LABEL_VALUE_FMT: &str = "(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?";
 const LABEL_VALUE_ERR_MSG: &str = "a valid label must be an empty string or consist of \
                                    alphanumeric characters, '-', '_' or '.', and must start and \
                                    end with an alphanumeric character";
+const DNS1123_LABEL_FMT: &str = "[a-z0-9]([-a-z0-9]*[a-z0-9])?";
+const DNS1123_LABEL_ERR_MSG: &str = "a lowercase RFC 1123 label must consist of lower case \
+                                     alphanumeric characters or '-', and must start and end with \
+                                     an alphanumeric character";
+const DNS1035_LABEL_FMT: &str = "[a-z]([-a-z0-9]*[a-z0-9])?";
+const DNS1035_LABEL_ERR_MSG: &str = "a DNS-1035 label must consist of lower case alphanumeric \
+                                     characters or '-', start with an alphabetic character, and \
+                                     end with an alphanumeric character";
 const DNS1123_SUBDOMAIN_FMT: &str =
     "[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*";
 const DNS1123_SUBDOMAIN_ERR_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower \
@@ -110,14 +120,53 @@ pub fn is_dns1123_subdomain(value: &str) -> Result<(), Vec<String>> {
     into_result(errs)
 }
 
+/// `IsDNS1123Label`: lowercase `[a-z0-9-]`, alphanumeric at both ends, at most 63 characters
+/// (`my-name`); a valid subdomain that is not a label is told it has dots.
+pub fn is_dns1123_label(value: &str) -> Result<(), Vec<String>> {
+    let mut errs = Vec::new();
+    if value.len() > DNS_LABEL_MAX_LENGTH {
+        errs.push(max_len_error(DNS_LABEL_MAX_LENGTH));
+    }
+    if !has_dns1123_label_form(value) {
+        if has_dns1123_subdomain_form(value) {
+            errs.push("must not contain dots".to_string());
+        } else {
+            errs.push(regex_error(
+                DNS1123_LABEL_ERR_MSG,
+                DNS1123_LABEL_FMT,
+                &["my-name", "123-abc"],
+            ));
+        }
+    }
+    into_result(errs)
+}
+
+/// `IsDNS1035Label`: a DNS-1123 label that starts with a letter (`my-name`).
+pub fn is_dns1035_label(value: &str) -> Result<(), Vec<String>> {
+    let mut errs = Vec::new();
+    if value.len() > DNS_LABEL_MAX_LENGTH {
+        errs.push(max_len_error(DNS_LABEL_MAX_LENGTH));
+    }
+    if !(has_dns1123_label_form(value) && value.starts_with(|c: char| c.is_ascii_lowercase())) {
+        errs.push(regex_error(
+            DNS1035_LABEL_ERR_MSG,
+            DNS1035_LABEL_FMT,
+            &["my-name", "abc-123"],
+        ));
+    }
+    into_result(errs)
+}
+
+fn has_dns1123_label_form(label: &str) -> bool {
+    edges_are(label, |c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && label
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
+}
+
 /// Whether `value` matches the DNS-1123 subdomain regex, whatever its length.
 pub fn has_dns1123_subdomain_form(value: &str) -> bool {
-    value.split('.').all(|label| {
-        edges_are(label, |c| c.is_ascii_lowercase() || c.is_ascii_digit())
-            && label
-                .bytes()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-')
-    })
+    value.split('.').all(has_dns1123_label_form)
 }
 
 /// The message of a value without [`has_dns1123_subdomain_form`].
@@ -154,15 +203,19 @@ fn empty_error() -> &'static str {
     "must be non-empty"
 }
 
-/// apimachinery's `RegexError`, without the doubled spaces its example list has.
+/// apimachinery's `RegexError`, to the byte: each example is followed by `, ` and the next one
+/// preceded by ` or `, so three examples read `'a',  or 'b',  or 'c', `.
 fn regex_error(msg: &str, fmt: &str, examples: &[&str]) -> String {
-    let quoted: Vec<String> = examples.iter().map(|e| format!("'{e}'")).collect();
-    let examples = match quoted.as_slice() {
-        [] => String::new(),
-        [only] => format!("e.g. {only}, "),
-        [init @ .., last] => format!("e.g. {} or {last}, ", init.join(", ")),
-    };
-    format!("{msg} ({examples}regex used for validation is '{fmt}')")
+    let examples: String = examples
+        .iter()
+        .enumerate()
+        .map(|(i, e)| format!("{}'{e}', ", if i > 0 { " or " } else { "" }))
+        .collect();
+    if examples.is_empty() {
+        format!("{msg} (regex used for validation is '{fmt}')")
+    } else {
+        format!("{msg} (e.g. {examples}regex used for validation is '{fmt}')")
+    }
 }
 
 fn into_result(errs: Vec<String>) -> Result<(), Vec<String>> {
@@ -236,7 +289,7 @@ mod tests {
             is_qualified_name("has space"),
             Err(vec![
                 "name part must consist of alphanumeric characters, '-', '_' or '.', and must \
-                 start and end with an alphanumeric character (e.g. 'MyName', 'my.name' or \
+                 start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or \
                  '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
                     .to_string()
             ])

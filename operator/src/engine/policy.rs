@@ -1008,7 +1008,7 @@ mod tests {
             [
                 "spec.match.conditions[0].name: \"has space\" is not a valid qualified name: name \
               part must consist of alphanumeric characters, '-', '_' or '.', and must start and \
-              end with an alphanumeric character (e.g. 'MyName', 'my.name' or '123-abc', regex \
+              end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex \
               used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')"
             ]
         );

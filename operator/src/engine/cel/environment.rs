@@ -9,8 +9,8 @@ use super::check::free_identifiers;
 use crate::engine::cost;
 
 /// The environment every Policy expression is compiled and run in: the standard library plus the
-/// strings, lists and sets extensions and Kubernetes' regex, lists, quantity, IP/CIDR, semver and
-/// URL libraries, as Kubernetes' own CEL environment has them (it has no math extension, so neither
+/// strings, lists and sets extensions and Kubernetes' regex, lists, quantity, IP/CIDR, semver,
+/// URL and format libraries, as Kubernetes' own CEL environment has them (it has no math extension, so neither
 /// has this one). Built once; compiling against and executing with the same `Env` keeps macros
 /// and overloads in sync.
 static ENV: LazyLock<Result<Arc<Env>, CelError>> = LazyLock::new(|| {
@@ -25,6 +25,7 @@ static ENV: LazyLock<Result<Arc<Env>, CelError>> = LazyLock::new(|| {
         super::net::library,
         super::semver::library,
         super::url::library,
+        super::format::library,
     ] {
         env.add_extension(extension)
             .map_err(|e| CelError::Environment(e.to_string()))?;

@@ -27,6 +27,7 @@ pub mod check;
 pub mod convert;
 pub mod environment;
 pub mod expression;
+pub mod format;
 pub mod functions;
 pub mod lists;
 pub mod literals;

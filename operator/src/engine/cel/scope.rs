@@ -7,7 +7,7 @@ use ::cel::common::ast::{EntryExpr, Expr, IdedEntryExpr, IdedExpr};
 /// Function namespaces of the extensions in the environment: `strings.quote(s)` parses as a call
 /// on the identifier `strings`, which is not a variable.
 pub(super) const FUNCTION_NAMESPACES: &[&str] = &[
-    "strings", "lists", "math", "base64", "optional", "sets", "ip",
+    "strings", "lists", "math", "base64", "optional", "sets", "ip", "format",
 ];
 
 /// What an identifier refers to where it is used.

@@ -48,6 +48,13 @@ impl Url {
         })
     }
 
+    /// Go's `url.ParseRequestURI(text)` error, as its `Error()` reads: `parse "<text>": <why>`.
+    pub fn request_uri_error(text: &str) -> Option<String> {
+        parse(text, true)
+            .err()
+            .map(|e| format!("parse {text:?}: {e}"))
+    }
+
     fn hostname(&self) -> &str {
         match self.host.strip_prefix('[') {
             Some(rest) => rest.split_once(']').map_or(rest, |(inside, _)| inside),
