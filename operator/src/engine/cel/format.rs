@@ -142,7 +142,7 @@ fn is_uuid(text: &str) -> bool {
 fn is_base64(text: &str) -> bool {
     let bytes = text.as_bytes();
     let alphabet = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'/');
-    if bytes.is_empty() || bytes.len() % 4 != 0 {
+    if bytes.is_empty() || !bytes.len().is_multiple_of(4) {
         return false;
     }
     let (body, last) = bytes.split_at(bytes.len() - 4);
@@ -227,7 +227,7 @@ fn is_date_time(text: &str) -> bool {
     (is_zone(zone) || fraction_then_zone) && *hour <= "23" && *minute <= "59" && *second <= "59"
 }
 
-fn format_of<'a>(val: &'a dyn Val) -> Result<&'a NamedFormat, ExecutionError> {
+fn format_of(val: &dyn Val) -> Result<&NamedFormat, ExecutionError> {
     val.as_any()
         .and_then(|a| a.downcast_ref::<NamedFormat>())
         .ok_or_else(|| ExecutionError::function_error("validate", "not a format"))
