@@ -137,6 +137,13 @@ fn walk(expr: &IdedExpr, n: u64) -> Walked {
             } else if COLLECTION_FUNCTIONS.contains(&call.func_name.as_str()) {
                 cost = cost.saturating_add(largest);
             }
+            // The pairs a two-variable comprehension iterates are as many as its range's elements.
+            if call.func_name == crate::engine::cel::comprehensions::ENTRIES {
+                return Walked {
+                    cost,
+                    size: call.args.first().and_then(|a| walk(a, n).size),
+                };
+            }
             unknown(cost)
         }
         Expr::Comprehension(c) => {
@@ -214,6 +221,20 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.contains("exceeds the budget of 1000000"), "{err}");
+    }
+
+    #[test]
+    fn two_variable_comprehensions_cost_as_one_variable_ones() {
+        assert_eq!(
+            at("[1, 2, 3].all(i, v, v > i)", 100),
+            at("[1, 2, 3].all(i, v, v > i)", 1000),
+            "a literal range has its own size"
+        );
+        let two = at("object.items.all(i, v, v > i)", 100);
+        let one = at("object.items.all(v, v > 0)", 100);
+        assert!(two > one && two < one * 5, "{two} against {one}");
+        let nested = at("object.items.all(i, v, object.items.all(j, w, w > v))", 100);
+        assert!(nested > 100 * 100, "{nested}");
     }
 
     #[test]

@@ -26,6 +26,7 @@ static ENV: LazyLock<Result<Arc<Env>, CelError>> = LazyLock::new(|| {
         super::semver::library,
         super::url::library,
         super::format::library,
+        super::comprehensions::library,
     ] {
         env.add_extension(extension)
             .map_err(|e| CelError::Environment(e.to_string()))?;

@@ -24,6 +24,7 @@
 //! once per review and copies no strings.
 pub mod activation;
 pub mod check;
+pub mod comprehensions;
 pub mod convert;
 pub mod environment;
 pub mod expression;
