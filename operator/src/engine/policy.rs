@@ -512,8 +512,8 @@ fn check_expression(
             for invalid in cel::regex::invalid_constant_patterns(&program) {
                 problems.push(Problem::new(path, invalid));
             }
-            for mixed in cel::literals::mixed_type_literals(&program) {
-                problems.push(Problem::new(path, mixed));
+            for type_error in cel::types::type_errors(&program) {
+                problems.push(Problem::new(path, type_error));
             }
             if let Err(too_costly) = super::cost::check(&program) {
                 let shown: String = source.chars().take(120).collect();

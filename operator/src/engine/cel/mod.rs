@@ -5,8 +5,10 @@
 //! * [`check`]: which variables an expression may use where ([`Site`], [`unknown_variables`]);
 //! * [`functions`]: the functions an expression calls that the environment lacks
 //!   ([`unknown_functions`]);
-//! * [`literals`]: list and map literals of one type, as Kubernetes compiles them;
+//! * [`types`]: a type checker for what the API server refuses when written (overloads, literals);
 //! * [`lists`]: Kubernetes' `isSorted`, `sum`, `min`, `max`, `indexOf` and `lastIndexOf` on lists;
+//! * [`format`]: Kubernetes' `format.<name>()` and `validate()`;
+//! * [`comprehensions`]: cel-go's two-variable comprehensions, as macros;
 //! * [`semver`]: Kubernetes' `semver()` and its methods;
 //! * [`url`]: Kubernetes' `url()` and its methods, with Go's parsing rules;
 //! * [`sets`]: cel-go's `sets.contains`, `sets.equivalent` and `sets.intersects`;
@@ -31,7 +33,6 @@ pub mod expression;
 pub mod format;
 pub mod functions;
 pub mod lists;
-pub mod literals;
 pub mod needs;
 pub mod net;
 mod opaque;
@@ -42,6 +43,7 @@ pub mod regex;
 mod scope;
 pub mod semver;
 pub mod sets;
+pub mod types;
 pub mod url;
 
 pub use activation::{Activation, Bindings, ElementActivation};

@@ -153,7 +153,7 @@ impl<'e, V: Visitor<'e>> Walk<'_, 'e, V> {
 }
 
 /// The direct sub-expressions of `expr`, in source order: for the checks that look at every call
-/// or literal and need no scoping ([`super::functions`], [`super::regex`], [`super::literals`]).
+/// or literal and need no scoping ([`super::functions`], [`super::regex`], [`super::types`]).
 pub(super) fn children(expr: &IdedExpr) -> Vec<&IdedExpr> {
     match &expr.expr {
         Expr::Call(call) => call

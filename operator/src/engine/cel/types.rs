@@ -1,0 +1,697 @@
+//! A type checker for what the API server's checker refuses when a policy is written and the
+//! `cel` crate, which has none, would only fail at run time: a call no overload accepts
+//! (`['a'].sum()`, `isSemver([1])`, `'a' && true`, a filter that is not a bool) and a list or map
+//! literal mixing types (`[1, 'a']`: Kubernetes compiles with homogeneous aggregate literals).
+//!
+//! It infers what the syntax tells: literals, the results of the functions in [`SIGNATURES`],
+//! comprehension variables from their ranges. Everything else — the request's variables, fields
+//! read from them, functions not in the table — is `dyn`, which agrees with every type, so a call
+//! is refused only when its argument types are known and no overload of the function takes them.
+//! A function is in the table only with *all* its overloads in Kubernetes' environment, so no
+//! expression the API server accepts is refused here.
+use std::collections::HashMap;
+use std::fmt;
+
+use ::cel::Program;
+use ::cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue, operators};
+
+use super::comprehensions::ENTRIES;
+
+/// A static type; `Dyn` is any.
+#[derive(Clone, Debug, PartialEq)]
+enum Ty {
+    Dyn,
+    Null,
+    Bool,
+    Int,
+    Uint,
+    Double,
+    String,
+    Bytes,
+    Duration,
+    Timestamp,
+    Type,
+    List(Box<Ty>),
+    Map(Box<Ty>, Box<Ty>),
+    Optional(Box<Ty>),
+    /// A library's value type (`kubernetes.Semver`).
+    Opaque(String),
+    /// One `[index or key, value]` element of a two-variable comprehension's `@entries`.
+    Pair(Box<Ty>, Box<Ty>),
+}
+
+impl fmt::Display for Ty {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Ty::Dyn => f.write_str("dyn"),
+            Ty::Null => f.write_str("null_type"),
+            Ty::Bool => f.write_str("bool"),
+            Ty::Int => f.write_str("int"),
+            Ty::Uint => f.write_str("uint"),
+            Ty::Double => f.write_str("double"),
+            Ty::String => f.write_str("string"),
+            Ty::Bytes => f.write_str("bytes"),
+            Ty::Duration => f.write_str("google.protobuf.Duration"),
+            Ty::Timestamp => f.write_str("google.protobuf.Timestamp"),
+            Ty::Type => f.write_str("type"),
+            Ty::List(e) => write!(f, "list({e})"),
+            Ty::Map(k, v) => write!(f, "map({k}, {v})"),
+            Ty::Optional(e) => write!(f, "optional_type({e})"),
+            Ty::Opaque(name) => f.write_str(name),
+            Ty::Pair(..) => f.write_str("list(dyn)"),
+        }
+    }
+}
+
+impl Ty {
+    /// Types agree when equal, `dyn` and `null` agreeing with anything at any depth.
+    fn agrees(&self, other: &Ty) -> bool {
+        match (self, other) {
+            (Ty::Dyn | Ty::Null | Ty::Pair(..), _) | (_, Ty::Dyn | Ty::Null | Ty::Pair(..)) => true,
+            (Ty::List(a), Ty::List(b)) | (Ty::Optional(a), Ty::Optional(b)) => a.agrees(b),
+            (Ty::Map(ka, va), Ty::Map(kb, vb)) => ka.agrees(kb) && va.agrees(vb),
+            (a, b) => a == b,
+        }
+    }
+
+    /// Of two agreeing types, the one that says more.
+    fn narrower(self, other: Ty) -> Ty {
+        match (self, other) {
+            (Ty::Dyn | Ty::Null, t) | (t, Ty::Dyn | Ty::Null) => t,
+            (Ty::List(a), Ty::List(b)) => Ty::List(Box::new(a.narrower(*b))),
+            (Ty::Map(ka, va), Ty::Map(kb, vb)) => {
+                Ty::Map(Box::new(ka.narrower(*kb)), Box::new(va.narrower(*vb)))
+            }
+            (a, _) => a,
+        }
+    }
+}
+
+/// The overloads the checker knows, one a line: `name(args) result` for a global function,
+/// `[receiver] name(args) result` for a member one. `A`, `B` are type parameters; the types of
+/// Kubernetes' libraries go by their CEL names. Each function here has all its overloads.
+const SIGNATURES: &[&str] = &[
+    // Operators.
+    "_+_(int, int) int",
+    "_+_(uint, uint) uint",
+    "_+_(double, double) double",
+    "_+_(string, string) string",
+    "_+_(bytes, bytes) bytes",
+    "_+_(list(A), list(A)) list(A)",
+    "_+_(google.protobuf.Timestamp, google.protobuf.Duration) google.protobuf.Timestamp",
+    "_+_(google.protobuf.Duration, google.protobuf.Timestamp) google.protobuf.Timestamp",
+    "_+_(google.protobuf.Duration, google.protobuf.Duration) google.protobuf.Duration",
+    "_-_(int, int) int",
+    "_-_(uint, uint) uint",
+    "_-_(double, double) double",
+    "_-_(google.protobuf.Timestamp, google.protobuf.Timestamp) google.protobuf.Duration",
+    "_-_(google.protobuf.Timestamp, google.protobuf.Duration) google.protobuf.Timestamp",
+    "_-_(google.protobuf.Duration, google.protobuf.Duration) google.protobuf.Duration",
+    "_*_(int, int) int",
+    "_*_(uint, uint) uint",
+    "_*_(double, double) double",
+    "_/_(int, int) int",
+    "_/_(uint, uint) uint",
+    "_/_(double, double) double",
+    "_%_(int, int) int",
+    "_%_(uint, uint) uint",
+    "-_(int) int",
+    "-_(double) double",
+    "!_(bool) bool",
+    "_&&_(bool, bool) bool",
+    "_||_(bool, bool) bool",
+    "_?_:_(bool, A, A) A",
+    "@not_strictly_false(bool) bool",
+    "_==_(A, B) bool",
+    "_!=_(A, B) bool",
+    "@in(A, list(B)) bool",
+    "@in(A, map(B, C)) bool",
+    "_[_](list(A), dyn) A",
+    "_[_](map(A, B), dyn) B",
+    "size(string) int",
+    "size(bytes) int",
+    "size(list(A)) int",
+    "size(map(A, B)) int",
+    "[string] size() int",
+    "[bytes] size() int",
+    "[list(A)] size() int",
+    "[map(A, B)] size() int",
+    // Conversions: what they return (their arguments are left to the run time).
+    "int(dyn) int",
+    "uint(dyn) uint",
+    "double(dyn) double",
+    "string(dyn) string",
+    "bytes(dyn) bytes",
+    "bool(dyn) bool",
+    "duration(dyn) google.protobuf.Duration",
+    "timestamp(dyn) google.protobuf.Timestamp",
+    "type(dyn) type",
+    "dyn(dyn) dyn",
+    // Kubernetes' lists library (version 1).
+    "[list(int)] sum() int",
+    "[list(uint)] sum() uint",
+    "[list(double)] sum() double",
+    "[list(google.protobuf.Duration)] sum() google.protobuf.Duration",
+    "[list(comparable)] min() comparable",
+    "[list(comparable)] max() comparable",
+    "[list(comparable)] isSorted() bool",
+    // Kubernetes' semver library.
+    "semver(string) kubernetes.Semver",
+    "semver(string, bool) kubernetes.Semver",
+    "isSemver(string) bool",
+    "isSemver(string, bool) bool",
+    // Kubernetes' quantity, IP/CIDR, URL and format constructors.
+    "quantity(string) kubernetes.Quantity",
+    "isQuantity(string) bool",
+    "ip(string) net.IP",
+    "isIP(string) bool",
+    "cidr(string) net.CIDR",
+    "isCIDR(string) bool",
+    "url(string) kubernetes.URL",
+    "isURL(string) bool",
+    "format.named(string) optional_type(kubernetes.NamedFormat)",
+    "[kubernetes.NamedFormat] validate(string) optional_type(list(string))",
+    // Optional values.
+    "optional.of(A) optional_type(A)",
+    "optional.ofNonZeroValue(A) optional_type(A)",
+    "optional.none() optional_type(dyn)",
+    "[optional_type(A)] hasValue() bool",
+    "[optional_type(A)] value() A",
+    // What two-variable comprehensions expand to.
+    "@mapInsert(map(A, B), A, B) map(A, B)",
+    "@mapInsert(map(A, B), map(A, B)) map(A, B)",
+];
+
+/// A parameter or result of a signature.
+#[derive(Clone, Debug, PartialEq)]
+enum Pattern {
+    Exactly(Ty),
+    /// A type parameter, bound by its first use.
+    Param(char),
+    /// Any type with an order: Kubernetes' lists library lists them one by one.
+    Comparable,
+    List(Box<Pattern>),
+    Map(Box<Pattern>, Box<Pattern>),
+    Optional(Box<Pattern>),
+}
+
+#[derive(Debug)]
+struct Overload {
+    receiver: Option<Pattern>,
+    args: Vec<Pattern>,
+    result: Pattern,
+}
+
+/// The types of `program` that the API server's checker refuses, each with the reason.
+pub fn type_errors(program: &Program) -> Vec<String> {
+    let mut checker = Checker {
+        overloads: overloads(),
+        scope: Vec::new(),
+        in_format: 0,
+        errors: Vec::new(),
+    };
+    checker.infer(program.expression());
+    checker.errors
+}
+
+fn overloads() -> HashMap<String, Vec<Overload>> {
+    let mut table: HashMap<String, Vec<Overload>> = HashMap::new();
+    for signature in SIGNATURES {
+        if let Some((name, overload)) = parse_signature(signature) {
+            table.entry(name).or_default().push(overload);
+        }
+    }
+    table
+}
+
+fn parse_signature(signature: &str) -> Option<(String, Overload)> {
+    let (receiver, rest) = match signature.strip_prefix('[') {
+        Some(rest) => {
+            let (receiver, rest) = rest.split_once("] ")?;
+            (Some(parse_pattern(receiver)?), rest)
+        }
+        None => (None, signature),
+    };
+    let open = rest.find('(')?;
+    let close = rest.rfind(") ")?;
+    let name = rest[..open].to_string();
+    let args = split_top(&rest[open + 1..close])
+        .into_iter()
+        .filter(|a| !a.is_empty())
+        .map(parse_pattern)
+        .collect::<Option<Vec<_>>>()?;
+    let result = parse_pattern(&rest[close + 2..])?;
+    Some((
+        name,
+        Overload {
+            receiver,
+            args,
+            result,
+        },
+    ))
+}
+
+fn parse_pattern(text: &str) -> Option<Pattern> {
+    let text = text.trim();
+    if let Some((kind, inner)) = text.split_once('(') {
+        let params: Vec<Pattern> = split_top(inner.strip_suffix(')')?)
+            .into_iter()
+            .map(parse_pattern)
+            .collect::<Option<_>>()?;
+        return match (kind, params.as_slice()) {
+            ("list", [e]) => Some(Pattern::List(Box::new(e.clone()))),
+            ("optional_type", [e]) => Some(Pattern::Optional(Box::new(e.clone()))),
+            ("map", [k, v]) => Some(Pattern::Map(Box::new(k.clone()), Box::new(v.clone()))),
+            _ => None,
+        };
+    }
+    Some(match text {
+        "A" | "B" | "C" => Pattern::Param(text.chars().next()?),
+        "comparable" => Pattern::Comparable,
+        "dyn" => Pattern::Exactly(Ty::Dyn),
+        "bool" => Pattern::Exactly(Ty::Bool),
+        "int" => Pattern::Exactly(Ty::Int),
+        "uint" => Pattern::Exactly(Ty::Uint),
+        "double" => Pattern::Exactly(Ty::Double),
+        "string" => Pattern::Exactly(Ty::String),
+        "bytes" => Pattern::Exactly(Ty::Bytes),
+        "type" => Pattern::Exactly(Ty::Type),
+        "google.protobuf.Duration" => Pattern::Exactly(Ty::Duration),
+        "google.protobuf.Timestamp" => Pattern::Exactly(Ty::Timestamp),
+        other => Pattern::Exactly(Ty::Opaque(other.to_string())),
+    })
+}
+
+/// `int, list(map(int, dyn))` → `["int", "list(map(int, dyn))"]`.
+fn split_top(params: &str) -> Vec<&str> {
+    let (mut out, mut depth, mut start) = (Vec::new(), 0usize, 0);
+    for (i, c) in params.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                out.push(params[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(params[start..].trim());
+    out
+}
+
+/// Type parameters bound while matching one overload.
+#[derive(Default)]
+struct Bindings {
+    params: HashMap<char, Ty>,
+    comparable: Option<Ty>,
+}
+
+fn matches(pattern: &Pattern, ty: &Ty, bound: &mut Bindings) -> bool {
+    match (pattern, ty) {
+        (_, Ty::Dyn | Ty::Null) => true,
+        (Pattern::Exactly(Ty::Dyn), _) => true,
+        (Pattern::Exactly(Ty::List(e)), Ty::Pair(..)) => **e == Ty::Dyn,
+        (Pattern::Exactly(p), t) => p.agrees(t),
+        (Pattern::Param(name), t) => match bound.params.get(name) {
+            Some(previous) if !previous.agrees(t) => false,
+            Some(previous) => {
+                let narrower = previous.clone().narrower(t.clone());
+                bound.params.insert(*name, narrower);
+                true
+            }
+            None => {
+                bound.params.insert(*name, t.clone());
+                true
+            }
+        },
+        (Pattern::Comparable, t) => {
+            let ordered = matches!(
+                t,
+                Ty::Int
+                    | Ty::Uint
+                    | Ty::Double
+                    | Ty::Bool
+                    | Ty::String
+                    | Ty::Bytes
+                    | Ty::Duration
+                    | Ty::Timestamp
+            );
+            bound.comparable = Some(t.clone());
+            ordered
+        }
+        (Pattern::List(e), Ty::List(t)) => matches(e, t, bound),
+        (Pattern::List(e), Ty::Pair(..)) => matches(e, &Ty::Dyn, bound),
+        (Pattern::Optional(e), Ty::Optional(t)) => matches(e, t, bound),
+        (Pattern::Map(k, v), Ty::Map(tk, tv)) => matches(k, tk, bound) && matches(v, tv, bound),
+        _ => false,
+    }
+}
+
+fn result_of(pattern: &Pattern, bound: &Bindings) -> Ty {
+    match pattern {
+        Pattern::Exactly(t) => t.clone(),
+        Pattern::Param(name) => bound.params.get(name).cloned().unwrap_or(Ty::Dyn),
+        Pattern::Comparable => bound.comparable.clone().unwrap_or(Ty::Dyn),
+        Pattern::List(e) => Ty::List(Box::new(result_of(e, bound))),
+        Pattern::Map(k, v) => Ty::Map(Box::new(result_of(k, bound)), Box::new(result_of(v, bound))),
+        Pattern::Optional(e) => Ty::Optional(Box::new(result_of(e, bound))),
+    }
+}
+
+struct Checker {
+    overloads: HashMap<String, Vec<Overload>>,
+    /// Comprehension variables in scope, innermost last.
+    scope: Vec<(String, Ty)>,
+    /// How many `format` calls enclose the expression being inferred: cel-go's strings library
+    /// exempts their literals (`'%d %s'.format([1, 'a'])`) from the homogeneous-literal rule.
+    in_format: usize,
+    errors: Vec<String>,
+}
+
+impl Checker {
+    fn infer(&mut self, expr: &IdedExpr) -> Ty {
+        match &expr.expr {
+            Expr::Literal(literal) => match literal {
+                LiteralValue::Boolean(_) => Ty::Bool,
+                LiteralValue::Bytes(_) => Ty::Bytes,
+                LiteralValue::Double(_) => Ty::Double,
+                LiteralValue::Int(_) => Ty::Int,
+                LiteralValue::String(_) => Ty::String,
+                LiteralValue::UInt(_) => Ty::Uint,
+                LiteralValue::Null => Ty::Null,
+            },
+            Expr::Ident(name) => self.ident(name),
+            Expr::Select(select) => {
+                let operand = self.infer(&select.operand);
+                match (select.test, operand) {
+                    (true, _) => Ty::Bool,
+                    (false, Ty::Map(_, value)) => *value,
+                    _ => Ty::Dyn,
+                }
+            }
+            Expr::List(list) => {
+                let types: Vec<Ty> = list.elements.iter().map(|e| self.infer(e)).collect();
+                Ty::List(Box::new(self.common(types, "list")))
+            }
+            Expr::Map(map) => {
+                let (mut keys, mut values) = (Vec::new(), Vec::new());
+                for entry in &map.entries {
+                    match &entry.expr {
+                        EntryExpr::MapEntry(m) => {
+                            keys.push(self.infer(&m.key));
+                            values.push(self.infer(&m.value));
+                        }
+                        EntryExpr::StructField(f) => {
+                            self.infer(&f.value);
+                        }
+                    }
+                }
+                let key = self.common(keys, "map key");
+                let value = self.common(values, "map value");
+                Ty::Map(Box::new(key), Box::new(value))
+            }
+            Expr::Struct(s) => {
+                for entry in &s.entries {
+                    match &entry.expr {
+                        EntryExpr::StructField(f) => self.infer(&f.value),
+                        EntryExpr::MapEntry(m) => {
+                            self.infer(&m.key);
+                            self.infer(&m.value)
+                        }
+                    };
+                }
+                Ty::Dyn
+            }
+            Expr::Call(call) => {
+                let format = call.func_name == "format";
+                self.in_format += usize::from(format);
+                let receiver = call.target.as_deref().map(|t| self.infer_target(t));
+                let args: Vec<Ty> = call.args.iter().map(|a| self.infer(a)).collect();
+                self.in_format -= usize::from(format);
+                let name = match (call.target.as_deref(), &receiver) {
+                    (
+                        Some(IdedExpr {
+                            expr: Expr::Ident(ns),
+                            ..
+                        }),
+                        None,
+                    ) => {
+                        format!("{ns}.{}", call.func_name)
+                    }
+                    _ => call.func_name.clone(),
+                };
+                if let (Some(Ty::Pair(first, second)), Some(at)) = (args.first(), call.args.get(1))
+                    && call.func_name == operators::INDEX
+                {
+                    // Only the expansion of a two-variable comprehension indexes a pair, with 0
+                    // (the index or key) or 1 (the value).
+                    return match at.expr {
+                        Expr::Literal(LiteralValue::Int(i)) if *i.inner() == 0 => *first.clone(),
+                        Expr::Literal(LiteralValue::Int(_)) => *second.clone(),
+                        _ => Ty::Dyn,
+                    };
+                }
+                self.call(&name, receiver.flatten(), args)
+            }
+            Expr::Comprehension(c) => {
+                let range = self.infer(&c.iter_range);
+                let element = match range {
+                    Ty::List(e) => *e,
+                    Ty::Map(k, _) => *k,
+                    _ => Ty::Dyn,
+                };
+                let init = match self.infer(&c.accu_init) {
+                    // An empty literal's element type is open, as a type parameter is.
+                    Ty::List(e) if *e == Ty::Dyn => Ty::List(Box::new(Ty::Dyn)),
+                    other => other,
+                };
+                self.scope.push((c.accu_var.clone(), init));
+                self.scope.push((c.iter_var.clone(), element));
+                self.infer(&c.loop_cond);
+                self.infer(&c.loop_step);
+                self.scope.pop();
+                let result = self.infer(&c.result);
+                self.scope.pop();
+                result
+            }
+            Expr::Unspecified => Ty::Dyn,
+        }
+    }
+
+    /// A call's target: `None` when it is a function namespace (`optional.of`), not a value.
+    fn infer_target(&mut self, target: &IdedExpr) -> Option<Ty> {
+        if let Expr::Ident(name) = &target.expr
+            && super::scope::FUNCTION_NAMESPACES.contains(&name.as_str())
+            && !self.scope.iter().any(|(bound, _)| bound == name)
+        {
+            return None;
+        }
+        Some(self.infer(target))
+    }
+
+    fn ident(&self, name: &str) -> Ty {
+        if let Some((_, ty)) = self.scope.iter().rev().find(|(bound, _)| bound == name) {
+            return ty.clone();
+        }
+        match name {
+            "int" | "uint" | "double" | "bool" | "string" | "bytes" | "list" | "map"
+            | "null_type" | "type" => Ty::Type,
+            _ => Ty::Dyn,
+        }
+    }
+
+    fn call(&mut self, name: &str, receiver: Option<Ty>, args: Vec<Ty>) -> Ty {
+        if name == ENTRIES {
+            let pair = match args.first() {
+                Some(Ty::List(e)) => Ty::Pair(Box::new(Ty::Int), e.clone()),
+                Some(Ty::Map(k, v)) => Ty::Pair(k.clone(), v.clone()),
+                _ => Ty::Pair(Box::new(Ty::Dyn), Box::new(Ty::Dyn)),
+            };
+            return Ty::List(Box::new(pair));
+        }
+        let Some(overloads) = self.overloads.get(name) else {
+            return Ty::Dyn;
+        };
+        let candidates: Vec<&Overload> = overloads
+            .iter()
+            .filter(|o| o.receiver.is_some() == receiver.is_some() && o.args.len() == args.len())
+            .collect();
+        if candidates.is_empty() {
+            return Ty::Dyn;
+        }
+        let mut results = Vec::new();
+        for overload in candidates {
+            let mut bound = Bindings::default();
+            let receiver_fits = match (&overload.receiver, &receiver) {
+                (Some(p), Some(t)) => matches(p, t, &mut bound),
+                _ => true,
+            };
+            if receiver_fits
+                && overload
+                    .args
+                    .iter()
+                    .zip(&args)
+                    .all(|(p, t)| matches(p, t, &mut bound))
+            {
+                results.push(result_of(&overload.result, &bound));
+            }
+        }
+        match results.as_slice() {
+            [] => {
+                let shown: Vec<String> = args.iter().map(Ty::to_string).collect();
+                let applied = match &receiver {
+                    Some(r) => format!("{r}.({})", shown.join(", ")),
+                    None => format!("({})", shown.join(", ")),
+                };
+                self.errors.push(format!(
+                    "found no matching overload for '{name}' applied to '{applied}'"
+                ));
+                Ty::Dyn
+            }
+            [only] => only.clone(),
+            [first, rest @ ..] if rest.iter().all(|r| r == first) => first.clone(),
+            _ => Ty::Dyn,
+        }
+    }
+
+    /// The one type of a literal's `types`; the first disagreement is reported.
+    fn common(&mut self, types: Vec<Ty>, what: &str) -> Ty {
+        let mut first: Option<Ty> = None;
+        for t in types
+            .into_iter()
+            .filter(|t| !matches!(t, Ty::Dyn | Ty::Null))
+        {
+            match first.take() {
+                None => first = Some(t),
+                Some(_) if self.in_format > 0 => return Ty::Dyn,
+                Some(f) if !f.agrees(&t) => {
+                    self.errors
+                        .push(format!("a {what} literal mixes {f} and {t}"));
+                    return Ty::Dyn;
+                }
+                Some(f) => first = Some(f.narrower(t)),
+            }
+        }
+        first.unwrap_or(Ty::Dyn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::cel::compile;
+
+    fn errors(source: &str) -> Vec<String> {
+        type_errors(&compile(source).expect("parses"))
+    }
+
+    #[test]
+    fn literals_of_one_type_pass_and_mixed_ones_are_named() {
+        for fine in [
+            "[1, 2, 3].sum() == 6",
+            "[[1], [2, 3]] == [[1], [2, 3]]",
+            "[object.a, 1, object.b] == []",
+            "{'a': 1, 'b': 2}.size() == 2",
+            "[[], [1]].size() == 2",
+            "[1, null].size() == 2",
+            "object.spec.containers.all(c, c.name in ['a', 'b'])",
+            "[1, 'a'.size()].sum() == 2",
+            "'%d %s'.format([1, 'a']) == '1 a' && ['a'].all(s, '%s%d'.format([s, [1, 'b'].size()]) != '')",
+        ] {
+            assert_eq!(errors(fine), Vec::<String>::new(), "{fine}");
+        }
+        assert_eq!(
+            errors("[1, 'a'].size() == 2"),
+            ["a list literal mixes int and string"]
+        );
+        assert_eq!(
+            errors("sets.contains([1], [1.0, 1])"),
+            ["a list literal mixes double and int"]
+        );
+        assert_eq!(
+            errors("[[1.0], [2, 3]] == []"),
+            ["a list literal mixes list(double) and list(int)"]
+        );
+        assert_eq!(
+            errors("{'a': 1, 'b': 'x'}.size() == 2"),
+            ["a map value literal mixes int and string"]
+        );
+        assert_eq!(
+            errors("[1u, 2].size() == 2"),
+            ["a list literal mixes uint and int"]
+        );
+        // A computed element has its computed type.
+        assert_eq!(
+            errors("[1, 'a' + 'b'].size() == 2"),
+            ["a list literal mixes int and string"]
+        );
+    }
+
+    #[test]
+    fn calls_no_overload_takes_are_refused() {
+        for (source, error) in [
+            (
+                "['a', 'b'].sum() == 'c'",
+                "found no matching overload for 'sum' applied to 'list(string).()'",
+            ),
+            (
+                "[[1], [2]].min() == [1]",
+                "found no matching overload for 'min' applied to 'list(list(int)).()'",
+            ),
+            (
+                "isSemver([1, 2, 3])",
+                "found no matching overload for 'isSemver' applied to '(list(int))'",
+            ),
+            (
+                "'a' && object.x",
+                "found no matching overload for '_&&_' applied to '(string, dyn)'",
+            ),
+            (
+                "1 + 'a' == 2",
+                "found no matching overload for '_+_' applied to '(int, string)'",
+            ),
+            (
+                "object.items.all(x, 1)",
+                "found no matching overload for '_&&_' applied to '(bool, int)'",
+            ),
+            (
+                "[1, 2].transformList(i, v, v % 2 == 0 ? [v] : v) == []",
+                "found no matching overload for '_?_:_' applied to '(bool, list(int), int)'",
+            ),
+            (
+                "{}.transformMapEntry(k, v, 'no', {k: v}) == {}",
+                "found no matching overload for '_?_:_' applied to '(string, map(dyn, dyn), map(dyn, dyn))'",
+            ),
+        ] {
+            assert_eq!(errors(source), [error], "{source}");
+        }
+    }
+
+    #[test]
+    fn what_is_not_known_is_not_refused() {
+        for fine in [
+            "object.spec.replicas + 1 > 2",
+            "object.metadata.name + '-x' == 'a-x'",
+            "object.items.sum() > 0 && object.items.min() >= 0",
+            "[object.a, object.b].max() == object.a",
+            "dyn([1, 2]).sum() == 3",
+            "[].sum() == 0",
+            "1 < 1.5 && 2u > 1 && 1 == 1.0",
+            "timestamp('2026-01-01T00:00:00Z') + duration('1h') > timestamp('2026-01-01T00:00:00Z')",
+            "[1, 2].all(i, v, v > i) && {'a': 1}.exists(k, v, k == 'a' && v == 1)",
+            "{'a': 1}.transformMap(k, v, v + 1) == {'a': 2}",
+            "['a'].transformMapEntry(i, v, {v: i}) == {'a': 0}",
+            "optional.of(1).value() + 1 == 2 && optional.none().hasValue() == false",
+            "format.dns1123Label().validate('x').hasValue() == false",
+            "semver('1.0.0').isLessThan(semver('2.0.0')) && quantity('1').isLessThan(quantity('2'))",
+            "size(object.x) == 1 && object.x.size() == 1 && 'abc'.size() == 3",
+            "type(1) == int && string(1) == '1'",
+            "true ? null : 1",
+            "[1, 2][0] + 1 == 2 && {'a': 'b'}['a'] + 'c' == 'bc' && {'a': 'b'}.a + 'c' == 'bc'",
+            "'a' in ['a'] && 'a' in {'a': 1} && 1 in [1.0]",
+        ] {
+            assert_eq!(errors(fine), Vec::<String>::new(), "{fine}");
+        }
+    }
+}
