@@ -64,10 +64,11 @@ impl fmt::Display for Ty {
 }
 
 impl Ty {
-    /// Types agree when equal, `dyn` and `null` agreeing with anything at any depth.
+    /// Types agree when equal, `dyn` agreeing with anything at any depth; `null` agrees with
+    /// nothing else (`1 == null` and `[1, null]` are refused by the API server).
     fn agrees(&self, other: &Ty) -> bool {
         match (self, other) {
-            (Ty::Dyn | Ty::Null | Ty::Pair(..), _) | (_, Ty::Dyn | Ty::Null | Ty::Pair(..)) => true,
+            (Ty::Dyn | Ty::Pair(..), _) | (_, Ty::Dyn | Ty::Pair(..)) => true,
             (Ty::List(a), Ty::List(b)) | (Ty::Optional(a), Ty::Optional(b)) => a.agrees(b),
             (Ty::Map(ka, va), Ty::Map(kb, vb)) => ka.agrees(kb) && va.agrees(vb),
             (a, b) => a == b,
@@ -77,7 +78,7 @@ impl Ty {
     /// Of two agreeing types, the one that says more.
     fn narrower(self, other: Ty) -> Ty {
         match (self, other) {
-            (Ty::Dyn | Ty::Null, t) | (t, Ty::Dyn | Ty::Null) => t,
+            (Ty::Dyn, t) | (t, Ty::Dyn) => t,
             (Ty::List(a), Ty::List(b)) => Ty::List(Box::new(a.narrower(*b))),
             (Ty::Map(ka, va), Ty::Map(kb, vb)) => {
                 Ty::Map(Box::new(ka.narrower(*kb)), Box::new(va.narrower(*vb)))
@@ -122,10 +123,67 @@ const SIGNATURES: &[&str] = &[
     "_||_(bool, bool) bool",
     "_?_:_(bool, A, A) A",
     "@not_strictly_false(bool) bool",
-    "_==_(A, B) bool",
-    "_!=_(A, B) bool",
-    "@in(A, list(B)) bool",
-    "@in(A, map(B, C)) bool",
+    "_==_(A, A) bool",
+    "_!=_(A, A) bool",
+    "@in(A, list(A)) bool",
+    "@in(A, map(A, B)) bool",
+    // Ordering: numbers across their types (Kubernetes enables cross-type comparisons).
+    "_<_(int, int) bool",
+    "_<_(int, uint) bool",
+    "_<_(int, double) bool",
+    "_<_(uint, int) bool",
+    "_<_(uint, uint) bool",
+    "_<_(uint, double) bool",
+    "_<_(double, int) bool",
+    "_<_(double, uint) bool",
+    "_<_(double, double) bool",
+    "_<_(bool, bool) bool",
+    "_<_(string, string) bool",
+    "_<_(bytes, bytes) bool",
+    "_<_(google.protobuf.Duration, google.protobuf.Duration) bool",
+    "_<_(google.protobuf.Timestamp, google.protobuf.Timestamp) bool",
+    "_<=_(int, int) bool",
+    "_<=_(int, uint) bool",
+    "_<=_(int, double) bool",
+    "_<=_(uint, int) bool",
+    "_<=_(uint, uint) bool",
+    "_<=_(uint, double) bool",
+    "_<=_(double, int) bool",
+    "_<=_(double, uint) bool",
+    "_<=_(double, double) bool",
+    "_<=_(bool, bool) bool",
+    "_<=_(string, string) bool",
+    "_<=_(bytes, bytes) bool",
+    "_<=_(google.protobuf.Duration, google.protobuf.Duration) bool",
+    "_<=_(google.protobuf.Timestamp, google.protobuf.Timestamp) bool",
+    "_>_(int, int) bool",
+    "_>_(int, uint) bool",
+    "_>_(int, double) bool",
+    "_>_(uint, int) bool",
+    "_>_(uint, uint) bool",
+    "_>_(uint, double) bool",
+    "_>_(double, int) bool",
+    "_>_(double, uint) bool",
+    "_>_(double, double) bool",
+    "_>_(bool, bool) bool",
+    "_>_(string, string) bool",
+    "_>_(bytes, bytes) bool",
+    "_>_(google.protobuf.Duration, google.protobuf.Duration) bool",
+    "_>_(google.protobuf.Timestamp, google.protobuf.Timestamp) bool",
+    "_>=_(int, int) bool",
+    "_>=_(int, uint) bool",
+    "_>=_(int, double) bool",
+    "_>=_(uint, int) bool",
+    "_>=_(uint, uint) bool",
+    "_>=_(uint, double) bool",
+    "_>=_(double, int) bool",
+    "_>=_(double, uint) bool",
+    "_>=_(double, double) bool",
+    "_>=_(bool, bool) bool",
+    "_>=_(string, string) bool",
+    "_>=_(bytes, bytes) bool",
+    "_>=_(google.protobuf.Duration, google.protobuf.Duration) bool",
+    "_>=_(google.protobuf.Timestamp, google.protobuf.Timestamp) bool",
     "_[_](list(A), dyn) A",
     "_[_](map(A, B), dyn) B",
     "size(string) int",
@@ -202,7 +260,8 @@ struct Overload {
     result: Pattern,
 }
 
-/// The types of `program` that the API server's checker refuses, each with the reason.
+/// The types of `program` that the API server's checker refuses, each with the reason; every
+/// Policy expression is a condition, so one known to be of another type than `bool` is one.
 pub fn type_errors(program: &Program) -> Vec<String> {
     let mut checker = Checker {
         overloads: overloads(),
@@ -210,7 +269,12 @@ pub fn type_errors(program: &Program) -> Vec<String> {
         in_format: 0,
         errors: Vec::new(),
     };
-    checker.infer(program.expression());
+    let result = checker.infer(program.expression());
+    if !result.agrees(&Ty::Bool) {
+        checker
+            .errors
+            .push(format!("must evaluate to bool but got {result}"));
+    }
     checker.errors
 }
 
@@ -309,7 +373,7 @@ struct Bindings {
 
 fn matches(pattern: &Pattern, ty: &Ty, bound: &mut Bindings) -> bool {
     match (pattern, ty) {
-        (_, Ty::Dyn | Ty::Null) => true,
+        (_, Ty::Dyn) => true,
         (Pattern::Exactly(Ty::Dyn), _) => true,
         (Pattern::Exactly(Ty::List(e)), Ty::Pair(..)) => **e == Ty::Dyn,
         (Pattern::Exactly(p), t) => p.agrees(t),
@@ -385,8 +449,25 @@ impl Checker {
             Expr::Select(select) => {
                 let operand = self.infer(&select.operand);
                 match (select.test, operand) {
+                    (_, Ty::Map(_, value)) if !select.test => *value,
+                    (
+                        _,
+                        scalar @ (Ty::Bool
+                        | Ty::Int
+                        | Ty::Uint
+                        | Ty::Double
+                        | Ty::String
+                        | Ty::Bytes
+                        | Ty::Duration
+                        | Ty::Timestamp
+                        | Ty::Null
+                        | Ty::List(_)),
+                    ) => {
+                        self.errors
+                            .push(format!("type '{scalar}' does not support field selection"));
+                        Ty::Dyn
+                    }
                     (true, _) => Ty::Bool,
-                    (false, Ty::Map(_, value)) => *value,
                     _ => Ty::Dyn,
                 }
             }
@@ -435,7 +516,7 @@ impl Checker {
                             expr: Expr::Ident(ns),
                             ..
                         }),
-                        None,
+                        Some(None),
                     ) => {
                         format!("{ns}.{}", call.func_name)
                     }
@@ -558,10 +639,7 @@ impl Checker {
     /// The one type of a literal's `types`; the first disagreement is reported.
     fn common(&mut self, types: Vec<Ty>, what: &str) -> Ty {
         let mut first: Option<Ty> = None;
-        for t in types
-            .into_iter()
-            .filter(|t| !matches!(t, Ty::Dyn | Ty::Null))
-        {
+        for t in types.into_iter().filter(|t| *t != Ty::Dyn) {
             match first.take() {
                 None => first = Some(t),
                 Some(_) if self.in_format > 0 => return Ty::Dyn,
@@ -594,7 +672,7 @@ mod tests {
             "[object.a, 1, object.b] == []",
             "{'a': 1, 'b': 2}.size() == 2",
             "[[], [1]].size() == 2",
-            "[1, null].size() == 2",
+            "[object.a, null].size() == 2",
             "object.spec.containers.all(c, c.name in ['a', 'b'])",
             "[1, 'a'.size()].sum() == 2",
             "'%d %s'.format([1, 'a']) == '1 a' && ['a'].all(s, '%s%d'.format([s, [1, 'b'].size()]) != '')",
@@ -620,6 +698,10 @@ mod tests {
         assert_eq!(
             errors("[1u, 2].size() == 2"),
             ["a list literal mixes uint and int"]
+        );
+        assert_eq!(
+            errors("[1, null].size() == 2"),
+            ["a list literal mixes int and null_type"]
         );
         // A computed element has its computed type.
         assert_eq!(
@@ -663,6 +745,24 @@ mod tests {
                 "{}.transformMapEntry(k, v, 'no', {k: v}) == {}",
                 "found no matching overload for '_?_:_' applied to '(string, map(dyn, dyn), map(dyn, dyn))'",
             ),
+            (
+                "1 == 1.0",
+                "found no matching overload for '_==_' applied to '(int, double)'",
+            ),
+            (
+                "1 in [1.0]",
+                "found no matching overload for '@in' applied to '(int, list(double))'",
+            ),
+            (
+                "[1] < [2]",
+                "found no matching overload for '_<_' applied to '(list(int), list(int))'",
+            ),
+            (
+                "object.a + 1 == 'x'",
+                "found no matching overload for '_==_' applied to '(int, string)'",
+            ),
+            ("1.foo == 1", "type 'int' does not support field selection"),
+            ("true ? [] : [1]", "must evaluate to bool but got list(int)"),
         ] {
             assert_eq!(errors(source), [error], "{source}");
         }
@@ -677,7 +777,7 @@ mod tests {
             "[object.a, object.b].max() == object.a",
             "dyn([1, 2]).sum() == 3",
             "[].sum() == 0",
-            "1 < 1.5 && 2u > 1 && 1 == 1.0",
+            "1 < 1.5 && 2u > 1 && 1.0 <= 1",
             "timestamp('2026-01-01T00:00:00Z') + duration('1h') > timestamp('2026-01-01T00:00:00Z')",
             "[1, 2].all(i, v, v > i) && {'a': 1}.exists(k, v, k == 'a' && v == 1)",
             "{'a': 1}.transformMap(k, v, v + 1) == {'a': 2}",
@@ -687,9 +787,10 @@ mod tests {
             "semver('1.0.0').isLessThan(semver('2.0.0')) && quantity('1').isLessThan(quantity('2'))",
             "size(object.x) == 1 && object.x.size() == 1 && 'abc'.size() == 3",
             "type(1) == int && string(1) == '1'",
-            "true ? null : 1",
+            "(true ? null : object.a) == null && object.a == null && null == null",
             "[1, 2][0] + 1 == 2 && {'a': 'b'}['a'] + 'c' == 'bc' && {'a': 'b'}.a + 'c' == 'bc'",
-            "'a' in ['a'] && 'a' in {'a': 1} && 1 in [1.0]",
+            "'a' in ['a'] && 'a' in {'a': 1} && object.a in [1.0]",
+            "{}.a == 1 && optional.none() == optional.of(1) && true < false",
         ] {
             assert_eq!(errors(fine), Vec::<String>::new(), "{fine}");
         }
