@@ -22,6 +22,14 @@ use ::cel::common::ast::{EntryExpr, Expr, IdedExpr};
 /// assumed size fit (about 10^5 for a typical body); three do not (about 10^7).
 pub const COST_BUDGET: u64 = 1_000_000;
 
+/// The budget of one admission call for all of a Policy's validations together, as the API
+/// server's `RuntimeCELCostBudget` for a ValidatingAdmissionPolicy binding.
+pub const VALIDATIONS_CALL_BUDGET: u64 = 10_000_000;
+
+/// The budget of one admission call for all of a Policy's match conditions together, as the API
+/// server's `RuntimeCELCostBudgetMatchConditions`.
+pub const MATCH_CONDITIONS_CALL_BUDGET: u64 = 2_500_000;
+
 /// Estimated cost above which an expression is heavy: a comprehension over a collection nested
 /// in another (10^4 and more); a single one over a collection of the assumed size stays below.
 pub const HEAVY: u64 = 10_000;
@@ -81,13 +89,69 @@ pub fn over_budget(program: &Program, largest: u64) -> Option<String> {
         // Within what the write-time check allowed.
         return None;
     }
-    let cost = estimate(program, largest);
+    over_expression_budget(estimate(program, largest), largest)
+}
+
+/// Why an expression estimated at `cost` with collections of up to `largest` elements must not
+/// run, if it exceeds the per-expression budget.
+pub fn over_expression_budget(cost: u64, largest: u64) -> Option<String> {
     (cost > COST_BUDGET).then(|| {
         format!(
             "cost budget exceeded: with collections of up to {largest} elements the estimated \
              cost is {cost}, over the budget of {COST_BUDGET}; not evaluated"
         )
     })
+}
+
+/// What is left of one admission call's budget for a Policy's validations or for its match
+/// conditions: each expression is charged its estimate before it runs, and the first one the
+/// rest cannot pay for fails, as the API server stops "running out of cost budget".
+#[derive(Debug)]
+pub struct CallBudget {
+    total: u64,
+    remaining: u64,
+    ran_out: bool,
+}
+
+impl CallBudget {
+    pub fn validations() -> Self {
+        Self::of(VALIDATIONS_CALL_BUDGET)
+    }
+
+    pub fn match_conditions() -> Self {
+        Self::of(MATCH_CONDITIONS_CALL_BUDGET)
+    }
+
+    pub fn of(total: u64) -> Self {
+        CallBudget {
+            total,
+            remaining: total,
+            ran_out: false,
+        }
+    }
+
+    /// Takes `cost` from the budget, or says why the expression must not run.
+    pub fn charge(&mut self, cost: u64) -> Result<(), String> {
+        match self.remaining.checked_sub(cost) {
+            Some(left) => {
+                self.remaining = left;
+                Ok(())
+            }
+            None => {
+                self.ran_out = true;
+                Err(format!(
+                    "running out of cost budget: the expressions of this call are estimated at more \
+                 than {} in all; not evaluated",
+                    self.total
+                ))
+            }
+        }
+    }
+
+    /// Whether an expression could not be paid for: the call evaluates no more.
+    pub fn ran_out(&self) -> bool {
+        self.ran_out
+    }
 }
 
 /// A node's cost, and the size of the collection it yields when that is known.

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::admission::{GroupVersionResource, Request, Variables};
 use super::cel::CelError;
+use super::cost::CallBudget;
 use super::policy::CompiledPolicy;
 use crate::api::v1alpha1::{Operation, Rule, Scope};
 
@@ -89,10 +90,11 @@ pub fn matches_beyond_rules(
     }
     let variables = Variables::new(req, [&policy.hints.condition_needs]);
     let vars = variables.activation(&policy.hints.condition_needs);
+    let mut budget = CallBudget::match_conditions();
     for (index, (condition, program)) in spec.conditions.iter().zip(&policy.conditions).enumerate()
     {
         let decided = program
-            .eval_bool(&vars)
+            .eval_bool_within(&vars, &mut budget)
             .map_err(|error| MatchError::Condition {
                 index,
                 name: condition.name.clone(),

@@ -4,6 +4,7 @@ use serde_json::Value;
 use super::request::{Request, Variables};
 use crate::api::v1alpha1::{FailurePolicy, Policy, ValidationAction};
 use crate::engine::cel;
+use crate::engine::cost::CallBudget;
 use crate::engine::policy::{self, CompiledPolicy};
 use crate::engine::{diff, mark, mutate};
 
@@ -221,6 +222,7 @@ pub fn validating_with(policy: &CompiledPolicy, vars: &cel::Activation<'_>) -> R
     let (mut denials, mut failures, mut warnings) = (Vec::new(), Vec::new(), Vec::new());
     let mut ignored = false;
     let mut over_budget = false;
+    let mut budget = CallBudget::validations();
     for (i, (rule, program)) in policy
         .spec()
         .validate
@@ -228,7 +230,7 @@ pub fn validating_with(policy: &CompiledPolicy, vars: &cel::Activation<'_>) -> R
         .zip(&policy.validations)
         .enumerate()
     {
-        match program.eval_bool(vars) {
+        match program.eval_bool_within(vars, &mut budget) {
             Ok(true) => {}
             Ok(false) => {
                 let message = format!("{}: {}", prefix(policy), rule.message);
@@ -246,6 +248,10 @@ pub fn validating_with(policy: &CompiledPolicy, vars: &cel::Activation<'_>) -> R
                         warnings.push(format!("{message} (ignored: failurePolicy is Ignore)"));
                         ignored = true;
                     }
+                }
+                if budget.ran_out() {
+                    // As the API server: no further validation is run.
+                    break;
                 }
             }
         }

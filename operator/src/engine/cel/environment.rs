@@ -90,6 +90,11 @@ pub(super) fn checked_eval(
             return Err(CelError::OverBudget(reason));
         }
     }
+    run(program, vars)
+}
+
+/// Runs `program`, with no cost check, and insists on a bool.
+pub(super) fn run(program: &Program, vars: &dyn Bindings) -> Result<bool, CelError> {
     let mut context = Context::with_env(Arc::clone(env()?));
     context.set_variable_resolver(vars);
     match program.execute(&context) {
