@@ -1,8 +1,8 @@
 //! The plugin binary as containerd runs it: recorded environments and stdin in, the spec's
 //! results and error objects out. The fallback is a recording stand-in in a `CNI_PATH` of the
+//! test's own (the node e2e runs the real `host-local`).
 // Helpers of a test may unwrap too: a panic is how a test fails.
 #![allow(clippy::unwrap_used)]
-//! test's own (the node e2e runs the real `host-local`).
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
