@@ -643,6 +643,10 @@ fn an_ipam_effect_marks_created_pods_only() {
     );
     assert_eq!(marked["metadata"]["labels"]["team"], "a");
     assert_eq!(
+        marked["metadata"]["annotations"]["gatehouse.dev/ipam-pool"],
+        "pods-v4"
+    );
+    assert_eq!(
         marked["spec"]["schedulingGates"],
         json!([{"name": "gatehouse.dev/ipam"}])
     );
@@ -673,7 +677,8 @@ fn an_ipam_effect_marks_created_pods_only() {
         &only,
         Phase::Mutating,
     );
-    assert_eq!(resp.patch.0.len(), 2, "{:?}", resp.patch);
+    // The gate, the pool label, and the pool annotation the node's CNI plugin reads.
+    assert_eq!(resp.patch.0.len(), 3, "{:?}", resp.patch);
 }
 
 #[test]
@@ -686,7 +691,7 @@ fn ipam_effects_are_validated() {
     };
     let got = problems(json!({
         "match": {"rules": [{"operations": ["UPDATE"], "apiGroups": ["apps"], "apiVersions": ["v1"], "resources": ["deployments"]}]},
-        "effects": [{"ipam": {"pool": "Bad_Pool", "annotation": "has space"}}, {}, {"ipam": {"pool": "p"}}],
+        "effects": [{"ipam": {"pool": "Bad_Pool", "annotation": "has space"}}, {}, {"ipam": {"pool": "p", "annotation": "gatehouse.dev/ipam-address"}}],
     }));
     for want in [
         "spec.effects[0].ipam.pool: \"Bad_Pool\" is not an IPPool name",
@@ -694,6 +699,7 @@ fn ipam_effects_are_validated() {
         "spec.effects[0].ipam: allocates to Pods on CREATE, but no rule",
         "spec.effects[1]: must set one effect (ipam)",
         "spec.effects[2].ipam: a Policy allocates at most one address",
+        "spec.effects[2].ipam.annotation: \"gatehouse.dev/ipam-address\" is Gatehouse's own",
     ] {
         assert!(
             got.iter().any(|g| g.starts_with(want)),

@@ -265,6 +265,29 @@ impl Pool {
         Ok(pool)
     }
 
+    /// Never hands out `addr` (the pool's gateway), as an exclude of one address would; false
+    /// when `addr` is not in the pool's CIDR.
+    pub fn reserve(&mut self, addr: IpAddr) -> bool {
+        let Some(offset) = self.offset(addr) else {
+            return false;
+        };
+        if self.is_reserved(offset) {
+            return true;
+        }
+        let at = self.reserved.partition_point(|&(start, _)| start < offset);
+        self.reserved.insert(at, (offset, offset));
+        let mut merged: Vec<(u32, u32)> = Vec::with_capacity(self.reserved.len());
+        for &(start, end) in &self.reserved {
+            match merged.last_mut() {
+                Some(last) if start <= last.1 + 1 => last.1 = last.1.max(end),
+                _ => merged.push((start, end)),
+            }
+        }
+        self.reserved = merged;
+        self.capacity -= 1;
+        true
+    }
+
     /// How many addresses the pool hands out.
     pub fn capacity(&self) -> u64 {
         self.capacity

@@ -43,6 +43,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::allocator::{Allocator, MAX_POOL_NAME_LEN, Pool, allocation_name, overlaps};
 use super::index::{Held, Index};
+use super::network::PoolNetwork;
 use crate::api::v1alpha1::{
     DEFAULT_IPAM_ANNOTATION, IPAM_GATE, IPAM_POOL_LABEL, IPAllocation, IPAllocationSpec, IPPool,
     IPPoolStatus, OWNER_UID_LABEL, Owner, POOL_LABEL, Policy,
@@ -53,6 +54,7 @@ use crate::reconcile::{
     FIELD_MANAGER, NotLeading, Window, coalesce, fenced, reflect, watch_events,
 };
 use crate::telemetry::Metrics;
+use gatehouse_ipam::annotation::IPAM_ADDRESS_ANNOTATION;
 
 /// Finalizer that holds a deleted IPPool until its allocations are gone.
 pub const POOL_FINALIZER: &str = "gatehouse.dev/allocations";
@@ -221,9 +223,19 @@ pub async fn run(
     watches.abort();
 }
 
-/// The pools that can hand out addresses, by name; the others with the reason. Among
-/// overlapping pools the older keeps its addresses and the younger is refused.
-fn judge_pools(pools: &[Arc<IPPool>]) -> (BTreeMap<String, Pool>, BTreeMap<String, String>) {
+/// The pools, judged.
+struct JudgedPools {
+    /// The pools that can hand out addresses, by name.
+    valid: BTreeMap<String, Pool>,
+    /// What each valid pool gives a Pod besides its address.
+    networks: BTreeMap<String, PoolNetwork>,
+    /// The others, with the reason.
+    invalid: BTreeMap<String, String>,
+}
+
+/// Judges every pool. Among overlapping pools the older keeps its addresses and the younger is
+/// refused.
+fn judge_pools(pools: &[Arc<IPPool>]) -> JudgedPools {
     let mut sorted: Vec<&Arc<IPPool>> = pools.iter().collect();
     sorted.sort_by_key(|p| {
         (
@@ -231,10 +243,14 @@ fn judge_pools(pools: &[Arc<IPPool>]) -> (BTreeMap<String, Pool>, BTreeMap<Strin
             p.name_any(),
         )
     });
-    let (mut valid, mut invalid) = (BTreeMap::new(), BTreeMap::new());
+    let mut judged = JudgedPools {
+        valid: BTreeMap::new(),
+        networks: BTreeMap::new(),
+        invalid: BTreeMap::new(),
+    };
     for p in sorted {
         if p.name_any().len() > MAX_POOL_NAME_LEN {
-            invalid.insert(
+            judged.invalid.insert(
                 p.name_any(),
                 format!(
                     "the name must be at most {MAX_POOL_NAME_LEN} characters, so that every \
@@ -243,24 +259,37 @@ fn judge_pools(pools: &[Arc<IPPool>]) -> (BTreeMap<String, Pool>, BTreeMap<Strin
             );
             continue;
         }
-        match Pool::parse(&p.spec.cidr, &p.spec.exclude) {
-            Ok(pool) => match valid.iter().find(|(_, other)| overlaps(&pool, other)) {
-                Some((other, other_pool)) => {
-                    invalid.insert(
-                        p.name_any(),
-                        format!("{} overlaps IPPool {other} ({other_pool})", p.spec.cidr),
-                    );
+        let parsed = Pool::parse(&p.spec.cidr, &p.spec.exclude)
+            .map_err(|e| e.to_string())
+            .and_then(|mut pool| {
+                let network = PoolNetwork::parse(&p.spec, &mut pool).map_err(|e| e.to_string())?;
+                Ok((pool, network))
+            });
+        match parsed {
+            Ok((pool, network)) => {
+                match judged
+                    .valid
+                    .iter()
+                    .find(|(_, other)| overlaps(&pool, other))
+                {
+                    Some((other, other_pool)) => {
+                        judged.invalid.insert(
+                            p.name_any(),
+                            format!("{} overlaps IPPool {other} ({other_pool})", p.spec.cidr),
+                        );
+                    }
+                    None => {
+                        judged.valid.insert(p.name_any(), pool);
+                        judged.networks.insert(p.name_any(), network);
+                    }
                 }
-                None => {
-                    valid.insert(p.name_any(), pool);
-                }
-            },
+            }
             Err(e) => {
-                invalid.insert(p.name_any(), e.to_string());
+                judged.invalid.insert(p.name_any(), e);
             }
         }
     }
-    (valid, invalid)
+    judged
 }
 
 fn is_finished(pod: &Pod) -> bool {
@@ -321,7 +350,10 @@ struct Place {
     address: IpAddr,
     /// The IPAllocation does not exist yet.
     create: bool,
+    /// The annotation the Policy names for the address.
     annotation: String,
+    /// The value of [`IPAM_ADDRESS_ANNOTATION`] for the node's CNI plugin.
+    node_annotation: String,
 }
 
 /// What became of one [`Place`].
@@ -346,7 +378,11 @@ async fn pass(
     leader: &watch::Receiver<Leadership>,
 ) -> Result<bool, IpamError> {
     let pools = caches.pools.state();
-    let (valid, invalid) = judge_pools(&pools);
+    let JudgedPools {
+        valid,
+        networks,
+        invalid,
+    } = judge_pools(&pools);
     index.set_pools(&valid);
     let deleting: HashSet<String> = pools
         .iter()
@@ -408,11 +444,17 @@ async fn pass(
         if create {
             seen.insert(uid.clone(), vec![allocation_name(&pool_name, address)]);
         }
+        let prefix = valid.get(&pool_name).map_or(0, Pool::prefix_len);
+        let node_annotation = networks
+            .get(&pool_name)
+            .map(|n| n.annotation(&pool_name, address, prefix, &uid))
+            .unwrap_or_default();
         places.push(Place {
             pod: pod.clone(),
             uid,
             gate,
             annotation: annotation_for(&pool_name, &policies),
+            node_annotation,
             pool: pool_name,
             address,
             create,
@@ -562,6 +604,7 @@ async fn release_gate(
         uid,
         gate,
         annotation,
+        node_annotation,
         address,
         ..
     } = place;
@@ -572,11 +615,16 @@ async fn release_gate(
         json!({"op": "test", "path": format!("/spec/schedulingGates/{gate}/name"), "value": IPAM_GATE}),
         json!({"op": "remove", "path": format!("/spec/schedulingGates/{gate}")}),
     ];
+    // `add` replaces a value already there: the effects loop's is the only one that counts.
     if pod.metadata.annotations.is_some() {
         ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{}", pointer_segment(annotation)), "value": address}));
+        ops.push(json!({"op": "add", "path": format!("/metadata/annotations/{}", pointer_segment(IPAM_ADDRESS_ANNOTATION)), "value": node_annotation}));
     } else {
         ops.push(
-            json!({"op": "add", "path": "/metadata/annotations", "value": {annotation: address}}),
+            json!({"op": "add", "path": "/metadata/annotations", "value": {
+                annotation: address,
+                IPAM_ADDRESS_ANNOTATION: node_annotation,
+            }}),
         );
     }
     let patch: json_patch::Patch =
@@ -923,7 +971,7 @@ mod tests {
             name,
             IPPoolSpec {
                 cidr: cidr.into(),
-                exclude: vec![],
+                ..IPPoolSpec::default()
             },
         );
         p.metadata.creation_timestamp = Some(Time(Timestamp::from_second(created).unwrap()));
@@ -939,11 +987,20 @@ mod tests {
             pool("a", "10.0.0.128/25", 200),
             pool("c", "10.0.1.0/24", 50),
             pool("bad", "10.0.0.5/24", 1),
+            {
+                let mut gateway_outside = (*pool("gw", "10.0.2.0/24", 1)).clone();
+                gateway_outside.spec.gateway = Some("10.0.3.1".into());
+                Arc::new(gateway_outside)
+            },
         ];
-        let (valid, invalid) = judge_pools(&pools);
+        let JudgedPools { valid, invalid, .. } = judge_pools(&pools);
         assert_eq!(valid.keys().collect::<Vec<_>>(), ["b", "c"]);
         assert!(invalid["a"].contains("overlaps IPPool b"), "{invalid:?}");
         assert!(invalid["bad"].contains("10.0.0.0/24"), "{invalid:?}");
+        assert!(
+            invalid["gw"].contains("gateway \"10.0.3.1\" is not inside cidr 10.0.2.0/24"),
+            "{invalid:?}"
+        );
         assert!(
             invalid[&long].contains("at most 213 characters"),
             "{invalid:?}"

@@ -1,5 +1,6 @@
 //! The effects loop: side effects performed after the object is stored, keyed by its UID.
-//! `allocator` is the pure part.
+//! `allocator` and `network` are the pure part.
 pub mod allocator;
 pub mod index;
 pub mod ipam;
+pub mod network;

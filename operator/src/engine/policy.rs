@@ -18,9 +18,11 @@ use super::k8s_names::{
 };
 use super::merge::{Reach, is_valid_path};
 use crate::api::v1alpha1::{
-    IpamEffect, Mutation, Operation, Policy, PolicySpec, ReinvocationPolicy,
+    DEFAULT_IPAM_ANNOTATION, IpamEffect, Mutation, Operation, Policy, PolicySpec,
+    ReinvocationPolicy,
 };
 use crate::controller::wiring::ENTRY_SUFFIX;
+use gatehouse_ipam::annotation::{IPAM_ADDRESS_ANNOTATION, IPAM_POOL_ANNOTATION};
 
 /// The API server refuses a webhook entry with more match conditions than this.
 pub const MAX_MATCH_CONDITIONS: usize = 64;
@@ -599,6 +601,15 @@ fn check_effects(spec: &PolicySpec, problems: &mut Vec<Problem>) {
         }
         if let Some(annotation) = &ipam.annotation {
             check_qualified_name(&format!("{path}.ipam.annotation"), annotation, problems);
+            if [IPAM_ADDRESS_ANNOTATION, IPAM_POOL_ANNOTATION].contains(&annotation.as_str()) {
+                problems.push(Problem::new(
+                    format!("{path}.ipam.annotation"),
+                    format!(
+                        "{annotation:?} is Gatehouse's own (what the node's CNI plugin reads): \
+                         name another annotation, or leave it out for {DEFAULT_IPAM_ANNOTATION}"
+                    ),
+                ));
+            }
         }
         let creates_pods = spec.match_.rules.iter().any(|r| {
             r.operations

@@ -1,7 +1,8 @@
 //! `IPPool` and `IPAllocation`: the first side effect Gatehouse performs, outside admission.
 //!
-//! Admission only marks a Pod (a scheduling gate and a pool label); the effects loop allocates
-//! after the Pod is stored, keyed by its UID, one `IPAllocation` object per address. The
+//! Admission only marks a Pod (a scheduling gate, a pool label and annotation); the effects loop
+//! allocates after the Pod is stored, keyed by its UID, one `IPAllocation` object per address,
+//! and writes it where the node's CNI plugin reads it. The
 //! object's name is derived from the address, so the API server itself refuses a second
 //! allocation of the same address, whoever tries.
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -21,7 +22,7 @@ pub const POOL_LABEL: &str = "gatehouse.dev/pool";
 pub const OWNER_UID_LABEL: &str = "gatehouse.dev/owner-uid";
 
 /// A range of addresses Gatehouse hands out, one per Pod.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[kube(
     group = "gatehouse.dev",
     version = "v1alpha1",
@@ -46,6 +47,49 @@ pub struct IPPoolSpec {
     /// CIDRs inside `cidr` that are never handed out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude: Vec<String>,
+
+    /// The gateway of the pool's network, given to each Pod with its address by the node's
+    /// `gatehouse-ipam` CNI plugin. Must be inside `cidr`; it is never handed out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<String>,
+
+    /// Routes given to each Pod with its address, e.g. `{dst: 0.0.0.0/0}` for a default route
+    /// through the gateway.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<PoolRoute>,
+
+    /// DNS settings given to each Pod with its address (runtimes that write the Pod's resolver
+    /// from the kubelet's settings, as containerd does, ignore them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<PoolDns>,
+}
+
+/// A route given to the Pods of a pool.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub struct PoolRoute {
+    /// The destination CIDR, of the pool's IP family (`0.0.0.0/0` for a default route).
+    #[schemars(length(min = 1))]
+    pub dst: String,
+    /// The next hop; the pool's gateway when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gw: Option<String>,
+}
+
+/// DNS settings given to the Pods of a pool.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub struct PoolDns {
+    /// Name server addresses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nameservers: Vec<String>,
+    /// The local domain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    /// Search domains.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub search: Vec<String>,
+    /// Resolver options.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
 }
 
 /// Observed state of an IPPool, written by the effects loop.

@@ -124,7 +124,7 @@ fn mutating(req: &Request, policy: &CompiledPolicy) -> Response {
         if let Err(e) = json_patch::patch(&mut marked, &resp.patch) {
             return Response::deny(500, "InternalError", format!("{}: {e}", prefix(policy)));
         }
-        if mark::mark_for_ipam(&mut marked, &ipam.pool) {
+        if mark::mark_for_ipam(&mut marked, &ipam.pool, ipam.annotation()) {
             resp.patch = diff::diff(object, &marked);
         }
     }
@@ -197,7 +197,7 @@ pub fn decide_in_place(
         (Response::allow(), false)
     };
     if let Some(ipam) = policy.ipam().filter(|_| mark::marks(req)) {
-        changed |= mark::mark_for_ipam(object, &ipam.pool);
+        changed |= mark::mark_for_ipam(object, &ipam.pool, ipam.annotation());
     }
     (resp, changed)
 }
