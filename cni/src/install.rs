@@ -1,7 +1,7 @@
-//! `gatehouse-ipam install --dir DIR [--wait]`: what the `config/cni` DaemonSet runs. Copies this
-//! very binary into the node's CNI binary directory (atomically: a runtime never runs a half
-//! written plugin) and, with `--wait`, stays up so the DaemonSet's Pod stays Running. The image
-//! has no shell, so the plugin installs itself.
+//! What the `config/cni` DaemonSet runs (the image has no shell, so the plugin installs itself):
+//! `gatehouse-ipam install --dir DIR` copies this very binary into the node's CNI binary
+//! directory, atomically (a runtime never runs a half-written plugin), as an init container, so
+//! a Ready Pod means an installed plugin; `gatehouse-ipam sleep` then keeps the Pod Running.
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -39,23 +39,18 @@ pub const PLUGIN_NAME: &str = "gatehouse-ipam";
 
 /// Runs `gatehouse-ipam <command> <args>`.
 pub fn main(command: &str, args: &[String]) -> ExitCode {
-    let parsed = match (command, args) {
-        ("install", [flag, dir]) if flag == "--dir" => Ok((PathBuf::from(dir), false)),
-        ("install", [flag, dir, wait]) if flag == "--dir" && wait == "--wait" => {
-            Ok((PathBuf::from(dir), true))
-        }
-        _ => Err(InstallError::Usage),
-    };
-    let result = parsed.and_then(|(dir, wait)| {
-        let installed = install_into(&dir)?;
-        eprintln!("gatehouse-ipam: installed {}", installed.display());
-        Ok(wait)
-    });
-    match result {
-        Ok(true) => loop {
+    let result = match (command, args) {
+        ("install", [flag, dir]) if flag == "--dir" => install_into(Path::new(dir)),
+        ("sleep", []) => loop {
             std::thread::sleep(Duration::from_secs(3600));
         },
-        Ok(false) => ExitCode::SUCCESS,
+        _ => Err(InstallError::Usage),
+    };
+    match result {
+        Ok(installed) => {
+            eprintln!("gatehouse-ipam: installed {}", installed.display());
+            ExitCode::SUCCESS
+        }
         Err(e) => {
             let mut message = e.to_string();
             let mut source = std::error::Error::source(&e);

@@ -1,5 +1,5 @@
-# Sourced by ./up and ./down: the node of `up --node`. containerd (bridge + host-local CNI) and a
-# kubelet registered as one node, kube-scheduler, and the network they live on: a bridge of the
+# Sourced by ./up and ./down: the node of `up --node`. containerd (bridge CNI with gatehouse-ipam,
+# host-local as its fallback) and a kubelet registered as one node, kube-scheduler, and the network they live on: a bridge of the
 # harness's own (gatehouse0, 10.244.0.0/24) whose gateway address the API server binds, and one DNAT
 # rule on that bridge standing in for kube-proxy's rule for the `kubernetes` Service (10.0.0.1:443),
 # so Pods reach the API server the way they do in any cluster. Nothing is bound or rewritten outside
@@ -74,8 +74,13 @@ node_base_images() { # the pause image and a busybox image for test Pods, from b
 }
 
 node_containerd_config() {
-  local dir="$state/node"
-  mkdir -p "$dir/cni" "$dir/containerd"
+  local dir="$state/node" plugin
+  mkdir -p "$dir/cni" "$dir/containerd" "$dir/cni-bin"
+  # The node's CNI binary directory: Debian's plugins, and gatehouse-ipam once config/cni's
+  # DaemonSet has copied it there (the node tests install it the way users do).
+  for plugin in /usr/lib/cni/*; do ln -sfn "$plugin" "$dir/cni-bin/$(basename "$plugin")"; done
+  # Every Pod goes through gatehouse-ipam: a Pod Gatehouse gave an address gets it, any other
+  # (Gatehouse's own, system Pods) gets one from host-local on the node's subnet.
   cat >"$dir/cni/10-gatehouse.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
@@ -83,15 +88,36 @@ node_containerd_config() {
   "plugins": [
     {
       "type": "bridge", "bridge": "$node_bridge", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+      "capabilities": {"io.kubernetes.cri.pod-annotations": true},
       "ipam": {
-        "type": "host-local", "dataDir": "$dir/cni-ipam",
-        "ranges": [[{"subnet": "$node_cidr", "gateway": "$node_gateway"}]],
-        "routes": [{"dst": "0.0.0.0/0"}]
+        "type": "gatehouse-ipam",
+        "fallback": {
+          "type": "host-local", "dataDir": "$dir/cni-ipam",
+          "ranges": [[{"subnet": "$node_cidr", "gateway": "$node_gateway"}]],
+          "routes": [{"dst": "0.0.0.0/0"}]
+        }
       }
     },
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
+EOF
+  # How the node tests and the demo install Gatehouse: config/default with config/cni, the
+  # DaemonSet writing to this node's binary directory.
+  mkdir -p "$dir/install"
+  cat >"$dir/install/kustomization.yaml" <<EOF
+apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+- ../../../../config/default
+components:
+- ../../../../config/cni
+patches:
+- target: {kind: DaemonSet, name: gatehouse-cni}
+  patch: |-
+    - op: replace
+      path: /spec/template/spec/volumes/0/hostPath/path
+      value: $dir/cni-bin
 EOF
   # containerd's defaults, with its state under $dir and three changes: cgroupfs, our CNI, and
   # restrict_oom_score_adj (processes here lack CAP_SYS_RESOURCE: a negative oom_score_adj for the
@@ -106,7 +132,7 @@ subs = [
     (r"(?m)^(\[grpc\]\n(?:  .*\n)*?)  address = .*$", lambda m: m.group(1) + f"  address = \"{dir}/containerd.sock\""),
     (r"restrict_oom_score_adj = false", "restrict_oom_score_adj = true"),
     (r"sandbox_image = .*", f"sandbox_image = \"{pause}\""),
-    (r"bin_dir = .*", "bin_dir = \"/usr/lib/cni\""),
+    (r"bin_dir = .*", f"bin_dir = \"{dir}/cni-bin\""),
     (r"conf_dir = .*", f"conf_dir = \"{dir}/cni\""),
     (r"(?m)^(  \[plugins.\"io.containerd.internal.v1.opt\"\]\n    path = ).*$", lambda m: m.group(1) + f"\"{dir}/containerd/opt\""),
 ]

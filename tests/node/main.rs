@@ -1,5 +1,7 @@
 //! Gatehouse installed the way users install it, on the control plane with a node
-//! (`tests/cluster/up --node`, image from `tests/cluster/image`): `kubectl apply -k config/default`,
+//! (`tests/cluster/up --node`, image from `tests/cluster/image`): `kubectl apply -k` of
+//! config/default with the config/cni component (the overlay `up --node` writes, which points the
+//! DaemonSet at the node's CNI binary directory),
 //! two replicas running as the ServiceAccount of `config/rbac` on the node, the API server calling
 //! them through the `gatehouse-webhook` Service, the samples admitting and rejecting Pods that then
 //! run, a replica deleted under load without a failed review, and `kubectl delete -k` leaving no
@@ -16,6 +18,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
 use serde_json::{Value, json};
+
+mod ipam;
 
 const NAMESPACE: &str = "gatehouse-system";
 const SERVICE: &str = "gatehouse-webhook";
@@ -215,18 +219,22 @@ async fn the_installation_admits_pods_from_the_node_and_uninstalls_cleanly() {
             node["status"]["conditions"].as_array().is_some_and(|c| c.iter().any(|c| c["type"] == "Ready" && c["status"] == "True")),
             "node {NODE} is not Ready"
         );
-        let (default, samples) = (dir(cluster, "config/default"), dir(cluster, "config/samples"));
+        let samples = dir(cluster, "config/samples");
+        // config/default with config/cni, as `tests/cluster/up --node` wrote it for this node.
+        let default = cluster.state_dir().join("node/install").to_string_lossy().into_owned();
 
         // Install. A server dry run needs the namespace to exist (the dry-run Namespace is not
         // stored), as on any cluster.
         cluster.kubectl_ok(["apply", "-f", &dir(cluster, "config/default/namespace.yaml")], None).await?;
         let dry = cluster.kubectl_output(["apply", "-k", &default, "--dry-run=server"], None).await?;
-        ensure!(dry.status.success(), "server dry run of config/default: {}", stderr(&dry));
+        ensure!(dry.status.success(), "server dry run of config/default with config/cni: {}", stderr(&dry));
         ensure!(
             get_json(cluster, &["deployment", "gatehouse", "-n", NAMESPACE]).await?.is_none(),
             "the dry run stored the Deployment"
         );
         cluster.kubectl_ok(["apply", "-k", &default], None).await?;
+        // The bridge's IPAM is gatehouse-ipam: no Pod gets a network before it is installed.
+        ipam::the_plugin_is_installed(cluster).await?;
         cluster
             .kubectl_ok(["rollout", "status", "deployment/gatehouse", "-n", NAMESPACE, "--timeout=180s"], None)
             .await?;
@@ -299,6 +307,9 @@ async fn the_installation_admits_pods_from_the_node_and_uninstalls_cleanly() {
         let placed = await_running(cluster, ipam.name(), "web").await?;
         let ip = placed["metadata"]["annotations"]["gatehouse.dev/ip"].as_str().unwrap_or_default();
         ensure!(ip.starts_with("10.20.0."), "web got {ip}, not an address of pods-v4 (10.20.0.0/24)");
+        ensure!(placed["status"]["podIP"] == ip, "web runs with {}, its address is {ip}", placed["status"]["podIP"]);
+        ipam::addresses_are_the_pods_own(cluster, &ipam, &plain).await?;
+        ipam::a_small_pool_is_reused(cluster).await?;
 
         // RBAC: all of the above ran under the ServiceAccount; what it must not do is forbidden.
         let kubeconfig = cluster.service_account_kubeconfig(NAMESPACE, "gatehouse", "kubeconfig-node-sa").await?;

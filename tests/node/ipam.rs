@@ -1,0 +1,450 @@
+//! The address Gatehouse allocates is the address the Pod gets: the node's bridge calls
+//! `gatehouse-ipam` (installed by config/cni's DaemonSet), which answers a Pod with the address
+//! allocated to its UID and hands every other Pod to host-local.
+use std::collections::BTreeSet;
+
+use anyhow::{Context, ensure};
+use gatehouse_e2e::{Cluster, TestNamespace, await_condition};
+use serde_json::{Value, json};
+
+use super::{BUSYBOX, NODE, WAIT, await_running, get_json, pod, stderr};
+
+/// The node's own subnet, which host-local (the fallback) hands out.
+const NODE_SUBNET: &str = "10.244.0.";
+/// The sample pool `pods-v4` (config/samples/ipam.yaml).
+const POOL_SUBNET: &str = "10.20.0.";
+
+/// A Pod's address as its status reports it.
+fn pod_ip(pod: &Value) -> &str {
+    pod["status"]["podIP"].as_str().unwrap_or_default()
+}
+
+/// The address of the IPAllocation whose owner is the Pod of `uid`.
+async fn allocated_to(cluster: &Cluster, uid: &str) -> anyhow::Result<Option<String>> {
+    let list = get_json(
+        cluster,
+        &[
+            "ipallocations",
+            "-l",
+            &format!("gatehouse.dev/owner-uid={uid}"),
+        ],
+    )
+    .await?
+    .context("listing IPAllocations")?;
+    let items = list["items"].as_array().cloned().unwrap_or_default();
+    ensure!(
+        items.len() <= 1,
+        "{} allocations for UID {uid}",
+        items.len()
+    );
+    Ok(items.first().and_then(|a| {
+        (a["spec"]["owner"]["uid"] == uid)
+            .then(|| a["spec"]["address"].as_str().map(str::to_string))
+            .flatten()
+    }))
+}
+
+fn uid_of(pod: &Value) -> anyhow::Result<&str> {
+    pod["metadata"]["uid"]
+        .as_str()
+        .context("a Pod without a UID")
+}
+
+/// A busybox Pod running `script` under `sh -c`.
+fn shell_pod(name: &str, namespace: &str, script: &str, restart: &str) -> String {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "restartPolicy": restart,
+            "containers": [{
+                "name": "app", "image": BUSYBOX, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", script],
+                "resources": {"limits": {"cpu": "100m", "memory": "32Mi"}},
+            }],
+        },
+    })
+    .to_string()
+}
+
+/// Creates `count` Pods named `<prefix>-<i>` at once.
+async fn create_pods(
+    cluster: &Cluster,
+    namespace: &str,
+    prefix: &str,
+    count: usize,
+) -> anyhow::Result<Vec<String>> {
+    let names: Vec<String> = (0..count).map(|i| format!("{prefix}-{i}")).collect();
+    let items: Vec<Value> = names
+        .iter()
+        .map(|n| serde_json::from_str(&pod(n, namespace, false)))
+        .collect::<Result<_, _>>()?;
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+    cluster
+        .kubectl_ok(["create", "-f", "-"], Some(&list.to_string()))
+        .await?;
+    Ok(names)
+}
+
+/// Every test of the issue on the node, in one flow that shares the installation: run by the
+/// node test once Gatehouse and the samples are in.
+pub async fn addresses_are_the_pods_own(
+    cluster: &Cluster,
+    ipam: &TestNamespace,
+    plain: &TestNamespace,
+) -> anyhow::Result<()> {
+    // 1. Twenty Pods: each runs with the address allocated to its UID, all distinct.
+    let names = create_pods(cluster, ipam.name(), "many", 20).await?;
+    let mut seen = BTreeSet::new();
+    for name in &names {
+        let running = await_running(cluster, ipam.name(), name).await?;
+        let ip = pod_ip(&running);
+        let allocated = allocated_to(cluster, uid_of(&running)?).await?;
+        ensure!(
+            allocated.as_deref() == Some(ip),
+            "{name} runs with {ip:?}, but its IPAllocation says {allocated:?}"
+        );
+        ensure!(
+            ip.starts_with(POOL_SUBNET),
+            "{name} got {ip}, not an address of pods-v4"
+        );
+        ensure!(seen.insert(ip.to_string()), "{ip} given twice");
+    }
+    eprintln!("20 Pods run with their allocated addresses: {seen:?}");
+    // A Pod outside: host-local's address; Gatehouse's own replicas too.
+    let outside = await_running(cluster, plain.name(), "web").await?;
+    ensure!(
+        pod_ip(&outside).starts_with(NODE_SUBNET),
+        "a Pod Gatehouse does not allocate to got {}",
+        pod_ip(&outside)
+    );
+    for replica in super::gatehouse_pods(cluster).await? {
+        ensure!(
+            pod_ip(&replica).starts_with(NODE_SUBNET),
+            "a Gatehouse replica runs with {}",
+            pod_ip(&replica)
+        );
+    }
+
+    // 2. Two IPAM Pods reach each other at their allocated addresses.
+    let server = "http";
+    cluster
+        .kubectl_ok(
+            ["create", "-f", "-"],
+            Some(&shell_pod(
+                server,
+                ipam.name(),
+                "echo served-by-$(hostname) > /tmp/index.html && exec busybox httpd -f -p 8080 -h /tmp",
+                "Always",
+            )),
+        )
+        .await?;
+    let served = await_running(cluster, ipam.name(), server).await?;
+    let server_ip = pod_ip(&served).to_string();
+    ensure!(
+        allocated_to(cluster, uid_of(&served)?).await?.as_deref() == Some(server_ip.as_str()),
+        "the server runs with {server_ip}, not its allocation"
+    );
+    let client = "fetch";
+    let script = format!(
+        "for i in $(seq 30); do wget -q -T 2 -O - http://{server_ip}:8080/index.html | grep -q served-by-{server} && exit 0; sleep 1; done; exit 1"
+    );
+    cluster
+        .kubectl_ok(
+            ["create", "-f", "-"],
+            Some(&shell_pod(client, ipam.name(), &script, "Never")),
+        )
+        .await?;
+    let fetched = await_condition("the client Pod finished", WAIT, || async {
+        let p = get_json(cluster, &["pod", client, "-n", ipam.name()]).await?;
+        Ok(p.filter(|p| p["status"]["phase"] == "Succeeded" || p["status"]["phase"] == "Failed"))
+    })
+    .await?;
+    ensure!(
+        fetched["status"]["phase"] == "Succeeded",
+        "{client} ({}) could not fetch from {server} at {server_ip}",
+        pod_ip(&fetched)
+    );
+    ensure!(
+        pod_ip(&fetched).starts_with(POOL_SUBNET),
+        "the client got {}",
+        pod_ip(&fetched)
+    );
+
+    // 3. The sandbox killed: the kubelet makes a new one, with the same address.
+    let victim = await_running(cluster, ipam.name(), "many-0").await?;
+    let before = pod_ip(&victim).to_string();
+    let uid = uid_of(&victim)?.to_string();
+    let sandbox = kill_sandbox(cluster, &uid).await?;
+    let recreated = await_condition("many-0 in a new sandbox", WAIT, || async {
+        let p = get_json(cluster, &["pod", "many-0", "-n", ipam.name()]).await?;
+        let restarted = |p: &Value| {
+            p["status"]["containerStatuses"][0]["restartCount"]
+                .as_u64()
+                .is_some_and(|c| c > 0)
+        };
+        Ok(p.filter(|p| restarted(p) && p["status"]["phase"] == "Running"))
+    })
+    .await?;
+    let now = sandbox_of(cluster, &uid).await?;
+    ensure!(
+        now.is_some() && now.as_deref() != Some(sandbox.as_str()),
+        "no new sandbox: {now:?}"
+    );
+    ensure!(
+        pod_ip(&recreated) == before,
+        "the new sandbox has {}, the Pod had {before}",
+        pod_ip(&recreated)
+    );
+
+    // 4. Another Pod's address annotations copied in: never that address.
+    let copied = get_json(cluster, &["pod", "many-1", "-n", ipam.name()])
+        .await?
+        .context("many-1")?;
+    let stolen = pod_ip(&copied).to_string();
+    let mut annotations = serde_json::Map::new();
+    for key in ["gatehouse.dev/ip", "gatehouse.dev/ipam-address"] {
+        annotations.insert(key.into(), copied["metadata"]["annotations"][key].clone());
+    }
+    for (namespace, expected) in [(ipam.name(), POOL_SUBNET), (plain.name(), NODE_SUBNET)] {
+        let mut thief: Value = serde_json::from_str(&pod("copy", namespace, false))?;
+        thief["metadata"]["annotations"] = Value::Object(annotations.clone());
+        cluster
+            .kubectl_ok(["create", "-f", "-"], Some(&thief.to_string()))
+            .await?;
+        let running = await_running(cluster, namespace, "copy").await?;
+        let ip = pod_ip(&running);
+        ensure!(
+            ip != stolen && ip.starts_with(expected),
+            "a Pod with many-1's annotations copied in ({namespace}) runs with {ip} (many-1: {stolen})"
+        );
+    }
+    Ok(())
+}
+
+/// The sandbox of the Pod of `uid` in the node's containerd, if it has one running.
+async fn sandbox_of(cluster: &Cluster, uid: &str) -> anyhow::Result<Option<String>> {
+    let out = ctr(
+        cluster,
+        &[
+            "containers",
+            "ls",
+            "-q",
+            &format!(
+                "labels.\"io.kubernetes.pod.uid\"=={uid},labels.\"io.cri-containerd.kind\"==sandbox"
+            ),
+        ],
+    )
+    .await?;
+    let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let tasks = ctr(cluster, &["tasks", "ls"]).await?;
+    let running = String::from_utf8_lossy(&tasks.stdout).to_string();
+    Ok(ids.into_iter().find(|id| {
+        running
+            .lines()
+            .any(|l| l.starts_with(id.as_str()) && l.contains("RUNNING"))
+    }))
+}
+
+/// Kills the running sandbox of the Pod of `uid`, as a crash would; returns its ID.
+async fn kill_sandbox(cluster: &Cluster, uid: &str) -> anyhow::Result<String> {
+    let sandbox = sandbox_of(cluster, uid)
+        .await?
+        .context("the Pod has no running sandbox")?;
+    let out = ctr(cluster, &["tasks", "kill", "-s", "SIGKILL", &sandbox]).await?;
+    ensure!(
+        out.status.success(),
+        "killing sandbox {sandbox}: {}",
+        stderr(&out)
+    );
+    Ok(sandbox)
+}
+
+async fn ctr(cluster: &Cluster, args: &[&str]) -> anyhow::Result<std::process::Output> {
+    let socket = cluster.state_dir().join("node/containerd.sock");
+    let out = tokio::process::Command::new("ctr")
+        .arg("--address")
+        .arg(&socket)
+        .args(["-n", "k8s.io"])
+        .args(args)
+        .output()
+        .await
+        .context("running ctr")?;
+    Ok(out)
+}
+
+/// 5. A pool sized to force reuse: deleting a Pod releases its address to the next; a full pool
+/// keeps the next Pod gated, with its Event, until an address frees.
+pub async fn a_small_pool_is_reused(cluster: &Cluster) -> anyhow::Result<()> {
+    let small = TestNamespace::new(cluster, "node-ipam-small").await?;
+    let pool_and_policy = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "gatehouse.dev/v1alpha1", "kind": "IPPool", "metadata": {"name": "node-small"},
+         "spec": {"cidr": "10.30.0.0/29", "gateway": "10.30.0.1", "routes": [{"dst": "0.0.0.0/0"}]}},
+        {"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": "node-small"},
+         "spec": {
+            "match": {
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": small.name()}},
+            },
+            "effects": [{"ipam": {"pool": "node-small"}}],
+         }},
+    ]});
+    let _guards = (
+        cluster.delete_on_drop("policy", "node-small", None),
+        cluster.delete_on_drop("ippool", "node-small", None),
+    );
+    cluster
+        .kubectl_ok(["apply", "-f", "-"], Some(&pool_and_policy.to_string()))
+        .await?;
+    cluster
+        .kubectl_ok(
+            [
+                "wait",
+                "--for=condition=Ready",
+                "policy/node-small",
+                "--timeout=60s",
+            ],
+            None,
+        )
+        .await?;
+    // The Policy marks Pods once the replicas have seen it and the namespace: the first Pod is
+    // retried until it is marked.
+    await_condition("a Pod marked for the small pool", WAIT, || async {
+        let _ = cluster
+            .kubectl_output(
+                ["create", "-f", "-"],
+                Some(&pod("fill-first", small.name(), false)),
+            )
+            .await?;
+        let p = get_json(cluster, &["pod", "fill-first", "-n", small.name()]).await?;
+        let marked = p
+            .as_ref()
+            .is_some_and(|p| p["metadata"]["labels"]["gatehouse.dev/ipam-pool"] == "node-small");
+        if !marked && p.is_some() {
+            cluster
+                .kubectl_ok(
+                    [
+                        "delete",
+                        "pod",
+                        "fill-first",
+                        "-n",
+                        small.name(),
+                        "--wait=true",
+                    ],
+                    None,
+                )
+                .await?;
+        }
+        Ok(marked.then_some(()))
+    })
+    .await?;
+    // 8 addresses less network, broadcast and gateway: 5.
+    let mut names = vec!["fill-first".to_string()];
+    names.extend(create_pods(cluster, small.name(), "fill", 4).await?);
+    let mut held = Vec::new();
+    for name in &names {
+        let running = await_running(cluster, small.name(), name).await?;
+        ensure!(
+            pod_ip(&running).starts_with("10.30.0."),
+            "{name} got {}",
+            pod_ip(&running)
+        );
+        held.push(pod_ip(&running).to_string());
+    }
+    cluster
+        .kubectl_ok(
+            ["create", "-f", "-"],
+            Some(&pod("waiting", small.name(), false)),
+        )
+        .await?;
+    await_condition("the sixth Pod told the pool is exhausted", WAIT, || async {
+        let events = get_json(
+            cluster,
+            &[
+                "events",
+                "-n",
+                small.name(),
+                "--field-selector",
+                "involvedObject.name=waiting",
+            ],
+        )
+        .await?;
+        let told = events.is_some_and(|e| {
+            e["items"]
+                .as_array()
+                .is_some_and(|items| items.iter().any(|i| i["reason"] == "PoolExhausted"))
+        });
+        Ok(told.then_some(()))
+    })
+    .await?;
+    let waiting = get_json(cluster, &["pod", "waiting", "-n", small.name()])
+        .await?
+        .context("the waiting Pod")?;
+    ensure!(
+        waiting["spec"]["schedulingGates"]
+            .as_array()
+            .is_some_and(|g| !g.is_empty()),
+        "the sixth Pod is not gated: {}",
+        waiting["spec"]
+    );
+    // Free one: the waiting Pod gets exactly that address and runs with it.
+    let freed = held[2].clone();
+    cluster
+        .kubectl_ok(
+            [
+                "delete",
+                "pod",
+                &names[2],
+                "-n",
+                small.name(),
+                "--wait=true",
+            ],
+            None,
+        )
+        .await?;
+    let running = await_running(cluster, small.name(), "waiting").await?;
+    ensure!(
+        pod_ip(&running) == freed,
+        "the waiting Pod runs with {}, the freed address was {freed}",
+        pod_ip(&running)
+    );
+    ensure!(
+        allocated_to(cluster, uid_of(&running)?).await?.as_deref() == Some(freed.as_str()),
+        "the reused address is not allocated to the new Pod"
+    );
+    small.cleanup().await?;
+    Ok(())
+}
+
+/// The DaemonSet of config/cni is Ready on the node: the plugin is installed there.
+pub async fn the_plugin_is_installed(cluster: &Cluster) -> anyhow::Result<()> {
+    await_condition("gatehouse-cni Ready on the node", WAIT, || async {
+        let pods = get_json(
+            cluster,
+            &[
+                "pods",
+                "-n",
+                "kube-system",
+                "-l",
+                "app.kubernetes.io/name=gatehouse-cni",
+            ],
+        )
+        .await?;
+        let ready = pods.is_some_and(|p| {
+            p["items"].as_array().is_some_and(|items| {
+                items
+                    .iter()
+                    .any(|i| i["spec"]["nodeName"] == NODE && super::is_ready(i))
+            })
+        });
+        Ok(ready.then_some(()))
+    })
+    .await?;
+    let installed = cluster.state_dir().join("node/cni-bin/gatehouse-ipam");
+    ensure!(installed.is_file(), "{} is missing", installed.display());
+    Ok(())
+}
