@@ -80,7 +80,8 @@ node_containerd_config() {
   # DaemonSet has copied it there (the node tests install it the way users do).
   for plugin in /usr/lib/cni/*; do ln -sfn "$plugin" "$dir/cni-bin/$(basename "$plugin")"; done
   # Every Pod goes through gatehouse-ipam: a Pod Gatehouse gave an address gets it, any other
-  # (Gatehouse's own, system Pods) gets one from host-local on the node's subnet.
+  # (Gatehouse's own, system Pods) gets one from host-local. A bridge holds one IPv4 subnet, so
+  # both share the node's: host-local the lower half, Gatehouse's pool (ippool.yaml) the upper.
   cat >"$dir/cni/10-gatehouse.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
@@ -93,7 +94,7 @@ node_containerd_config() {
         "type": "gatehouse-ipam",
         "fallback": {
           "type": "host-local", "dataDir": "$dir/cni-ipam",
-          "ranges": [[{"subnet": "$node_cidr", "gateway": "$node_gateway"}]],
+          "ranges": [[{"subnet": "$node_cidr", "gateway": "$node_gateway", "rangeStart": "10.244.0.2", "rangeEnd": "10.244.0.127"}]],
           "routes": [{"dst": "0.0.0.0/0"}]
         }
       }
@@ -101,6 +102,20 @@ node_containerd_config() {
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
+EOF
+  # The sample pool pods-v4 as this node can route it: 32 addresses of the node's subnet
+  # (10.244.0.128/27), beside host-local's range, with the bridge's gateway.
+  cat >"$dir/ippool.yaml" <<EOF
+apiVersion: gatehouse.dev/v1alpha1
+kind: IPPool
+metadata:
+  name: pods-v4
+spec:
+  cidr: $node_cidr
+  exclude: ["10.244.0.0/25", "10.244.0.160/27", "10.244.0.192/26"]
+  gateway: $node_gateway
+  routes:
+  - dst: 0.0.0.0/0
 EOF
   # How the node tests and the demo install Gatehouse: config/default with config/cni, the
   # DaemonSet writing to this node's binary directory.

@@ -9,10 +9,19 @@ use serde_json::{Value, json};
 
 use super::{BUSYBOX, NODE, WAIT, await_running, get_json, pod, stderr};
 
-/// The node's own subnet, which host-local (the fallback) hands out.
-const NODE_SUBNET: &str = "10.244.0.";
-/// The sample pool `pods-v4` (config/samples/ipam.yaml).
-const POOL_SUBNET: &str = "10.20.0.";
+/// Whether `ip` is in host-local's range of the node's subnet (the fallback: 10.244.0.2-127).
+fn from_fallback(ip: &str) -> bool {
+    last_octet(ip).is_some_and(|o| (2..128).contains(&o))
+}
+
+/// Whether `ip` is in the node's pods-v4 (`ippool.yaml` of `up --node`: 10.244.0.128/27).
+fn from_pool(ip: &str) -> bool {
+    last_octet(ip).is_some_and(|o| (128..160).contains(&o))
+}
+
+fn last_octet(ip: &str) -> Option<u8> {
+    ip.strip_prefix("10.244.0.")?.parse().ok()
+}
 
 /// A Pod's address as its status reports it.
 fn pod_ip(pod: &Value) -> &str {
@@ -106,7 +115,7 @@ pub async fn addresses_are_the_pods_own(
             "{name} runs with {ip:?}, but its IPAllocation says {allocated:?}"
         );
         ensure!(
-            ip.starts_with(POOL_SUBNET),
+            from_pool(ip),
             "{name} got {ip}, not an address of pods-v4"
         );
         ensure!(seen.insert(ip.to_string()), "{ip} given twice");
@@ -115,13 +124,13 @@ pub async fn addresses_are_the_pods_own(
     // A Pod outside: host-local's address; Gatehouse's own replicas too.
     let outside = await_running(cluster, plain.name(), "web").await?;
     ensure!(
-        pod_ip(&outside).starts_with(NODE_SUBNET),
+        from_fallback(pod_ip(&outside)),
         "a Pod Gatehouse does not allocate to got {}",
         pod_ip(&outside)
     );
     for replica in super::gatehouse_pods(cluster).await? {
         ensure!(
-            pod_ip(&replica).starts_with(NODE_SUBNET),
+            from_fallback(pod_ip(&replica)),
             "a Gatehouse replica runs with {}",
             pod_ip(&replica)
         );
@@ -167,7 +176,7 @@ pub async fn addresses_are_the_pods_own(
         pod_ip(&fetched)
     );
     ensure!(
-        pod_ip(&fetched).starts_with(POOL_SUBNET),
+        from_pool(pod_ip(&fetched)),
         "the client got {}",
         pod_ip(&fetched)
     );
@@ -207,7 +216,10 @@ pub async fn addresses_are_the_pods_own(
     for key in ["gatehouse.dev/ip", "gatehouse.dev/ipam-address"] {
         annotations.insert(key.into(), copied["metadata"]["annotations"][key].clone());
     }
-    for (namespace, expected) in [(ipam.name(), POOL_SUBNET), (plain.name(), NODE_SUBNET)] {
+    for (namespace, expected) in [
+        (ipam.name(), from_pool as fn(&str) -> bool),
+        (plain.name(), from_fallback),
+    ] {
         let mut thief: Value = serde_json::from_str(&pod("copy", namespace, false))?;
         thief["metadata"]["annotations"] = Value::Object(annotations.clone());
         cluster
@@ -216,7 +228,7 @@ pub async fn addresses_are_the_pods_own(
         let running = await_running(cluster, namespace, "copy").await?;
         let ip = pod_ip(&running);
         ensure!(
-            ip != stolen && ip.starts_with(expected),
+            ip != stolen && expected(ip),
             "a Pod with many-1's annotations copied in ({namespace}) runs with {ip} (many-1: {stolen})"
         );
     }
@@ -277,100 +289,30 @@ async fn ctr(cluster: &Cluster, args: &[&str]) -> anyhow::Result<std::process::O
     Ok(out)
 }
 
-/// 5. A pool sized to force reuse: deleting a Pod releases its address to the next; a full pool
-/// keeps the next Pod gated, with its Event, until an address frees.
-pub async fn a_small_pool_is_reused(cluster: &Cluster) -> anyhow::Result<()> {
-    let small = TestNamespace::new(cluster, "node-ipam-small").await?;
-    let pool_and_policy = json!({"apiVersion": "v1", "kind": "List", "items": [
-        {"apiVersion": "gatehouse.dev/v1alpha1", "kind": "IPPool", "metadata": {"name": "node-small"},
-         "spec": {"cidr": "10.30.0.0/29", "gateway": "10.30.0.1", "routes": [{"dst": "0.0.0.0/0"}]}},
-        {"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": "node-small"},
-         "spec": {
-            "match": {
-                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": small.name()}},
-            },
-            "effects": [{"ipam": {"pool": "node-small"}}],
-         }},
-    ]});
-    let _guards = (
-        cluster.delete_on_drop("policy", "node-small", None),
-        cluster.delete_on_drop("ippool", "node-small", None),
-    );
-    cluster
-        .kubectl_ok(["apply", "-f", "-"], Some(&pool_and_policy.to_string()))
-        .await?;
-    cluster
-        .kubectl_ok(
-            [
-                "wait",
-                "--for=condition=Ready",
-                "policy/node-small",
-                "--timeout=60s",
-            ],
-            None,
-        )
-        .await?;
-    // The Policy marks Pods once the replicas have seen it and the namespace: the first Pod is
-    // retried until it is marked.
-    await_condition("a Pod marked for the small pool", WAIT, || async {
-        let _ = cluster
-            .kubectl_output(
-                ["create", "-f", "-"],
-                Some(&pod("fill-first", small.name(), false)),
-            )
-            .await?;
-        let p = get_json(cluster, &["pod", "fill-first", "-n", small.name()]).await?;
-        let marked = p
-            .as_ref()
-            .is_some_and(|p| p["metadata"]["labels"]["gatehouse.dev/ipam-pool"] == "node-small");
-        if !marked && p.is_some() {
-            cluster
-                .kubectl_ok(
-                    [
-                        "delete",
-                        "pod",
-                        "fill-first",
-                        "-n",
-                        small.name(),
-                        "--wait=true",
-                    ],
-                    None,
-                )
-                .await?;
-        }
-        Ok(marked.then_some(()))
-    })
-    .await?;
-    // 8 addresses less network, broadcast and gateway: 5.
-    let mut names = vec!["fill-first".to_string()];
-    names.extend(create_pods(cluster, small.name(), "fill", 4).await?);
-    let mut held = Vec::new();
+/// 5. The pool (32 addresses on the node) filled: the next Pod stays gated, with its Event,
+/// until a Pod is deleted; then it gets exactly the freed address and runs with it.
+pub async fn a_full_pool_is_reused(cluster: &Cluster, ipam: &TestNamespace) -> anyhow::Result<()> {
+    let pool = get_json(cluster, &["ippool", "pods-v4"]).await?.context("pods-v4")?;
+    let capacity = pool["status"]["capacity"].as_u64().context("pods-v4 has no capacity")?;
+    let held = get_json(cluster, &["ipallocations", "-l", "gatehouse.dev/pool=pods-v4"])
+        .await?
+        .context("listing IPAllocations")?;
+    let held = held["items"].as_array().map_or(0, Vec::len) as u64;
+    let free = usize::try_from(capacity.saturating_sub(held))?;
+    let names = create_pods(cluster, ipam.name(), "fill", free).await?;
+    let mut addresses = Vec::new();
     for name in &names {
-        let running = await_running(cluster, small.name(), name).await?;
-        ensure!(
-            pod_ip(&running).starts_with("10.30.0."),
-            "{name} got {}",
-            pod_ip(&running)
-        );
-        held.push(pod_ip(&running).to_string());
+        let running = await_running(cluster, ipam.name(), name).await?;
+        ensure!(from_pool(pod_ip(&running)), "{name} got {}", pod_ip(&running));
+        addresses.push(pod_ip(&running).to_string());
     }
     cluster
-        .kubectl_ok(
-            ["create", "-f", "-"],
-            Some(&pod("waiting", small.name(), false)),
-        )
+        .kubectl_ok(["create", "-f", "-"], Some(&pod("waiting", ipam.name(), false)))
         .await?;
-    await_condition("the sixth Pod told the pool is exhausted", WAIT, || async {
+    await_condition("the next Pod told the pool is exhausted", WAIT, || async {
         let events = get_json(
             cluster,
-            &[
-                "events",
-                "-n",
-                small.name(),
-                "--field-selector",
-                "involvedObject.name=waiting",
-            ],
+            &["events", "-n", ipam.name(), "--field-selector", "involvedObject.name=waiting"],
         )
         .await?;
         let told = events.is_some_and(|e| {
@@ -381,32 +323,22 @@ pub async fn a_small_pool_is_reused(cluster: &Cluster) -> anyhow::Result<()> {
         Ok(told.then_some(()))
     })
     .await?;
-    let waiting = get_json(cluster, &["pod", "waiting", "-n", small.name()])
+    let waiting = get_json(cluster, &["pod", "waiting", "-n", ipam.name()])
         .await?
         .context("the waiting Pod")?;
     ensure!(
-        waiting["spec"]["schedulingGates"]
-            .as_array()
-            .is_some_and(|g| !g.is_empty()),
-        "the sixth Pod is not gated: {}",
+        waiting["spec"]["schedulingGates"].as_array().is_some_and(|g| !g.is_empty()),
+        "the Pod over the pool's capacity is not gated: {}",
         waiting["spec"]
     );
-    // Free one: the waiting Pod gets exactly that address and runs with it.
-    let freed = held[2].clone();
+    let (victim, freed) = names
+        .first()
+        .zip(addresses.first())
+        .context("the pool was full already")?;
     cluster
-        .kubectl_ok(
-            [
-                "delete",
-                "pod",
-                &names[2],
-                "-n",
-                small.name(),
-                "--wait=true",
-            ],
-            None,
-        )
+        .kubectl_ok(["delete", "pod", victim, "-n", ipam.name(), "--wait=true"], None)
         .await?;
-    let running = await_running(cluster, small.name(), "waiting").await?;
+    let running = await_running(cluster, ipam.name(), "waiting").await?;
     ensure!(
         pod_ip(&running) == freed,
         "the waiting Pod runs with {}, the freed address was {freed}",
@@ -416,7 +348,7 @@ pub async fn a_small_pool_is_reused(cluster: &Cluster) -> anyhow::Result<()> {
         allocated_to(cluster, uid_of(&running)?).await?.as_deref() == Some(freed.as_str()),
         "the reused address is not allocated to the new Pod"
     );
-    small.cleanup().await?;
+    eprintln!("pods-v4 full at {capacity}: the next Pod waited, then got {freed} once freed");
     Ok(())
 }
 

@@ -268,6 +268,9 @@ async fn the_installation_admits_pods_from_the_node_and_uninstalls_cleanly() {
 
         // The samples, and Pods of users: mutated, rejected, given an address; all run on the node.
         cluster.kubectl_ok(["apply", "-k", &samples], None).await?;
+        // pods-v4 as this node routes it: on the bridge's subnet, beside host-local's range.
+        let node_pool = cluster.state_dir().join("node/ippool.yaml");
+        cluster.kubectl_ok(["apply", "-f", &node_pool.to_string_lossy()], None).await?;
         let mut wait = vec!["wait", "--for=condition=Ready", "--timeout=120s"];
         let names: Vec<String> = SAMPLE_POLICIES.iter().map(|p| format!("policy/{p}")).collect();
         wait.extend(names.iter().map(String::as_str));
@@ -306,10 +309,10 @@ async fn the_installation_admits_pods_from_the_node_and_uninstalls_cleanly() {
         await_running(cluster, plain.name(), "web").await?;
         let placed = await_running(cluster, ipam.name(), "web").await?;
         let ip = placed["metadata"]["annotations"]["gatehouse.dev/ip"].as_str().unwrap_or_default();
-        ensure!(ip.starts_with("10.20.0."), "web got {ip}, not an address of pods-v4 (10.20.0.0/24)");
+        ensure!(ip.starts_with("10.244.0.1"), "web got {ip}, not an address of the node's pods-v4 (10.244.0.128/27)");
         ensure!(placed["status"]["podIP"] == ip, "web runs with {}, its address is {ip}", placed["status"]["podIP"]);
         ipam::addresses_are_the_pods_own(cluster, &ipam, &plain).await?;
-        ipam::a_small_pool_is_reused(cluster).await?;
+        ipam::a_full_pool_is_reused(cluster, &ipam).await?;
 
         // RBAC: all of the above ran under the ServiceAccount; what it must not do is forbidden.
         let kubeconfig = cluster.service_account_kubeconfig(NAMESPACE, "gatehouse", "kubeconfig-node-sa").await?;
