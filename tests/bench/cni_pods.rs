@@ -84,7 +84,10 @@ async fn round(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Resu
         let pods: Value = serde_json::from_str(&out)?;
         for p in pods["items"].as_array().into_iter().flatten() {
             if p["status"]["phase"] == "Running" {
-                let name = p["metadata"]["name"].as_str().unwrap_or_default().to_string();
+                let name = p["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
                 running.entry(name).or_insert_with(|| started.elapsed());
             }
         }
@@ -92,7 +95,15 @@ async fn round(cluster: &Cluster, namespace: &str, count: usize) -> anyhow::Resu
     }
     cluster
         .kubectl_ok(
-            ["delete", "pods", "--all", "-n", namespace, "--wait=true", "--timeout=300s"],
+            [
+                "delete",
+                "pods",
+                "--all",
+                "-n",
+                namespace,
+                "--wait=true",
+                "--timeout=300s",
+            ],
             None,
         )
         .await?;
@@ -168,22 +179,47 @@ async fn main() -> anyhow::Result<()> {
     // Gatehouse as the node test installs it, with the sample pool and Policy.
     let install = state.join("node/install");
     cluster
-        .kubectl_ok(["apply", "-f", &repo(cluster, "config/default/namespace.yaml")], None)
+        .kubectl_ok(
+            [
+                "apply",
+                "-f",
+                &repo(cluster, "config/default/namespace.yaml"),
+            ],
+            None,
+        )
         .await?;
     cluster
         .kubectl_ok(["apply", "-k", &install.to_string_lossy()], None)
         .await?;
     cluster
         .kubectl_ok(
-            ["rollout", "status", "deployment/gatehouse", "-n", "gatehouse-system", "--timeout=300s"],
+            [
+                "rollout",
+                "status",
+                "deployment/gatehouse",
+                "-n",
+                "gatehouse-system",
+                "--timeout=300s",
+            ],
             None,
         )
         .await?;
     cluster
-        .kubectl_ok(["apply", "-f", &repo(cluster, "config/samples/ipam.yaml")], None)
+        .kubectl_ok(
+            ["apply", "-f", &repo(cluster, "config/samples/ipam.yaml")],
+            None,
+        )
         .await?;
     cluster
-        .kubectl_ok(["wait", "--for=condition=Ready", "policy/ipam", "--timeout=120s"], None)
+        .kubectl_ok(
+            [
+                "wait",
+                "--for=condition=Ready",
+                "policy/ipam",
+                "--timeout=120s",
+            ],
+            None,
+        )
         .await?;
     let plain = TestNamespace::new(cluster, "bench-host-local").await?;
     let ipam = TestNamespace::new(cluster, "bench-gatehouse").await?;
@@ -191,16 +227,32 @@ async fn main() -> anyhow::Result<()> {
         .kubectl_ok(["label", "namespace", ipam.name(), "ipam=enabled"], None)
         .await?;
     // Gatehouse marks Pods in the namespace once its replicas have seen the label.
-    await_condition("a Pod marked in the ipam namespace", Duration::from_secs(60), || async {
-        let out = cluster
-            .kubectl_output(
-                ["create", "--dry-run=server", "-n", ipam.name(), "-o", "json", "-f", "-"],
-                Some(&pod("probe").to_string()),
+    await_condition(
+        "a Pod marked in the ipam namespace",
+        Duration::from_secs(60),
+        || async {
+            let out = cluster
+                .kubectl_output(
+                    [
+                        "create",
+                        "--dry-run=server",
+                        "-n",
+                        ipam.name(),
+                        "-o",
+                        "json",
+                        "-f",
+                        "-",
+                    ],
+                    Some(&pod("probe").to_string()),
+                )
+                .await?;
+            let created: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            Ok(
+                (created["metadata"]["labels"]["gatehouse.dev/ipam-pool"] == "pods-v4")
+                    .then_some(()),
             )
-            .await?;
-        let created: Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-        Ok((created["metadata"]["labels"]["gatehouse.dev/ipam-pool"] == "pods-v4").then_some(()))
-    })
+        },
+    )
     .await?;
 
     let (mut alone, mut gatehouse) = (Vec::new(), Vec::new());
@@ -247,10 +299,21 @@ async fn main() -> anyhow::Result<()> {
     plain.cleanup().await?;
     ipam.cleanup().await?;
     cluster
-        .kubectl_ok(["delete", "-f", &repo(cluster, "config/samples/ipam.yaml"), "--timeout=120s"], None)
+        .kubectl_ok(
+            [
+                "delete",
+                "-f",
+                &repo(cluster, "config/samples/ipam.yaml"),
+                "--timeout=120s",
+            ],
+            None,
+        )
         .await?;
     cluster
-        .kubectl_ok(["delete", "-k", &install.to_string_lossy(), "--timeout=180s"], None)
+        .kubectl_ok(
+            ["delete", "-k", &install.to_string_lossy(), "--timeout=180s"],
+            None,
+        )
         .await?;
     Ok(())
 }
@@ -262,7 +325,11 @@ fn median(times: &[Duration]) -> Duration {
 }
 
 fn repo(cluster: &Cluster, relative: &str) -> String {
-    cluster.repo_root().join(relative).to_string_lossy().into_owned()
+    cluster
+        .repo_root()
+        .join(relative)
+        .to_string_lossy()
+        .into_owned()
 }
 
 fn plugin_binary(cluster: &Cluster) -> PathBuf {

@@ -7,7 +7,7 @@ use anyhow::{Context, ensure};
 use gatehouse_e2e::{Cluster, TestNamespace, await_condition};
 use serde_json::{Value, json};
 
-use super::{BUSYBOX, NODE, WAIT, await_running, get_json, pod, stderr};
+use super::{BUSYBOX, NODE, WAIT, await_running, get_json, stderr};
 
 /// Whether `ip` is in host-local's range of the node's subnet (the fallback: 10.244.0.2-127).
 fn from_fallback(ip: &str) -> bool {
@@ -59,6 +59,11 @@ fn uid_of(pod: &Value) -> anyhow::Result<&str> {
         .context("a Pod without a UID")
 }
 
+/// A small busybox Pod: the node has 2 CPUs, and the pool's 32 addresses are all handed out.
+fn pod(name: &str, namespace: &str) -> String {
+    shell_pod(name, namespace, "exec sleep 3600", "Always")
+}
+
 /// A busybox Pod running `script` under `sh -c`.
 fn shell_pod(name: &str, namespace: &str, script: &str, restart: &str) -> String {
     json!({
@@ -70,7 +75,7 @@ fn shell_pod(name: &str, namespace: &str, script: &str, restart: &str) -> String
             "containers": [{
                 "name": "app", "image": BUSYBOX, "imagePullPolicy": "Never",
                 "command": ["sh", "-c", script],
-                "resources": {"limits": {"cpu": "100m", "memory": "32Mi"}},
+                "resources": {"limits": {"cpu": "10m", "memory": "16Mi"}},
             }],
         },
     })
@@ -87,7 +92,7 @@ async fn create_pods(
     let names: Vec<String> = (0..count).map(|i| format!("{prefix}-{i}")).collect();
     let items: Vec<Value> = names
         .iter()
-        .map(|n| serde_json::from_str(&pod(n, namespace, false)))
+        .map(|n| serde_json::from_str(&pod(n, namespace)))
         .collect::<Result<_, _>>()?;
     let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
     cluster
@@ -114,10 +119,7 @@ pub async fn addresses_are_the_pods_own(
             allocated.as_deref() == Some(ip),
             "{name} runs with {ip:?}, but its IPAllocation says {allocated:?}"
         );
-        ensure!(
-            from_pool(ip),
-            "{name} got {ip}, not an address of pods-v4"
-        );
+        ensure!(from_pool(ip), "{name} got {ip}, not an address of pods-v4");
         ensure!(seen.insert(ip.to_string()), "{ip} given twice");
     }
     eprintln!("20 Pods run with their allocated addresses: {seen:?}");
@@ -144,7 +146,7 @@ pub async fn addresses_are_the_pods_own(
             Some(&shell_pod(
                 server,
                 ipam.name(),
-                "echo served-by-$(hostname) > /tmp/index.html && exec busybox httpd -f -p 8080 -h /tmp",
+                "echo served-by-http > /tmp/index.html && exec busybox httpd -f -p 8080 -h /tmp",
                 "Always",
             )),
         )
@@ -156,8 +158,10 @@ pub async fn addresses_are_the_pods_own(
         "the server runs with {server_ip}, not its allocation"
     );
     let client = "fetch";
+    // busybox-static's wget crashes without the image's missing NSS files: a plain request
+    // through nc instead, and applets the image does not link by name through `busybox`.
     let script = format!(
-        "for i in $(seq 30); do wget -q -T 2 -O - http://{server_ip}:8080/index.html | grep -q served-by-{server} && exit 0; sleep 1; done; exit 1"
+        "i=0; while [ $i -lt 30 ]; do printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | nc -w 2 {server_ip} 8080 > /tmp/got; busybox grep -q served-by-{server} /tmp/got && exit 0; i=$((i+1)); sleep 1; done; exit 1"
     );
     cluster
         .kubectl_ok(
@@ -220,7 +224,7 @@ pub async fn addresses_are_the_pods_own(
         (ipam.name(), from_pool as fn(&str) -> bool),
         (plain.name(), from_fallback),
     ] {
-        let mut thief: Value = serde_json::from_str(&pod("copy", namespace, false))?;
+        let mut thief: Value = serde_json::from_str(&pod("copy", namespace))?;
         thief["metadata"]["annotations"] = Value::Object(annotations.clone());
         cluster
             .kubectl_ok(["create", "-f", "-"], Some(&thief.to_string()))
@@ -292,27 +296,44 @@ async fn ctr(cluster: &Cluster, args: &[&str]) -> anyhow::Result<std::process::O
 /// 5. The pool (32 addresses on the node) filled: the next Pod stays gated, with its Event,
 /// until a Pod is deleted; then it gets exactly the freed address and runs with it.
 pub async fn a_full_pool_is_reused(cluster: &Cluster, ipam: &TestNamespace) -> anyhow::Result<()> {
-    let pool = get_json(cluster, &["ippool", "pods-v4"]).await?.context("pods-v4")?;
-    let capacity = pool["status"]["capacity"].as_u64().context("pods-v4 has no capacity")?;
-    let held = get_json(cluster, &["ipallocations", "-l", "gatehouse.dev/pool=pods-v4"])
+    let pool = get_json(cluster, &["ippool", "pods-v4"])
         .await?
-        .context("listing IPAllocations")?;
+        .context("pods-v4")?;
+    let capacity = pool["status"]["capacity"]
+        .as_u64()
+        .context("pods-v4 has no capacity")?;
+    let held = get_json(
+        cluster,
+        &["ipallocations", "-l", "gatehouse.dev/pool=pods-v4"],
+    )
+    .await?
+    .context("listing IPAllocations")?;
     let held = held["items"].as_array().map_or(0, Vec::len) as u64;
     let free = usize::try_from(capacity.saturating_sub(held))?;
     let names = create_pods(cluster, ipam.name(), "fill", free).await?;
     let mut addresses = Vec::new();
     for name in &names {
         let running = await_running(cluster, ipam.name(), name).await?;
-        ensure!(from_pool(pod_ip(&running)), "{name} got {}", pod_ip(&running));
+        ensure!(
+            from_pool(pod_ip(&running)),
+            "{name} got {}",
+            pod_ip(&running)
+        );
         addresses.push(pod_ip(&running).to_string());
     }
     cluster
-        .kubectl_ok(["create", "-f", "-"], Some(&pod("waiting", ipam.name(), false)))
+        .kubectl_ok(["create", "-f", "-"], Some(&pod("waiting", ipam.name())))
         .await?;
     await_condition("the next Pod told the pool is exhausted", WAIT, || async {
         let events = get_json(
             cluster,
-            &["events", "-n", ipam.name(), "--field-selector", "involvedObject.name=waiting"],
+            &[
+                "events",
+                "-n",
+                ipam.name(),
+                "--field-selector",
+                "involvedObject.name=waiting",
+            ],
         )
         .await?;
         let told = events.is_some_and(|e| {
@@ -327,7 +348,9 @@ pub async fn a_full_pool_is_reused(cluster: &Cluster, ipam: &TestNamespace) -> a
         .await?
         .context("the waiting Pod")?;
     ensure!(
-        waiting["spec"]["schedulingGates"].as_array().is_some_and(|g| !g.is_empty()),
+        waiting["spec"]["schedulingGates"]
+            .as_array()
+            .is_some_and(|g| !g.is_empty()),
         "the Pod over the pool's capacity is not gated: {}",
         waiting["spec"]
     );
@@ -336,7 +359,10 @@ pub async fn a_full_pool_is_reused(cluster: &Cluster, ipam: &TestNamespace) -> a
         .zip(addresses.first())
         .context("the pool was full already")?;
     cluster
-        .kubectl_ok(["delete", "pod", victim, "-n", ipam.name(), "--wait=true"], None)
+        .kubectl_ok(
+            ["delete", "pod", victim, "-n", ipam.name(), "--wait=true"],
+            None,
+        )
         .await?;
     let running = await_running(cluster, ipam.name(), "waiting").await?;
     ensure!(
