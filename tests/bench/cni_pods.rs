@@ -4,7 +4,9 @@
 //!      namespace no Policy matches;
 //!    - gatehouse-ipam with its effects loop: the bridge configured with gatehouse-ipam, Pods in
 //!      a namespace the sample `ipam` Policy matches (gate, allocation, annotation, plugin);
-//!    the median and p90 of each Pod's create-to-Running time, and the ratio of the medians;
+//!
+//!    Reported: the median and p90 of each Pod's create-to-Running time, and the ratio of the
+//!    medians;
 //! 2. the plugin's own ADD, process start to result, over ADD_RUNS (1000) runs: p50 and p99.
 //!
 //! `tests/bench/cni-pods` runs it against `tests/cluster/up --node` with the image imported.
