@@ -212,6 +212,15 @@ async fn main() -> anyhow::Result<()> {
             None,
         )
         .await?;
+    // pods-v4 where the node's bridge routes it: the upper half of its subnet (host-local has
+    // the lower half), 127 addresses.
+    let pool = json!({
+        "apiVersion": "gatehouse.dev/v1alpha1", "kind": "IPPool", "metadata": {"name": "pods-v4"},
+        "spec": {"cidr": "10.244.0.0/24", "exclude": ["10.244.0.0/25"], "gateway": "10.244.0.1", "routes": [{"dst": "0.0.0.0/0"}]},
+    });
+    cluster
+        .kubectl_ok(["apply", "-f", "-"], Some(&pool.to_string()))
+        .await?;
     cluster
         .kubectl_ok(
             [
