@@ -43,25 +43,34 @@ pub struct IpamAddress {
     pub owner_uid: String,
 }
 
-/// A route, as CNI results carry it.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+// As CNI results carry it; also `IPPool.spec.routes[]`.
+/// A route given to the Pods of a pool.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Route {
-    /// Destination CIDR.
+    /// The destination CIDR, of the pool's IP family (`0.0.0.0/0` for a default route).
+    #[cfg_attr(feature = "schema", schemars(length(min = 1)))]
     pub dst: String,
-    /// Next hop; the default gateway when absent.
+    /// The next hop; the pool's gateway when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gw: Option<String>,
 }
 
-/// DNS settings, as CNI results carry them.
+// As CNI results carry them; also `IPPool.spec.dns`.
+/// DNS settings given to the Pods of a pool.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 pub struct Dns {
+    /// Name server addresses.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nameservers: Vec<String>,
+    /// The local domain.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain: Option<String>,
+    /// Search domains.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub search: Vec<String>,
+    /// Resolver options.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub options: Vec<String>,
 }

@@ -81,10 +81,7 @@ impl PoolNetwork {
             if let Some(gw) = &route.gw {
                 address(&format!("routes[{i}].gw"), gw)?;
             }
-            routes.push(Route {
-                dst: route.dst.clone(),
-                gw: route.gw.clone(),
-            });
+            routes.push(route.clone());
         }
         let dns = match &spec.dns {
             Some(dns) => {
@@ -97,12 +94,7 @@ impl PoolNetwork {
                             value: server.clone(),
                         })?;
                 }
-                Some(Dns {
-                    nameservers: dns.nameservers.clone(),
-                    domain: dns.domain.clone(),
-                    search: dns.search.clone(),
-                    options: dns.options.clone(),
-                })
+                Some(dns.clone())
             }
             None => None,
         };
@@ -132,7 +124,6 @@ impl PoolNetwork {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::v1alpha1::{PoolDns, PoolRoute};
 
     fn spec(cidr: &str) -> IPPoolSpec {
         IPPoolSpec {
@@ -148,13 +139,13 @@ mod tests {
     fn the_gateway_is_inside_the_pool_and_never_handed_out() {
         let mut s = spec("10.244.0.0/24");
         s.gateway = Some("10.244.0.1".into());
-        s.routes = vec![PoolRoute {
+        s.routes = vec![Route {
             dst: "0.0.0.0/0".into(),
             gw: None,
         }];
-        s.dns = Some(PoolDns {
+        s.dns = Some(Dns {
             nameservers: vec!["10.0.0.10".into()],
-            ..PoolDns::default()
+            ..Dns::default()
         });
         let mut pool = Pool::parse(&s.cidr, &s.exclude).unwrap();
         assert_eq!(pool.capacity(), 254);
@@ -245,14 +236,14 @@ mod tests {
             s.gateway = gateway.map(str::to_string);
             s.routes = routes
                 .into_iter()
-                .map(|(dst, gw)| PoolRoute {
+                .map(|(dst, gw)| Route {
                     dst: dst.into(),
                     gw: gw.map(str::to_string),
                 })
                 .collect();
-            s.dns = nameserver.map(|n| PoolDns {
+            s.dns = nameserver.map(|n| Dns {
                 nameservers: vec![n.to_string()],
-                ..PoolDns::default()
+                ..Dns::default()
             });
             let mut pool = Pool::parse(&s.cidr, &s.exclude).unwrap();
             let error = PoolNetwork::parse(&s, &mut pool).unwrap_err().to_string();

@@ -10,6 +10,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+pub use gatehouse_ipam::annotation::{Dns, Route};
+
 /// Label on a Pod naming the pool it waits for an address from (set at admission).
 pub const IPAM_POOL_LABEL: &str = "gatehouse.dev/ipam-pool";
 /// Scheduling gate that holds a Pod until its address is allocated.
@@ -56,40 +58,12 @@ pub struct IPPoolSpec {
     /// Routes given to each Pod with its address, e.g. `{dst: 0.0.0.0/0}` for a default route
     /// through the gateway.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub routes: Vec<PoolRoute>,
+    pub routes: Vec<Route>,
 
     /// DNS settings given to each Pod with its address (runtimes that write the Pod's resolver
     /// from the kubelet's settings, as containerd does, ignore them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dns: Option<PoolDns>,
-}
-
-/// A route given to the Pods of a pool.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
-pub struct PoolRoute {
-    /// The destination CIDR, of the pool's IP family (`0.0.0.0/0` for a default route).
-    #[schemars(length(min = 1))]
-    pub dst: String,
-    /// The next hop; the pool's gateway when absent.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gw: Option<String>,
-}
-
-/// DNS settings given to the Pods of a pool.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
-pub struct PoolDns {
-    /// Name server addresses.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub nameservers: Vec<String>,
-    /// The local domain.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub domain: Option<String>,
-    /// Search domains.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub search: Vec<String>,
-    /// Resolver options.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub options: Vec<String>,
+    pub dns: Option<Dns>,
 }
 
 /// Observed state of an IPPool, written by the effects loop.
