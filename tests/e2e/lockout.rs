@@ -347,8 +347,9 @@ async fn a_policy_the_api_server_refuses_blocks_nothing() {
 
         // A Deny Policy wired first.
         apply_ready(cluster, &policy(&deny, scene.ns(), require_limits())).await?;
-        // Our CEL compiler accepts `'x' + 1`; the API server's type checker does not.
-        apply(cluster, &conditional(&typed, "typed", "'x' + 1 == 'x1'")).await?;
+        // Gatehouse's type checker takes `request` as dyn; the API server types it as an
+        // AdmissionRequest, whose `operation` is a string, and refuses `string + int`.
+        apply(cluster, &conditional(&typed, "typed", "request.operation + 1 == 2")).await?;
         let cond = await_ready(cluster, &typed, "False").await?;
         ensure!(cond["reason"] == "RejectedByAPIServer", "condition {cond}");
         let message = cond["message"].as_str().unwrap_or_default();
