@@ -349,7 +349,11 @@ async fn a_policy_the_api_server_refuses_blocks_nothing() {
         apply_ready(cluster, &policy(&deny, scene.ns(), require_limits())).await?;
         // Gatehouse's type checker takes `request` as dyn; the API server types it as an
         // AdmissionRequest, whose `operation` is a string, and refuses `string + int`.
-        apply(cluster, &conditional(&typed, "typed", "request.operation + 1 == 2")).await?;
+        apply(
+            cluster,
+            &conditional(&typed, "typed", "request.operation + 1 == 2"),
+        )
+        .await?;
         let cond = await_ready(cluster, &typed, "False").await?;
         ensure!(cond["reason"] == "RejectedByAPIServer", "condition {cond}");
         let message = cond["message"].as_str().unwrap_or_default();
