@@ -300,9 +300,14 @@ async fn the_installation_admits_pods_from_the_node_and_uninstalls_cleanly() {
             stderr(&refused)
         );
         // The namespace label reaches the replicas' Namespace caches a moment after it is set.
+        // A Pod created before they have: unmarked, so removed and created again.
         await_condition("a Pod given an address", WAIT, || async {
             let _ = cluster.kubectl_output(["create", "-f", "-"], Some(&pod("web", ipam.name(), false))).await?;
             let p = get_json(cluster, &["pod", "web", "-n", ipam.name()]).await?;
+            if p.as_ref().is_some_and(|p| p["metadata"]["labels"]["gatehouse.dev/ipam-pool"].is_null()) {
+                cluster.kubectl_ok(["delete", "pod", "web", "-n", ipam.name(), "--wait=true"], None).await?;
+                return Ok(None);
+            }
             Ok(p.filter(|p| p["metadata"]["annotations"]["gatehouse.dev/ip"].is_string()))
         })
         .await?;
