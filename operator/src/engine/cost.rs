@@ -182,8 +182,13 @@ fn walk(expr: &IdedExpr, n: u64) -> Walked {
             let mut largest: u64 = 0;
             // The product of the arguments' sizes (the receiver left out).
             let mut product: u64 = 1;
+            // The first argument's size, when known: what `@entries` yields as many pairs of.
+            let mut first_arg_size = None;
             for operand in call.target.iter().map(|t| t.as_ref()).chain(&call.args) {
                 let w = walk(operand, n);
+                if call.args.first().is_some_and(|a| std::ptr::eq(a, operand)) {
+                    first_arg_size = w.size;
+                }
                 cost = cost.saturating_add(w.cost);
                 largest = largest.max(w.size.unwrap_or(n));
                 if !call
@@ -205,7 +210,7 @@ fn walk(expr: &IdedExpr, n: u64) -> Walked {
             if call.func_name == crate::engine::cel::comprehensions::ENTRIES {
                 return Walked {
                     cost,
-                    size: call.args.first().and_then(|a| walk(a, n).size),
+                    size: first_arg_size,
                 };
             }
             unknown(cost)

@@ -3,7 +3,7 @@ use ::cel::Program;
 
 use super::CelError;
 use super::activation::Bindings;
-use super::environment::{checked_eval, run, sized_by};
+use super::environment::{run, sized_by};
 use crate::engine::cost::{self, ASSUMED_COLLECTION_SIZE, CallBudget};
 
 /// A Policy expression as it is kept between requests: the program, and the variables whose
@@ -38,7 +38,8 @@ impl Expression {
 
     /// [`eval_bool`](super::eval_bool) of the program.
     pub fn eval_bool(&self, vars: &dyn Bindings) -> Result<bool, CelError> {
-        checked_eval(&self.program, self.sized_by.as_deref(), vars)
+        // No call budget: only the per-expression one, which `eval_bool_within` checks too.
+        self.eval_bool_within(vars, &mut CallBudget::of(u64::MAX))
     }
 
     /// [`Expression::eval_bool`], charging the expression's estimate to the call's `budget`
