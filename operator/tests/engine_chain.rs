@@ -5,8 +5,7 @@
 use std::collections::BTreeMap;
 
 use gatehouse::api::v1alpha1::{Policy, ReinvocationPolicy};
-use gatehouse::engine::chain::{self, Decision, Scope};
-use gatehouse::engine::rule_table::RuleTable;
+use gatehouse::engine::chain::{self, Decision, Matching};
 use gatehouse::engine::{
     CompiledPolicy, Namespace, Phase, Request, Response, compile, decide, parse_request,
 };
@@ -46,10 +45,9 @@ fn request(operation: &str, labels: Value) -> Request {
     parse_request(body.to_string().as_bytes()).expect("test review parses")
 }
 
-const ASSUMED: Scope<'static> = Scope {
+const ASSUMED: Matching<'static> = Matching {
     namespace: Namespace::Assumed,
     matched: false,
-    rules: None,
 };
 
 fn decisions<'a>(outcome: &chain::Outcome<'a>) -> Vec<(&'a str, Decision)> {
@@ -293,10 +291,9 @@ fn selectors_choose_members_inside_a_shared_entry() {
     let members = [&by_ns, &by_object];
     let team_a = BTreeMap::from([("team".to_string(), "a".to_string())]);
     let team_b = BTreeMap::from([("team".to_string(), "b".to_string())]);
-    let scope = |labels| Scope {
+    let scope = |labels| Matching {
         namespace: Namespace::Labels(labels),
         matched: false,
-        rules: None,
     };
     let web = request("CREATE", json!({"tier": "web"}));
     assert!(
@@ -320,10 +317,9 @@ fn selectors_choose_members_inside_a_shared_entry() {
         );
     }
     // The API server matched an own entry: no matching here at all.
-    let matched = Scope {
+    let matched = Matching {
         namespace: Namespace::Unknown("not read"),
         matched: true,
-        rules: None,
     };
     assert!(
         !chain::validate(&web, &[&by_object], matched)
@@ -333,7 +329,7 @@ fn selectors_choose_members_inside_a_shared_entry() {
 }
 
 #[test]
-fn a_group_decides_the_same_with_its_rule_table() {
+fn members_of_a_group_match_by_their_own_rules() {
     let rules = |operations: Value, resources: Value| json!([{"operations": operations, "apiGroups": [""], "apiVersions": ["v1"], "resources": resources}]);
     let pods_create = policy(
         "pods-create",
@@ -356,34 +352,8 @@ fn a_group_decides_the_same_with_its_rule_table() {
                "validate": [{"expression": "false", "message": "db says no"}]}),
     );
     let members = [&pods_create, &pods_update, &status, &selective];
-    let table = RuleTable::of(members);
-    for (op, tier) in [("CREATE", "web"), ("UPDATE", "db"), ("DELETE", "db")] {
-        let req = request(op, json!({"tier": tier}));
-        let matching = table.matching(&req);
-        let with_table = Scope {
-            rules: Some(&matching),
-            ..ASSUMED
-        };
-        for reinvocation in [ReinvocationPolicy::Never, ReinvocationPolicy::IfNeeded] {
-            let by_table = chain::mutate(&req, &members, reinvocation, with_table);
-            let one_by_one = chain::mutate(&req, &members, reinvocation, ASSUMED);
-            assert_eq!(decisions(&by_table), decisions(&one_by_one), "{op}");
-            assert_eq!(by_table.response, one_by_one.response, "{op}");
-        }
-        let by_table = chain::validate(&req, &members, with_table);
-        let one_by_one = chain::validate(&req, &members, ASSUMED);
-        assert_eq!(decisions(&by_table), decisions(&one_by_one), "{op}");
-        assert_eq!(by_table.response, one_by_one.response, "{op}");
-    }
-    // And what they decide: each Policy by its own rules.
     let req = request("CREATE", json!({"tier": "db"}));
-    let matching = table.matching(&req);
-    assert_eq!(matching, [true, false, false, true]);
-    let with_table = Scope {
-        rules: Some(&matching),
-        ..ASSUMED
-    };
-    let out = chain::mutate(&req, &members, ReinvocationPolicy::Never, with_table);
+    let out = chain::mutate(&req, &members, ReinvocationPolicy::Never, ASSUMED);
     assert_eq!(
         decisions(&out),
         [
@@ -393,7 +363,7 @@ fn a_group_decides_the_same_with_its_rule_table() {
             ("selective", Decision::Allowed),
         ]
     );
-    let out = chain::validate(&req, &members, with_table);
+    let out = chain::validate(&req, &members, ASSUMED);
     assert_eq!(
         out.response.message(),
         Some("policy \"selective\": db says no")

@@ -15,19 +15,13 @@
 //!
 //! Pure: [`Evaluated`] reports what each member did and how long it took, for the caller's
 //! per-Policy metrics.
-use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use super::CompiledPolicy;
-use super::admission::{
-    Phase, Request, Response, Variables, decide, decide_in_place, validating_with,
-};
-use super::cel::{Activation, Needs};
-use super::diff;
+use super::admission::{Request, Response, Variables, decide_in_place, validating_with};
 use super::matcher::{self, MatchError, Namespace};
-use super::merge::Reach;
 use crate::api::v1alpha1::{FailurePolicy, ReinvocationPolicy};
 
 /// What one member did with the request.
@@ -101,22 +95,11 @@ impl Outcome<'_> {
 
 /// How the members are offered the request.
 #[derive(Clone, Copy, Debug)]
-pub struct Scope<'a> {
+pub struct Matching<'a> {
     /// What is known of the request's Namespace, for namespaceSelectors.
     pub namespace: Namespace<'a>,
     /// The API server matched already (a Policy's own entry): evaluate without matching.
     pub matched: bool,
-    /// Per member, whether its rules match the request, when the group's
-    /// [`RuleTable`](super::rule_table::RuleTable) told already; otherwise each member's rules
-    /// are matched as it is offered the request. Rules read nothing a member can change.
-    pub rules: Option<&'a [bool]>,
-}
-
-impl Scope<'_> {
-    /// What [`Scope::rules`] says of member `index`.
-    fn rules_of(&self, index: usize) -> Option<bool> {
-        self.rules.and_then(|r| r.get(index).copied())
-    }
 }
 
 /// Runs a mutating group; see the module documentation.
@@ -124,10 +107,9 @@ pub fn mutate<'p>(
     req: &Request,
     members: &[&'p CompiledPolicy],
     reinvocation: ReinvocationPolicy,
-    scope: Scope<'_>,
+    matching: Matching<'_>,
 ) -> Outcome<'p> {
     let mut chain = Chain::new(req);
-    chain.reach = shared_reach(req, members);
     // When (by step count) each member last ran, and when the object last changed.
     let mut last_ran: Vec<Option<usize>> = vec![None; members.len()];
     let mut last_change = 0;
@@ -142,9 +124,9 @@ pub fn mutate<'p>(
         ReinvocationPolicy::IfNeeded => members.len() + 2,
     };
     for _ in 0..bound {
-        for (at, &i) in order.iter().enumerate() {
+        for &i in &order {
             clock += 1;
-            match chain.step(members[i], scope.rules_of(i), scope, at + 1 == order.len()) {
+            match chain.step(members[i], matching) {
                 Ok(Decision::Patched) => {
                     last_change = clock;
                     last_ran[i] = Some(clock);
@@ -174,174 +156,44 @@ pub fn mutate<'p>(
 }
 
 /// The members that ran before a later change, in order.
-///
-/// (Running again only those whose reach a later change overlaps saved 2 % of a group-of-eight
-/// request in `cargo bench -p gatehouse --bench engine` and nothing visible in
-/// `webhook-https.sh`: not worth its proof.)
 fn to_run_again(last_ran: &[Option<usize>], last_change: usize) -> Vec<usize> {
     (0..last_ran.len())
         .filter(|&i| last_ran[i].is_some_and(|t| t < last_change))
         .collect()
 }
 
-/// The working copy of a mutating group request. Members change one copy of the request in
-/// place, and the answer is one diff of the original against it; the copy is only made once a
-/// member is about to change the object. When every member only touches a known part of the
-/// object and matches without reading it ([`shared_reach`]), the copy is of just that part and
-/// the diff stays within it. Otherwise, the last member of a pass that finds the object untouched
-/// answers with its own patch, so a lone Policy's review never copies the whole request.
-///
-/// `benches/webhook-https.sh`, the group of eight mutating Policies, against the fixed-allow
-/// server: with a copy of what each member reaches, its own patch and diff, and every patch
-/// applied to the working copy in turn, 0.417 of the baseline's throughput (225 µs of server
-/// CPU per request); members changing one copy of the whole object in place, 0.53 (175 µs, on a
-/// busy machine); a shared copy of just the part they reach, 0.55 (142 µs against the
-/// baseline's 71 µs, quiet machine). In-process (parse, the eight, the answer): 228, 145 and
-/// 77 µs. A single-Policy review went from 152 to 122 µs of server CPU (throughput 0.56 to 0.66
-/// of the baseline) when its answer stopped being a copy of the whole request and a diff of the
-/// whole object (749af71 against 8c954a9).
+/// The working copy of a mutating request: members change one copy of the request in place,
+/// each matched against and seeing what the previous ones left, and the answer is one diff of
+/// the original object against it.
 struct Chain<'r, 'p> {
     original: &'r Request,
-    /// What the members can touch, when that is all they touch and none of them reads the
-    /// object to match: the working copy is then `part`.
-    reach: Option<Cow<'p, Reach>>,
-    /// The working copy of the reached part of the object ([`Reach::copy`]).
-    part: Option<Value>,
-    /// The working copy of the whole request, once a member has changed the object (or is
-    /// about to), when there is no `reach`.
-    working: Option<Request>,
-    /// The operations from `original` that `working` does not hold yet: a member's own patch,
-    /// recorded while there was no working copy.
-    pending: Vec<json_patch::PatchOperation>,
+    working: Request,
+    /// The request's CEL variable: the same for every member, since it leaves the object out.
+    request_variable: Value,
     warnings: Vec<String>,
     evaluated: Vec<Evaluated<'p>>,
-}
-
-/// What all `members` can touch of `req`'s object, when each of them only touches what its
-/// mutate list reaches (no guard reads `object`, no IPAM mark) and matches without reading the
-/// object ([`matcher::reads_object`]): members can then run on a copy of just that, matched
-/// against the original request.
-fn shared_reach<'p>(req: &Request, members: &[&'p CompiledPolicy]) -> Option<Cow<'p, Reach>> {
-    if !matches!(req.object, Some(Value::Object(_))) {
-        return None;
-    }
-    members_reach(req.is_namespace(), members)
-}
-
-/// What all `members` can touch of an object, judged before it is decoded, from whether it is a
-/// Namespace (all the request tells about it): how far the server needs to decode it
-/// ([`parse_request_within`](super::admission::parse_request_within)). [`mutate`] finds the same
-/// reach on the request so decoded, and the members then read and write nothing outside it.
-pub fn members_reach<'p>(
-    namespace_object: bool,
-    members: &[&'p CompiledPolicy],
-) -> Option<Cow<'p, Reach>> {
-    let reach = |policy: &'p CompiledPolicy| {
-        let touches_only_its_reach =
-            policy.ipam().is_none() && !matcher::reads_object_of(policy, namespace_object);
-        policy
-            .hints
-            .reach
-            .as_ref()
-            .filter(|_| touches_only_its_reach)
-    };
-    // A lone Policy's reach serves as it is: no union to build per request.
-    if let [only] = members {
-        return reach(only).map(Cow::Borrowed);
-    }
-    let mut shared = Reach::default();
-    for policy in members {
-        shared.add(reach(policy)?);
-    }
-    Some(Cow::Owned(shared))
 }
 
 impl<'r, 'p> Chain<'r, 'p> {
     fn new(req: &'r Request) -> Self {
         Chain {
             original: req,
-            reach: None,
-            part: None,
-            working: None,
-            pending: Vec::new(),
+            working: req.clone(),
+            request_variable: req.cel_variable(),
             warnings: Vec::new(),
             evaluated: Vec::new(),
         }
     }
 
-    /// The request as the members so far left it (once [`flush`](Self::flush)ed), for matching
-    /// and for the next group. With a `reach`, nothing that matching reads has changed.
-    fn current(&self) -> &Request {
-        self.working.as_ref().unwrap_or(self.original)
-    }
-
-    /// The working copy, made from the original when there is none yet.
-    fn working(&mut self) -> &mut Request {
-        self.working.get_or_insert_with(|| self.original.clone())
-    }
-
-    /// Brings the working copy up to date with the pending operations.
-    fn flush(&mut self) -> Result<(), json_patch::PatchError> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
-        let pending = std::mem::take(&mut self.pending);
-        if let Some(object) = self.working().object.as_mut() {
-            json_patch::patch(object, &pending)?;
-        }
-        Ok(())
-    }
-
-    /// Records `ops`, a patch from the current object: kept as it is while the original is
-    /// untouched, applied to the working copy otherwise.
-    fn record(
-        &mut self,
-        ops: Vec<json_patch::PatchOperation>,
-    ) -> Result<(), json_patch::PatchError> {
-        if ops.is_empty() {
-            return Ok(());
-        }
-        if self.working.is_none() && self.pending.is_empty() {
-            self.pending = ops;
-            return Ok(());
-        }
-        self.pending.extend(ops);
-        self.flush()
-    }
-
-    /// Lets `policy` change the working copy in place: its answer and whether it changed.
-    fn mutate_in_place(&mut self, policy: &CompiledPolicy) -> (Response, bool) {
-        let original = self.original;
-        if let (Some(reach), Some(Value::Object(whole))) = (&self.reach, &original.object) {
-            let part = self
-                .part
-                .get_or_insert_with(|| Value::Object(reach.copy(whole)));
-            return decide_in_place(original, part, policy);
-        }
-        // DELETE and CONNECT carry no object to mutate: no copy of the request for them.
-        if original.object.is_none() {
-            return (Response::allow(), false);
-        }
-        let working = self.working();
-        let Some(mut object) = working.object.take() else {
-            return (Response::allow(), false);
-        };
-        let decided = decide_in_place(original, &mut object, policy);
-        working.object = Some(object);
-        decided
-    }
-
-    /// Offers the working copy to `policy`; `rules` says whether its rules match, when known.
+    /// Offers the working copy to `policy`, which may change it.
     fn step(
         &mut self,
         policy: &'p CompiledPolicy,
-        rules: Option<bool>,
-        scope: Scope<'_>,
-        last: bool,
+        matching: Matching<'_>,
     ) -> Result<Decision, Response> {
         let started = Instant::now();
         let mut over_budget = false;
-        let step = mutate_step(self, policy, (rules, scope), last, &mut over_budget);
+        let step = self.mutate_step(policy, matching, &mut over_budget);
         self.evaluated.push(Evaluated {
             policy,
             decision: step.as_ref().map_or(Decision::Denied, |d| *d),
@@ -349,6 +201,42 @@ impl<'r, 'p> Chain<'r, 'p> {
             elapsed: started.elapsed(),
         });
         step
+    }
+
+    fn mutate_step(
+        &mut self,
+        policy: &CompiledPolicy,
+        matching: Matching<'_>,
+        over_budget: &mut bool,
+    ) -> Result<Decision, Response> {
+        if let Some(decision) = offered(
+            &self.working,
+            policy,
+            matching,
+            &mut self.warnings,
+            over_budget,
+        )? {
+            return Ok(decision);
+        }
+        // DELETE and CONNECT carry no object to mutate.
+        let Some(mut object) = self.working.object.take() else {
+            return Ok(Decision::Allowed);
+        };
+        let (resp, changed) =
+            decide_in_place(&self.working, &self.request_variable, &mut object, policy);
+        self.working.object = Some(object);
+        *over_budget |= resp.over_budget;
+        self.warnings.extend(resp.warnings.iter().cloned());
+        if !resp.allowed {
+            return Err(resp);
+        }
+        Ok(if changed {
+            Decision::Patched
+        } else if resp.ignored {
+            Decision::Ignored
+        } else {
+            Decision::Allowed
+        })
     }
 
     fn denied(self, denial: Response) -> Outcome<'p> {
@@ -361,28 +249,12 @@ impl<'r, 'p> Chain<'r, 'p> {
         }
     }
 
-    fn finish(mut self) -> Outcome<'p> {
+    fn finish(self) -> Outcome<'p> {
         let mut response = Response::allow();
-        response.warnings = distinct(std::mem::take(&mut self.warnings));
-        response.patch = match (
-            &self.reach,
-            &self.part,
-            &self.working,
-            &self.original.object,
-        ) {
-            (Some(reach), Some(Value::Object(part)), _, Some(Value::Object(whole))) => {
-                diff::diff_within(whole, part, reach)
-            }
-            (
-                _,
-                _,
-                Some(Request {
-                    object: Some(last), ..
-                }),
-                Some(first),
-            ) if self.pending.is_empty() => diff::diff(first, last),
-            _ => json_patch::Patch(self.pending),
-        };
+        response.warnings = distinct(self.warnings);
+        if let (Some(first), Some(last)) = (&self.original.object, &self.working.object) {
+            response.patch = json_patch::diff(first, last);
+        }
         Outcome {
             response,
             evaluated: self.evaluated,
@@ -394,29 +266,25 @@ impl<'r, 'p> Chain<'r, 'p> {
 pub fn validate<'p>(
     req: &Request,
     members: &[&'p CompiledPolicy],
-    scope: Scope<'_>,
+    matching: Matching<'_>,
 ) -> Outcome<'p> {
     let mut warnings = Vec::new();
     let mut denials: Vec<Response> = Vec::new();
     let mut evaluated = Vec::new();
-    // The object does not change here, so members whose validations read the same parts of the
-    // request share one conversion of them to CEL values.
-    let variables = Variables::new(req, members.iter().map(|p| &p.hints.validation_needs));
-    let mut shared = SharedActivations::new(&variables);
-    for (i, &policy) in members.iter().enumerate() {
+    // The object does not change here: every member reads one conversion of the variables.
+    let variables = Variables::new(req);
+    let activation = variables.activation();
+    for &policy in members {
         let started = Instant::now();
         let mut over_budget = false;
-        let offer = (scope.rules_of(i), scope);
-        let decision = match offered(req, policy, offer, &mut warnings, &mut over_budget) {
+        let decision = match offered(req, policy, matching, &mut warnings, &mut over_budget) {
             Err(denial) => {
                 denials.push(denial);
                 Decision::Denied
             }
             Ok(Some(decision)) => decision,
             Ok(None) => {
-                let resp = shared.with(&policy.hints.validation_needs, |vars| {
-                    validating_with(policy, vars)
-                });
+                let resp = validating_with(policy, &activation);
                 over_budget |= resp.over_budget;
                 warnings.extend(resp.warnings.iter().cloned());
                 if resp.allowed && resp.ignored {
@@ -441,46 +309,6 @@ pub fn validate<'p>(
     Outcome {
         response,
         evaluated,
-    }
-}
-
-/// The activations of a validating group's members, one per distinct [`Needs`]: members that
-/// read the same parts of the request share their conversion to CEL values. Converting `object`
-/// per member was a tenth of Gatehouse's CPU in `tests/bench/admission-load`'s 256-Policy phase
-/// (perf); `webhook_bench` serving its 128 validating Policies (one expression alike), three
-/// interleaved 6 s wrk runs each: 3550 requests a second with an activation per member, 3995
-/// shared (+12.5 %).
-struct SharedActivations<'v, 'n> {
-    variables: &'v Variables<'v>,
-    kept: Vec<(&'n Needs, Activation<'v>)>,
-}
-
-impl<'v, 'n> SharedActivations<'v, 'n>
-where
-    'n: 'v,
-{
-    /// How many distinct needs are kept: finding one is a scan, and past a few the members
-    /// read different things anyway.
-    const KEPT: usize = 16;
-
-    fn new(variables: &'v Variables<'v>) -> Self {
-        SharedActivations {
-            variables,
-            kept: Vec::new(),
-        }
-    }
-
-    /// `f` over an activation of the variables for expressions that read no more than `needs`.
-    fn with<R>(&mut self, needs: &'n Needs, f: impl FnOnce(&Activation<'v>) -> R) -> R {
-        if let Some((_, vars)) = self.kept.iter().find(|(n, _)| *n == needs) {
-            return f(vars);
-        }
-        let vars = self.variables.activation(needs);
-        let result = f(&vars);
-        if self.kept.len() < Self::KEPT {
-            self.kept.push((needs, vars));
-        }
-        result
     }
 }
 
@@ -516,19 +344,14 @@ pub fn distinct(warnings: Vec<String>) -> Vec<String> {
 fn offered(
     current: &Request,
     policy: &CompiledPolicy,
-    (rules, scope): (Option<bool>, Scope<'_>),
+    matching: Matching<'_>,
     warnings: &mut Vec<String>,
     over_budget: &mut bool,
 ) -> Result<Option<Decision>, Response> {
-    if scope.matched {
+    if matching.matched {
         return Ok(None);
     }
-    let matched = match rules {
-        Some(false) => return Ok(Some(Decision::Skipped)),
-        Some(true) => matcher::matches_beyond_rules(current, policy, scope.namespace),
-        None => matcher::matches(current, policy, scope.namespace),
-    };
-    match matched {
+    match matcher::matches(current, policy, matching.namespace) {
         Ok(true) => Ok(None),
         Ok(false) => Ok(Some(Decision::Skipped)),
         Err(e @ (MatchError::Condition { .. } | MatchError::NamespaceUnknown { .. })) => {
@@ -553,54 +376,6 @@ fn offered(
     }
 }
 
-/// Offers the working copy to one mutating member and lets it change the copy. The `last`
-/// member of a pass that finds the original untouched answers with its own patch instead.
-fn mutate_step(
-    chain: &mut Chain<'_, '_>,
-    policy: &CompiledPolicy,
-    offer: (Option<bool>, Scope<'_>),
-    last: bool,
-    over_budget: &mut bool,
-) -> Result<Decision, Response> {
-    chain.flush().map_err(|e| {
-        Response::deny(
-            500,
-            "InternalError",
-            format!("a patch of an earlier Policy does not apply: {e}"),
-        )
-    })?;
-    if let Some(decision) = offered(
-        chain.working.as_ref().unwrap_or(chain.original),
-        policy,
-        offer,
-        &mut chain.warnings,
-        over_budget,
-    )? {
-        return Ok(decision);
-    }
-    let (resp, changed) = if last && chain.reach.is_none() && chain.working.is_none() {
-        let mut resp = decide(chain.original, policy, Phase::Mutating);
-        let ops = std::mem::take(&mut resp.patch.0);
-        let changed = !ops.is_empty();
-        chain.pending = ops;
-        (resp, changed)
-    } else {
-        chain.mutate_in_place(policy)
-    };
-    *over_budget |= resp.over_budget;
-    chain.warnings.extend(resp.warnings.iter().cloned());
-    if !resp.allowed {
-        return Err(resp);
-    }
-    Ok(if changed {
-        Decision::Patched
-    } else if resp.ignored {
-        Decision::Ignored
-    } else {
-        Decision::Allowed
-    })
-}
-
 /// The whole admission chain for `policies`, as the API server runs their entries: the mutating
 /// groups in order, each entry once, then once more for an `IfNeeded` entry that ran before a
 /// later one changed the object; then every validating group judges the final object, and every
@@ -621,75 +396,114 @@ pub fn admit<'p>(
     };
     // Offline nobody matched before us: own entries are matched here too (where `authorizer`
     // is unavailable, so a condition reading it fails by its failurePolicy).
-    let scope = Scope {
+    let matching = Matching {
         namespace,
         matched: false,
-        rules: None,
     };
-    let mut chain = Chain::new(req);
+    let mut admission = Admission {
+        current: req.clone(),
+        warnings: Vec::new(),
+        evaluated: Vec::new(),
+    };
     let mut invoked: Vec<usize> = Vec::new();
     let mut again = vec![false; groups.mutating.len()];
-    let entry =
-        |chain: &mut Chain<'_, 'p>, g: &super::group::Group| -> Result<(bool, bool), Response> {
-            chain.flush().map_err(|e| {
-                Response::deny(500, "InternalError", format!("a patch does not apply: {e}"))
-            })?;
-            let out = mutate(
-                chain.current(),
-                &members_of(g),
-                g.reinvocation_policy,
-                scope,
-            );
-            let ran = out
-                .evaluated
-                .iter()
-                .any(|e| matches!(e.decision, Decision::Allowed | Decision::Patched));
-            chain.evaluated.extend(out.evaluated);
-            chain.warnings.extend(out.response.warnings.iter().cloned());
-            if !out.response.allowed {
-                return Err(out.response);
-            }
-            let changed = out.response.patched();
-            chain.record(out.response.patch.0).map_err(|e| {
-                Response::deny(500, "InternalError", format!("a patch does not apply: {e}"))
-            })?;
-            Ok((ran, changed))
-        };
     for (i, g) in groups.mutating.iter().enumerate() {
-        let (ran, changed) = match entry(&mut chain, g) {
-            Ok(done) => done,
-            Err(denial) => return chain.denied(denial),
+        let out = mutate(
+            &admission.current,
+            &members_of(g),
+            g.reinvocation_policy,
+            matching,
+        );
+        let entry = match admission.entry(out) {
+            Ok(entry) => entry,
+            Err(denial) => return admission.outcome(req, Some(denial)),
         };
-        if changed {
+        if entry.changed {
             for &j in &invoked {
                 again[j] = true;
             }
         }
-        if ran && g.reinvocation_policy == ReinvocationPolicy::IfNeeded {
+        if entry.ran && g.reinvocation_policy == ReinvocationPolicy::IfNeeded {
             invoked.push(i);
         }
     }
     for (g, _) in groups.mutating.iter().zip(&again).filter(|(_, a)| **a) {
-        if let Err(denial) = entry(&mut chain, g) {
-            return chain.denied(denial);
+        let out = mutate(
+            &admission.current,
+            &members_of(g),
+            g.reinvocation_policy,
+            matching,
+        );
+        if let Err(denial) = admission.entry(out) {
+            return admission.outcome(req, Some(denial));
         }
-    }
-
-    if let Err(e) = chain.flush() {
-        let denial = Response::deny(500, "InternalError", format!("a patch does not apply: {e}"));
-        return chain.denied(denial);
     }
     let mut denials = Vec::new();
     for g in &groups.validating {
-        let out = validate(chain.current(), &members_of(g), scope);
-        chain.evaluated.extend(out.evaluated);
-        chain.warnings.extend(out.response.warnings.iter().cloned());
+        let out = validate(&admission.current, &members_of(g), matching);
+        admission.evaluated.extend(out.evaluated);
+        admission
+            .warnings
+            .extend(out.response.warnings.iter().cloned());
         if !out.response.allowed {
             denials.push(out.response);
         }
     }
-    match combine(denials) {
-        Some(denial) => chain.denied(denial),
-        None => chain.finish(),
+    admission.outcome(req, combine(denials))
+}
+
+/// The request as the entries so far left it, in [`admit`].
+struct Admission<'p> {
+    current: Request,
+    warnings: Vec<String>,
+    evaluated: Vec<Evaluated<'p>>,
+}
+
+/// What one mutating entry did in [`admit`].
+struct EntryRun {
+    /// A member matched and ran.
+    ran: bool,
+    /// The object changed.
+    changed: bool,
+}
+
+impl<'p> Admission<'p> {
+    /// Takes in one mutating entry's outcome: its patch applied to the current object.
+    fn entry(&mut self, out: Outcome<'p>) -> Result<EntryRun, Response> {
+        let ran = out
+            .evaluated
+            .iter()
+            .any(|e| matches!(e.decision, Decision::Allowed | Decision::Patched));
+        self.evaluated.extend(out.evaluated);
+        self.warnings.extend(out.response.warnings.iter().cloned());
+        if !out.response.allowed {
+            return Err(out.response);
+        }
+        let changed = out.response.patched();
+        if let Some(object) = self.current.object.as_mut() {
+            json_patch::patch(object, &out.response.patch).map_err(|e| {
+                Response::deny(500, "InternalError", format!("a patch does not apply: {e}"))
+            })?;
+        }
+        Ok(EntryRun { ran, changed })
+    }
+
+    /// The answer: `denial`, or the patch from `original`'s object to the final one.
+    fn outcome(self, original: &Request, denial: Option<Response>) -> Outcome<'p> {
+        let mut response = match denial {
+            Some(denial) => denial,
+            None => {
+                let mut allowed = Response::allow();
+                if let (Some(first), Some(last)) = (&original.object, &self.current.object) {
+                    allowed.patch = json_patch::diff(first, last);
+                }
+                allowed
+            }
+        };
+        response.warnings = distinct(self.warnings);
+        Outcome {
+            response,
+            evaluated: self.evaluated,
+        }
     }
 }

@@ -54,27 +54,10 @@ pub fn matches(
     policy: &CompiledPolicy,
     namespace: Namespace<'_>,
 ) -> Result<bool, MatchError> {
-    if !policy
-        .spec()
-        .match_
-        .rules
-        .iter()
-        .any(|rule| rule_matches(rule, req))
-    {
+    let spec = &policy.spec().match_;
+    if !spec.rules.iter().any(|rule| rule_matches(rule, req)) {
         return Ok(false);
     }
-    matches_beyond_rules(req, policy, namespace)
-}
-
-/// [`matches()`] for a request that one of `policy`'s rules matches (as a whole group's
-/// [`RuleTable`](super::rule_table::RuleTable) tells): the namespaceSelector, objectSelector
-/// and match conditions.
-pub fn matches_beyond_rules(
-    req: &Request,
-    policy: &CompiledPolicy,
-    namespace: Namespace<'_>,
-) -> Result<bool, MatchError> {
-    let spec = &policy.spec().match_;
     if let Some(selector) = &spec.namespace_selector
         && !namespace_selector_matches(selector, req, namespace)?
     {
@@ -88,8 +71,8 @@ pub fn matches_beyond_rules(
     if spec.conditions.is_empty() {
         return Ok(true);
     }
-    let variables = Variables::new(req, [&policy.hints.condition_needs]);
-    let vars = variables.activation(&policy.hints.condition_needs);
+    let variables = Variables::new(req);
+    let vars = variables.activation();
     let mut budget = CallBudget::match_conditions();
     for (index, (condition, program)) in spec.conditions.iter().zip(&policy.conditions).enumerate()
     {
@@ -105,21 +88,6 @@ pub fn matches_beyond_rules(
         }
     }
     Ok(true)
-}
-
-/// Whether matching `policy` against `req` reads the request's object: an objectSelector, a
-/// match condition reading `object`, or a namespaceSelector when the request is for a Namespace
-/// (matched against its own labels). Otherwise a change to the object cannot change the match.
-pub fn reads_object(req: &Request, policy: &CompiledPolicy) -> bool {
-    reads_object_of(policy, req.is_namespace())
-}
-
-/// [`reads_object`] for a request whose object is a Namespace or not (all it depends on).
-pub fn reads_object_of(policy: &CompiledPolicy, namespace_object: bool) -> bool {
-    let spec = &policy.spec().match_;
-    spec.object_selector.is_some()
-        || policy.hints.condition_needs.reads_object()
-        || (namespace_object && spec.namespace_selector.is_some())
 }
 
 /// One `RuleWithOperations`, with the API server's meaning: `*` wildcards, `res/sub` resources

@@ -25,7 +25,6 @@
 //!   replaced by the materialised patch.
 //!
 //! A top-level `null` patch is a no-op: null only has a meaning as an object member.
-use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
@@ -205,135 +204,10 @@ pub fn array_at_mut<'a>(root: &'a mut Value, path: &str) -> Option<&'a mut Vec<V
         .as_array_mut()
 }
 
-/// The parts of an object that merges can read or write: the keys of each merge patch, object
-/// level by object level down to where the patch holds something other than an object, and the
-/// segments of each `forEach` path down to its array. Merging only looks at the target along
-/// the patch's own keys, so a copy of just these parts ([`Reach::copy`]) merges exactly like the
-/// whole object on them, and the rest of the object cannot change.
-///
-/// What it saves (`cargo bench -p gatehouse --bench engine`, "reach"): 1.20x faster than copying
-/// and diffing a whole 10-container Pod, 5 µs per Policy, 10 % of a single-Policy review.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Reach(BTreeMap<String, Option<Reach>>);
-
-impl Reach {
-    /// What merging `patch` into the root reaches.
-    pub fn add_merge(&mut self, patch: &Map<String, Value>) {
-        for (key, value) in patch {
-            match value {
-                Value::Object(sub) => {
-                    if let Some(reach) = self.descend(key) {
-                        reach.add_merge(sub);
-                    }
-                }
-                _ => self.whole(key),
-            }
-        }
-    }
-
-    /// What a `forEach` over the dotted `path` reaches: the array, whole.
-    pub fn add_path(&mut self, path: &str) {
-        let mut reach = Some(self);
-        let mut segments = path.split('.').peekable();
-        while let (Some(r), Some(segment)) = (reach, segments.next()) {
-            if segments.peek().is_none() {
-                r.whole(segment);
-                return;
-            }
-            reach = r.descend(segment);
-        }
-    }
-
-    /// Everything `other` reaches, too.
-    pub fn add(&mut self, other: &Reach) {
-        for (key, reach) in &other.0 {
-            match reach {
-                None => self.whole(key),
-                Some(reach) => {
-                    if let Some(mine) = self.descend(key) {
-                        mine.add(reach);
-                    }
-                }
-            }
-        }
-    }
-
-    /// The member `key`, part of it from now on; `None` when it is already reached whole.
-    fn descend(&mut self, key: &str) -> Option<&mut Reach> {
-        // A group's union meets the same keys (`spec`, `metadata`) member after member: only a
-        // new key is worth a String.
-        if !self.0.contains_key(key) {
-            self.0.insert(key.to_string(), Some(Reach::default()));
-        }
-        self.0.get_mut(key)?.as_mut()
-    }
-
-    fn whole(&mut self, key: &str) {
-        match self.0.get_mut(key) {
-            Some(reach) => *reach = None,
-            None => {
-                self.0.insert(key.to_string(), None);
-            }
-        }
-    }
-
-    /// Whether `key` is reached, and how: `Some(None)` whole, `Some(Some(r))` in part.
-    pub fn member(&self, key: &str) -> Option<Option<&Reach>> {
-        self.0.get(key).map(Option::as_ref)
-    }
-
-    /// A copy of `object`'s members that this reaches: whole where reached whole or where the
-    /// member is not an object (merging decides on it as a whole), recursively where reached in
-    /// part. Members the object lacks stay absent.
-    pub fn copy(&self, object: &Map<String, Value>) -> Map<String, Value> {
-        let mut copy = Map::new();
-        for (key, reach) in &self.0 {
-            if let Some(value) = object.get(key) {
-                let value = match (reach, value) {
-                    (Some(reach), Value::Object(member)) => Value::Object(reach.copy(member)),
-                    _ => value.clone(),
-                };
-                copy.insert(key.clone(), value);
-            }
-        }
-        copy
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn reach_copies_only_what_merges_can_touch() {
-        let mut reach = Reach::default();
-        reach.add_merge(
-            json!({"spec": {"containers": [{"name": "proxy"}]}, "metadata": {"labels": {"a": "b"}}})
-                .as_object()
-                .unwrap(),
-        );
-        reach.add_path("spec.containers");
-        reach.add_path("spec.initContainers");
-        // A later whole-member reach wins over an earlier partial one.
-        reach.add_merge(json!({"status": {"x": 1}}).as_object().unwrap());
-        reach.add_merge(json!({"status": null}).as_object().unwrap());
-        let pod = json!({
-            "metadata": {"name": "p", "labels": {"a": "c", "b": "d"}},
-            "spec": {"containers": [{"name": "app"}], "volumes": [], "nodeName": "n"},
-            "status": {"phase": "Pending"},
-        });
-        let copy = reach.copy(pod.as_object().unwrap());
-        assert_eq!(
-            Value::Object(copy),
-            json!({
-                // Only the label the patch names: merging never looks at the others.
-                "metadata": {"labels": {"a": "c"}},
-                "spec": {"containers": [{"name": "app"}]},
-                "status": {"phase": "Pending"},
-            })
-        );
-    }
 
     fn merged(target: Value, patch: Value, overwrite: bool) -> Value {
         let mut t = target;

@@ -7,19 +7,16 @@
 //!   once per Policy generation into a `Send + Sync` [`CompiledPolicy`]);
 //! * [`merge`](mod@merge): the idempotent JSON merge every mutation is made of;
 //! * [`mutate`]: a Policy's `mutate` list applied to a fixed point;
-//! * [`cel`]: the CEL environment, variable checks, JSON conversion, needs analysis and
-//!   activation, one file each;
+//! * [`cel`]: the CEL environment, its libraries, type checks, JSON conversion and activation;
 //! * [`admission`]: AdmissionReview wire types and [`parse_request`], the decision for one Policy
 //!   ([`decide`]) and its encoding ([`encoded_review`]);
-//! * [`matcher`]: rules, objectSelector and match conditions, for offline evaluation;
-//! * [`rule_table`]: the rules of a whole group, matched against a request at once;
+//! * [`matcher`]: whether a request reaches a Policy: rules, selectors and match conditions;
 //! * [`mark`]: the scheduling gate and label that hand a Pod to the effects loop.
 pub mod admission;
 pub mod cel;
 pub mod chain;
 pub mod cost;
 pub mod coverage;
-pub mod diff;
 pub mod group;
 pub mod k8s_names;
 pub mod mark;
@@ -27,11 +24,10 @@ pub mod matcher;
 pub mod merge;
 pub mod mutate;
 pub mod policy;
-pub mod rule_table;
 
 pub use admission::{
     Phase, Request, Response, ReviewError, Status, decide, decide_policy_object, encoded_review,
-    parse_request, parse_request_within,
+    parse_request,
 };
 pub use matcher::{MatchError, Namespace, matches};
 pub use merge::merge;

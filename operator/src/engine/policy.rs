@@ -11,15 +11,14 @@ use ::cel::Program;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 
-use super::cel::{self, Expression, Needs, Site};
+use super::cel::{self, Expression, Site};
 use super::k8s_names::{
     DNS1123_SUBDOMAIN_MAX_LENGTH, dns1123_subdomain_form_error, has_dns1123_subdomain_form,
     is_dns1123_subdomain, is_label_value, is_qualified_name,
 };
-use super::merge::{Reach, is_valid_path};
+use super::merge::is_valid_path;
 use crate::api::v1alpha1::{
-    DEFAULT_IPAM_ANNOTATION, IpamEffect, Mutation, Operation, Policy, PolicySpec,
-    ReinvocationPolicy,
+    DEFAULT_IPAM_ANNOTATION, IpamEffect, Operation, Policy, PolicySpec, ReinvocationPolicy,
 };
 use crate::controller::wiring::ENTRY_SUFFIX;
 use gatehouse_ipam::annotation::{IPAM_ADDRESS_ANNOTATION, IPAM_POOL_ANNOTATION};
@@ -84,77 +83,16 @@ pub struct CompiledPolicy {
     pub(crate) whens: Vec<Option<Expression>>,
     /// `spec.validate[i].expression`.
     pub(crate) validations: Vec<Expression>,
-    /// What the engine knows of the Policy's shape that lets it skip work.
-    pub(crate) hints: Hints,
     /// A match condition reads `authorizer`: see [`needs_own_entry`].
     own_entry: bool,
     /// The largest write-time cost estimate among its expressions ([`super::cost`]).
     heaviest: u64,
-    /// What the caller keeps for this generation of the Policy ([`CompiledPolicy::extension`]).
-    extension: Extension,
-}
-
-/// A value the caller attaches to a compiled Policy, made on first use.
-#[derive(Default)]
-struct Extension(std::sync::OnceLock<Box<dyn std::any::Any + Send + Sync>>);
-
-impl fmt::Debug for Extension {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.0.get().is_some() {
-            "Extension(set)"
-        } else {
-            "Extension(unset)"
-        })
-    }
-}
-
-/// What compiling proves about a Policy that lets a review skip work. Each hint is a performance
-/// layer over the simple engine (convert every variable whole, copy and diff the whole object,
-/// apply the list until a pass changes nothing, compare each pass with a snapshot); each earns
-/// its place by its figure from `cargo bench -p gatehouse --bench engine` (a 10-container Pod,
-/// 10 Policies; shares are of one single-Policy review), and the property tests compare each
-/// fast path with the simple one.
-#[derive(Clone, Debug)]
-pub(crate) struct Hints {
-    /// What the match conditions read of the request's variables, and so what the activation
-    /// converts ([`Needs`]).
-    pub(crate) condition_needs: Needs,
-    /// What `spec.mutate[i].when` reads (nothing for an unguarded mutation).
-    pub(crate) when_needs: Vec<Needs>,
-    /// What the validations read, together: one conversion serves them all. Converting only
-    /// that: 3.49x faster than converting the whole object
-    /// ([`super::cel::needs`]).
-    pub(crate) validation_needs: Needs,
-    /// Whether some mutation has `overwrite: true`, the only way a pass can undo what an earlier
-    /// mutation of the same pass did. Without one, a pass that changes nothing proves the fixed
-    /// point, and no pass compares against a snapshot of the object: a copy of a 10-container Pod
-    /// per pass, 16.6 µs, 31 % of a single-Policy review.
-    pub(crate) overwrites: bool,
-    /// What the mutate list can touch, when that is all it reads: `None` when a guard reads
-    /// `object` (it may look anywhere). A lone Policy's patch copies and diffs only that
-    /// ([`super::mutate::patch`]), and the members of a mutating group share a copy of the union
-    /// of their reaches ([`super::chain`]): 1.20x faster than copying and diffing the whole Pod,
-    /// 5 µs per Policy, 10 % of a single-Policy review.
-    pub(crate) reach: Option<Reach>,
 }
 
 impl CompiledPolicy {
     /// `metadata.name`.
     pub fn name(&self) -> &str {
         &self.name
-    }
-
-    /// What the caller keeps for this generation of the Policy, made by `make` on first use
-    /// (the webhook server: its metric handles, so that counting the Policy's part in a request
-    /// looks nothing up). `None` when a value of another type was made first.
-    pub fn extension<T: std::any::Any + Send + Sync>(
-        &self,
-        make: impl FnOnce() -> T,
-    ) -> Option<&T> {
-        self.extension
-            .0
-            .get_or_init(|| Box::new(make()))
-            .downcast_ref()
     }
 
     /// `metadata.generation` this was compiled from.
@@ -263,46 +201,30 @@ pub fn validate(policy: &Policy) -> Vec<Problem> {
 /// Validates `policy` and compiles its CEL once.
 pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
     match analyse(policy) {
-        (problems, Some(programs)) if problems.is_empty() => {
-            let when_needs: Vec<Needs> = programs
-                .whens
+        (problems, Some(programs)) if problems.is_empty() => Ok(CompiledPolicy {
+            name: policy.name_any(),
+            generation: policy.metadata.generation,
+            spec: policy.spec.clone(),
+            own_entry: programs
+                .conditions
                 .iter()
-                .map(|when| Needs::union(when.iter()))
-                .collect();
-            let hints = Hints {
-                condition_needs: Needs::union(&programs.conditions),
-                reach: reach(&policy.spec.mutate, &when_needs),
-                when_needs,
-                validation_needs: Needs::union(&programs.validations),
-                overwrites: policy.spec.mutate.iter().any(|m| m.overwrite),
-            };
-            Ok(CompiledPolicy {
-                name: policy.name_any(),
-                generation: policy.metadata.generation,
-                spec: policy.spec.clone(),
-                own_entry: programs
-                    .conditions
-                    .iter()
-                    .any(|p| cel::reads_variable(p, AUTHORIZER)),
-                extension: Extension::default(),
-                heaviest: programs
-                    .conditions
-                    .iter()
-                    .chain(programs.whens.iter().flatten())
-                    .chain(&programs.validations)
-                    .map(|p| super::cost::estimate(p, super::cost::ASSUMED_COLLECTION_SIZE))
-                    .max()
-                    .unwrap_or(0),
-                hints,
-                conditions: expressions(programs.conditions),
-                whens: programs
-                    .whens
-                    .into_iter()
-                    .map(|when| when.map(Expression::new))
-                    .collect(),
-                validations: expressions(programs.validations),
-            })
-        }
+                .any(|p| cel::reads_variable(p, AUTHORIZER)),
+            heaviest: programs
+                .conditions
+                .iter()
+                .chain(programs.whens.iter().flatten())
+                .chain(&programs.validations)
+                .map(|p| super::cost::estimate(p, super::cost::ASSUMED_COLLECTION_SIZE))
+                .max()
+                .unwrap_or(0),
+            conditions: expressions(programs.conditions),
+            whens: programs
+                .whens
+                .into_iter()
+                .map(|when| when.map(Expression::new))
+                .collect(),
+            validations: expressions(programs.validations),
+        }),
         // An expression that does not compile always leaves a problem behind.
         (problems, _) => Err(InvalidPolicy { problems }),
     }
@@ -310,21 +232,6 @@ pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
 
 fn expressions(programs: Vec<Program>) -> Vec<Expression> {
     programs.into_iter().map(Expression::new).collect()
-}
-
-/// What `mutate` can read or write of an object, unless a guard reads `object`.
-fn reach(mutate: &[Mutation], when_needs: &[Needs]) -> Option<Reach> {
-    if when_needs.iter().any(Needs::reads_object) {
-        return None;
-    }
-    let mut reach = Reach::default();
-    for mutation in mutate {
-        match &mutation.for_each {
-            Some(path) => reach.add_path(path),
-            None => reach.add_merge(mutation.merge.as_object()?),
-        }
-    }
-    Some(reach)
 }
 
 struct Programs {

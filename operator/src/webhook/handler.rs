@@ -14,10 +14,10 @@ use super::{
     Lookup, MAX_BODY_BYTES, MUTATE_PREFIX, Members, PolicyStore, VALIDATE_POLICY_PATH,
     VALIDATE_PREFIX,
 };
-use crate::engine::chain::{self, Scope};
+use crate::engine::chain::{self, Matching};
 use crate::engine::group::{Group, OWN_PREFIX};
 use crate::engine::{self, CompiledPolicy, Namespace, Phase};
-use crate::telemetry::{AdmissionLabels, Metrics, PolicyMeters};
+use crate::telemetry::{AdmissionLabels, Metrics};
 
 /// How long a client may take to send the whole body once the headers are in.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -132,15 +132,7 @@ async fn review_entry(
 ) -> Response<Full<Bytes>> {
     let started = Instant::now();
     let lookup = state.policies.lookup(phase.into(), id);
-    let parsed = match (&lookup, phase) {
-        // A mutating group's members may only touch part of the object: only that part is
-        // decoded.
-        (Lookup::Group { members, .. }, Phase::Mutating) if members.may_reach() => {
-            engine::parse_request_within(body, |req| members.reach(req))
-        }
-        _ => engine::parse_request(body),
-    };
-    let request = match parsed {
+    let request = match engine::parse_request(body) {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
@@ -184,14 +176,8 @@ async fn review_entry(
                     Some(Ok(map)) => Namespace::Labels(map),
                     Some(Err(reason)) => Namespace::Unknown(reason),
                 };
-                // The rules read nothing a member can change: matched for the whole group here.
-                let rules = (!matched).then(|| members.rules.matching(&request));
-                let scope = Scope {
-                    namespace,
-                    matched,
-                    rules: rules.as_deref(),
-                };
-                let response = decide(&state, &request, &group, &members, phase, scope);
+                let matching = Matching { namespace, matched };
+                let response = decide(&state, &request, &group, &members, phase, matching);
                 tracing::Span::current()
                     .record("allowed", response.allowed())
                     .record("patched", response.patched());
@@ -251,12 +237,12 @@ fn decide(
     group: &Group,
     members: &[Arc<CompiledPolicy>],
     phase: Phase,
-    scope: Scope<'_>,
+    matching: Matching<'_>,
 ) -> engine::Response {
     let members: Vec<&CompiledPolicy> = members.iter().map(AsRef::as_ref).collect();
     let outcome = match phase {
-        Phase::Mutating => chain::mutate(request, &members, group.reinvocation_policy, scope),
-        Phase::Validating => chain::validate(request, &members, scope),
+        Phase::Mutating => chain::mutate(request, &members, group.reinvocation_policy, matching),
+        Phase::Validating => chain::validate(request, &members, matching),
     };
     for e in &outcome.evaluated {
         tracing::debug!(
@@ -264,11 +250,7 @@ fn decide(
             decision = e.decision.as_str(),
             "member"
         );
-        match e.policy.extension(PolicyMeters::default) {
-            Some(meters) => meters.record(&state.metrics, phase, e),
-            // Only the server attaches anything to a compiled Policy, and always meters.
-            None => PolicyMeters::default().record(&state.metrics, phase, e),
-        }
+        state.metrics.record_member(phase, e);
     }
     outcome.response
 }

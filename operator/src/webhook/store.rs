@@ -3,10 +3,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use crate::engine::CompiledPolicy;
 use crate::engine::group::{self, Group, GroupPhase};
-use crate::engine::merge::Reach;
-use crate::engine::rule_table::RuleTable;
-use crate::engine::{CompiledPolicy, Request, chain};
 
 /// How long a group (or Policy) that left the configurations is still answered. The API
 /// server's webhook informer lags a configuration write by a moment; during that moment it may
@@ -34,44 +32,21 @@ type Key = (GroupPhase, String);
 #[derive(Default)]
 pub struct Members {
     policies: Vec<Arc<CompiledPolicy>>,
-    /// Their rules, matched against a request all at once.
-    pub rules: RuleTable,
     /// One of them is heavy ([`CompiledPolicy::is_heavy`]).
     pub heavy: bool,
     /// One of them has a namespaceSelector.
     pub namespace_selectors: bool,
-    /// What a mutating request's members can touch of its object ([`chain::members_reach`]),
-    /// for an object that is not a Namespace and for one that is.
-    reach: [Option<Reach>; 2],
 }
 
 impl Members {
     pub fn new(policies: Vec<Arc<CompiledPolicy>>) -> Self {
-        let refs: Vec<&CompiledPolicy> = policies.iter().map(AsRef::as_ref).collect();
-        let reach = [false, true].map(|namespace| {
-            chain::members_reach(namespace, &refs).map(std::borrow::Cow::into_owned)
-        });
         Members {
-            reach,
-            rules: RuleTable::of(refs.iter().copied()),
             heavy: policies.iter().any(|p| p.is_heavy()),
             namespace_selectors: policies
                 .iter()
                 .any(|p| p.spec().match_.namespace_selector.is_some()),
             policies,
         }
-    }
-
-    /// Whether the members can touch only part of an object, for some request: then only that
-    /// part needs decoding.
-    pub fn may_reach(&self) -> bool {
-        // A Namespace is only ever reached less (a namespaceSelector reads its labels).
-        self.reach[0].is_some()
-    }
-
-    /// What the members can touch of `req`'s object, when that is all they touch.
-    pub fn reach(&self, req: &Request) -> Option<&Reach> {
-        self.reach[usize::from(req.is_namespace())].as_ref()
     }
 }
 
@@ -345,17 +320,8 @@ mod tests {
         Arc::new(crate::engine::compile(&policy).unwrap())
     }
 
-    fn request_for(kind: &str) -> Request {
-        serde_json::from_value(serde_json::json!({
-            "uid": "u", "operation": "CREATE",
-            "kind": {"group": "", "version": "v1", "kind": kind},
-            "resource": {"group": "", "version": "v1", "resource": "things"},
-        }))
-        .unwrap()
-    }
-
     #[test]
-    fn members_keep_their_reach_per_kind_of_object() {
+    fn members_say_whether_a_request_needs_its_namespace_labels() {
         let rules = serde_json::json!([{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["*"]}]);
         let plain = mutating("a", serde_json::json!({"rules": rules}));
         let by_namespace = mutating(
@@ -366,28 +332,11 @@ mod tests {
             "c",
             serde_json::json!({"rules": rules, "objectSelector": {"matchLabels": {"x": "y"}}}),
         );
-        let (pod, namespace) = (request_for("Pod"), request_for("Namespace"));
-
-        let two = Members::new(vec![plain.clone(), by_namespace]);
-        assert!(two.may_reach());
-        let reach = two.reach(&pod).expect("a reach for a Pod");
-        let reached = reach
-            .member("metadata")
-            .flatten()
-            .expect("metadata, in part");
-        let labels = reached
-            .member("labels")
-            .flatten()
-            .expect("the labels, in part");
-        for name in ["a", "b"] {
-            assert!(labels.member(name).is_some(), "the label of {name}");
-        }
-        // A Namespace's own labels decide its namespaceSelector: the whole object is needed.
-        assert!(two.reach(&namespace).is_none());
-
-        let selecting = Members::new(vec![plain, by_object]);
-        assert!(!selecting.may_reach());
-        assert!(selecting.reach(&pod).is_none());
+        assert!(Members::new(vec![plain.clone(), by_namespace]).namespace_selectors);
+        let without = Members::new(vec![plain, by_object]);
+        assert!(!without.namespace_selectors);
+        assert!(!without.heavy);
+        assert_eq!(without.len(), 2);
     }
 
     fn members(lookup: Lookup) -> Option<(String, Vec<String>, bool)> {

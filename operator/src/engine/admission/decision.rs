@@ -6,7 +6,7 @@ use crate::api::v1alpha1::{FailurePolicy, Policy, ValidationAction};
 use crate::engine::cel;
 use crate::engine::cost::CallBudget;
 use crate::engine::policy::{self, CompiledPolicy};
-use crate::engine::{diff, mark, mutate};
+use crate::engine::{mark, mutate};
 
 /// Which webhook configuration the request came through.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -107,42 +107,15 @@ fn prefix(policy: &CompiledPolicy) -> String {
 
 fn mutating(req: &Request, policy: &CompiledPolicy) -> Response {
     // DELETE and CONNECT carry no object to mutate.
-    let Some(object) = req.object.as_ref().filter(|_| policy.is_mutating()) else {
+    let Some(object) = req.object.as_ref() else {
         return Response::allow();
     };
-    let mut resp = if policy.has_mutations() {
-        match mutations(req, policy, object) {
-            Ok(resp) => resp,
-            Err(e) => return guard_failed(policy, &e),
-        }
-    } else {
-        Response::allow()
-    };
-    if let Some(ipam) = policy.ipam().filter(|_| mark::marks(req)) {
-        // The mark may touch what the mutations touched (labels): one copy, one diff.
-        let mut marked = object.clone();
-        if let Err(e) = json_patch::patch(&mut marked, &resp.patch) {
-            return Response::deny(500, "InternalError", format!("{}: {e}", prefix(policy)));
-        }
-        if mark::mark_for_ipam(&mut marked, &ipam.pool, ipam.annotation()) {
-            resp.patch = diff::diff(object, &marked);
-        }
+    let mut mutated = object.clone();
+    let (mut resp, changed) = decide_in_place(req, &req.cel_variable(), &mut mutated, policy);
+    if changed && resp.allowed {
+        resp.patch = json_patch::diff(object, &mutated);
     }
     resp
-}
-
-fn mutations(
-    req: &Request,
-    policy: &CompiledPolicy,
-    object: &Value,
-) -> Result<Response, mutate::MutateError> {
-    // Guards that do not mention `request` never resolve it.
-    let variables = Variables::new(req, &policy.hints.when_needs);
-    let outcome = mutate::patch(policy, object, req.old_object.as_ref(), variables.request())?;
-    let mut resp = mutated_answer(policy, &outcome.run);
-    // Equal to json_patch::diff(object, mutated object).
-    resp.patch = outcome.patch;
-    Ok(resp)
 }
 
 /// The denial for a `when` guard that failed under `failurePolicy: Fail`.
@@ -174,12 +147,13 @@ fn mutated_answer(policy: &CompiledPolicy, run: &mutate::Run) -> Response {
     resp
 }
 
-/// [`decide`] for a mutating Policy that changes `object` (the request's object, or the part of
-/// it the Policy can reach) itself, as a member of a mutating group does to the group's working
-/// copy: the answer (never with a patch) and whether the object changed. A denial may leave the
-/// object half-mutated.
+/// [`decide`] for a mutating Policy that changes `object` (a working copy of the request's
+/// object) itself, as a member of a mutating group does to the group's working copy: the answer
+/// (never with a patch) and whether the object changed. `request` is the request's CEL variable
+/// ([`Request::cel_variable`]). A denial may leave the object half-mutated.
 pub fn decide_in_place(
     req: &Request,
+    request: &Value,
     object: &mut Value,
     policy: &CompiledPolicy,
 ) -> (Response, bool) {
@@ -187,10 +161,8 @@ pub fn decide_in_place(
         return (Response::allow(), false);
     }
     let (resp, mut changed) = if policy.has_mutations() {
-        let variables = Variables::new(req, &policy.hints.when_needs);
-        let old_object = req.old_object.as_ref();
-        match mutate::apply_in_place(policy, object, old_object, variables.request()) {
-            Ok(outcome) => (mutated_answer(policy, &outcome.run), outcome.changed),
+        match mutate::apply(policy, object, req.old_object.as_ref(), request) {
+            Ok(applied) => (mutated_answer(policy, &applied.run), applied.changed),
             Err(e) => return (guard_failed(policy, &e), false),
         }
     } else {
@@ -206,15 +178,10 @@ fn validating(req: &Request, policy: &CompiledPolicy) -> Response {
     if !policy.has_validations() {
         return Response::allow();
     }
-    let variables = Variables::new(req, [&policy.hints.validation_needs]);
-    validating_with(
-        policy,
-        &variables.activation(&policy.hints.validation_needs),
-    )
+    validating_with(policy, &Variables::new(req).activation())
 }
 
-/// The validating [`decide`] with the request's variables bound already: `vars` binds at least
-/// what the Policy's validations read (the needs its compiled form keeps for them).
+/// The validating [`decide`] with the request's variables bound already.
 pub fn validating_with(policy: &CompiledPolicy, vars: &cel::Activation<'_>) -> Response {
     if !policy.has_validations() {
         return Response::allow();

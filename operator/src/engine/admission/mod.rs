@@ -2,18 +2,12 @@
 //!
 //! * [`request`]: the wire types of the request, [`parse_request`] and the CEL [`Variables`] of a
 //!   request;
-//! * `typed_decode`: the fast path of [`parse_request`], one typed pass for what the API server
-//!   sends;
-//! * `reach_decode`: an object decoded only as far as a mutating group can touch it
-//!   ([`parse_request_within`]);
 //! * [`decision`]: the [`Response`] for one Policy ([`decide`]) and for Gatehouse's own Policy
 //!   webhook ([`decide_policy_object`]);
 //! * [`encode`]: the AdmissionReview answering a request ([`encoded_review`], [`review_value`]).
 pub mod decision;
 pub mod encode;
-mod reach_decode;
 pub mod request;
-mod typed_decode;
 
 pub use decision::{
     Phase, Response, Status, decide, decide_in_place, decide_policy_object, validating_with,
@@ -21,5 +15,5 @@ pub use decision::{
 pub use encode::{encoded_review, review_value};
 pub use request::{
     API_VERSION, GroupVersionKind, GroupVersionResource, KIND, Request, ReviewError, UserInfo,
-    Variables, parse_request, parse_request_within,
+    Variables, parse_request,
 };

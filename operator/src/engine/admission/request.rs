@@ -3,10 +3,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{reach_decode, typed_decode};
 use crate::api::v1alpha1::Operation;
-use crate::engine::cel::{Activation, Needs};
-use crate::engine::merge::Reach;
+use crate::engine::cel::Activation;
 
 /// The only AdmissionReview version Gatehouse registers for.
 pub const API_VERSION: &str = "admission.k8s.io/v1";
@@ -183,90 +181,39 @@ impl Request {
     }
 }
 
-/// The CEL variables of one request for a set of expressions: `request` ([`Request::cel_variable`])
-/// is built only when one of them reads it, since it copies most of the request's strings.
+/// The CEL variables of one request: `object`, `oldObject` and `request`
+/// ([`Request::cel_variable`]).
 pub struct Variables<'r> {
     req: &'r Request,
     request: Value,
 }
 
 impl<'r> Variables<'r> {
-    /// The variables of `req` for expressions that read no more than the union of `needs`.
-    pub fn new<'n>(req: &'r Request, needs: impl IntoIterator<Item = &'n Needs>) -> Self {
-        let reads_request = needs.into_iter().any(Needs::reads_request);
+    pub fn new(req: &'r Request) -> Self {
         Variables {
             req,
-            request: if reads_request {
-                req.cel_variable()
-            } else {
-                Value::Null
-            },
+            request: req.cel_variable(),
         }
     }
 
-    /// The `request` variable (null when no expression reads it).
+    /// The `request` variable.
     pub fn request(&self) -> &Value {
         &self.request
     }
 
-    /// The activation of expressions that read no more than `needs` (one of those given to
-    /// [`Variables::new`]).
-    pub fn activation<'a>(&'a self, needs: &'a Needs) -> Activation<'a> {
-        Activation::with_needs(
+    /// The activation binding the three, each converted to CEL on first use.
+    pub fn activation(&self) -> Activation<'_> {
+        Activation::new(
             self.req.object.as_ref(),
             self.req.old_object.as_ref(),
             &self.request,
-            needs,
         )
     }
 }
 
-/// Parses an AdmissionReview body and returns its request.
+/// Parses an AdmissionReview body and returns its request: the JSON value first, then the
+/// request, so that every malformed body is reported with what is wrong.
 pub fn parse_request(body: &[u8]) -> Result<Request, ReviewError> {
-    // What the API server sends decodes in one typed pass; anything else (including every
-    // malformed body) takes the generic path below, which reports what is wrong.
-    match typed_decode::parse(body) {
-        Some(request) => Ok(request),
-        None => parse_generic(body),
-    }
-}
-
-/// [`parse_request`] for a review whose object matters only as far as `reach` says: the object
-/// is decoded within the [`Reach`] that `reach` gives for the request (exactly [`Reach::copy`]
-/// of the whole object; its other members are checked as JSON, not built), or whole when it
-/// gives none. For a mutating group whose members only touch their reach
-/// ([`chain::members_reach`](crate::engine::chain::members_reach), which needs only the
-/// request's kind).
-///
-/// One difference from [`parse_request`], on no body the API server sends: a number outside the
-/// reach too large for a float is not noticed, where decoding the whole object refuses it.
-pub fn parse_request_within<R: std::ops::Deref<Target = Reach>>(
-    body: &[u8],
-    reach: impl FnOnce(&Request) -> Option<R>,
-) -> Result<Request, ReviewError> {
-    let Some((mut request, object)) = typed_decode::parse_lazy(body) else {
-        return parse_generic(body);
-    };
-    let Some(object) = object else {
-        return Ok(request);
-    };
-    let decoded = match reach(&request) {
-        Some(reach) => reach_decode::object_within(object.get(), &reach).map(Value::Object),
-        None => serde_json::from_str(object.get()).ok(),
-    };
-    match decoded {
-        Some(object) => {
-            request.object = Some(object);
-            Ok(request)
-        }
-        // Not an object, or not one that decodes: the generic path decides, errors included.
-        None => parse_generic(body),
-    }
-}
-
-/// [`parse_request`] without the typed fast path: JSON value first, then the request. The
-/// reference the fast path must agree with, and the benchmark's baseline for it.
-pub fn parse_generic(body: &[u8]) -> Result<Request, ReviewError> {
     let value: Value = serde_json::from_slice(body).map_err(ReviewError::Json)?;
     let Value::Object(mut review) = value else {
         return Err(ReviewError::NotAnObject);
@@ -301,35 +248,4 @@ pub fn parse_generic(body: &[u8]) -> Result<Request, ReviewError> {
         return Err(ReviewError::Operation);
     }
     Ok(request)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_typed_path_decodes_like_the_generic_one() {
-        for body in [
-            include_str!("../../../testdata/reviews/pod-create.json"),
-            include_str!("../../../benches/fixtures/pod-create.json"),
-        ] {
-            let fast = typed_decode::parse(body.as_bytes())
-                .expect("an API server review takes the typed path");
-            assert_eq!(fast, parse_generic(body.as_bytes()).unwrap());
-        }
-        // Shapes the typed decoding would accept but the generic path rejects or reads otherwise.
-        let request = r#"{"uid":"u","kind":{"version":"v1","kind":"Pod"},"resource":{"version":"v1","resource":"pods"},"operation":"CREATE"}"#;
-        for body in [
-            format!(r#"["admission.k8s.io/v1","AdmissionReview",{request}]"#),
-            r#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":["u",{"version":"v1","kind":"Pod"},{"version":"v1","resource":"pods"},null,null,null,null,"","","CREATE"]}"#.to_string(),
-            format!(r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{request},"x":1e999}}"#),
-            format!(r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{request},"request":{{"uid":"v"}}}}"#),
-            format!(
-                r#"{{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{}}}"#,
-                request.replace(r#""kind":"Pod""#, r#""kind":"Pod","x":"\ud800""#)
-            ),
-        ] {
-            assert!(typed_decode::parse(body.as_bytes()).is_none(), "{body}");
-        }
-    }
 }

@@ -6,13 +6,11 @@ use ::cel::common::value::{CowVal, Val};
 use ::cel::context::VariableResolver;
 use serde_json::Value;
 
-use super::convert::{to_val_pruned_sized, to_val_sized};
-use super::needs::{Need, Needs};
+use super::convert::to_val_sized;
 
 /// The variables of one evaluation: `object`, `oldObject` and `request` (null when absent),
 /// converted to CEL values on first use and then borrowed by every expression of the review, so
-/// a guard that only reads `element` never pays for converting the whole object. With
-/// [`Activation::with_needs`], only what the expressions read is converted.
+/// a guard that only reads `element` never pays for converting the whole object.
 pub struct Activation<'a> {
     object: Lazy<'a>,
     old_object: Lazy<'a>,
@@ -22,17 +20,14 @@ pub struct Activation<'a> {
 /// A JSON value and its CEL conversion, made on first use.
 struct Lazy<'a> {
     json: Option<&'a Value>,
-    /// `None`: all of it.
-    need: Option<&'a Need>,
     /// The value, and the size of the largest collection in it.
     val: OnceLock<(Box<dyn Val + 'a>, usize)>,
 }
 
 impl<'a> Lazy<'a> {
-    fn new(json: Option<&'a Value>, need: Option<&'a Need>) -> Self {
+    fn new(json: Option<&'a Value>) -> Self {
         Lazy {
             json,
-            need,
             val: OnceLock::new(),
         }
     }
@@ -40,10 +35,9 @@ impl<'a> Lazy<'a> {
     fn converted(&self) -> &(Box<dyn Val + 'a>, usize) {
         self.val.get_or_init(|| {
             let mut largest = 0;
-            let val = match (self.json, self.need) {
-                (Some(v), Some(need)) => to_val_pruned_sized(v, need, &mut largest),
-                (Some(v), None) => to_val_sized(v, &mut largest),
-                (None, _) => Box::new(CelNull),
+            let val = match self.json {
+                Some(v) => to_val_sized(v, &mut largest),
+                None => Box::new(CelNull),
             };
             (val, largest)
         })
@@ -62,43 +56,16 @@ impl<'a> Activation<'a> {
         request: &'a Value,
     ) -> Self {
         Activation {
-            object: Lazy::new(object, None),
-            old_object: Lazy::new(old_object, None),
-            request: Lazy::new(Some(request), None),
-        }
-    }
-
-    /// [`Activation::new`] for expressions that read no more than `needs`: converts only that.
-    pub fn with_needs(
-        object: Option<&'a Value>,
-        old_object: Option<&'a Value>,
-        request: &'a Value,
-        needs: &'a Needs,
-    ) -> Self {
-        Activation {
-            object: Lazy::new(object, needs.object.as_ref()),
-            old_object: Lazy::new(old_object, needs.old_object.as_ref()),
-            request: Lazy::new(Some(request), needs.request.as_ref()),
+            object: Lazy::new(object),
+            old_object: Lazy::new(old_object),
+            request: Lazy::new(Some(request)),
         }
     }
 
     /// These variables plus `element`, for a `forEach` guard.
     pub fn with_element<'b>(&'b self, element: &'b Value) -> ElementActivation<'b, 'a> {
-        self.with_element_need(element, None)
-    }
-
-    /// [`Activation::with_element`] for a guard that reads no more than `need` of `element`
-    /// (all of it when `None`).
-    pub fn with_element_need<'b>(
-        &'b self,
-        element: &'b Value,
-        need: Option<&Need>,
-    ) -> ElementActivation<'b, 'a> {
         let mut largest = 0;
-        let element = match need {
-            Some(need) => to_val_pruned_sized(element, need, &mut largest),
-            None => to_val_sized(element, &mut largest),
-        };
+        let element = to_val_sized(element, &mut largest);
         ElementActivation {
             base: self,
             element,

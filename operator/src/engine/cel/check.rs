@@ -3,7 +3,7 @@ use std::collections::BTreeSet;
 
 use ::cel::Program;
 
-use super::scope::{self, Root, Visitor};
+use super::scope;
 
 /// Where an expression appears in a Policy: decides which variables it may reference.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,35 +64,10 @@ pub fn unknown_variables(program: &Program, site: Site) -> Vec<String> {
 
 /// The identifiers `program` reads that no macro binds (leading-dot names with their dot).
 pub(super) fn free_identifiers(program: &Program) -> BTreeSet<&str> {
-    let mut free = FreeIdentifiers(BTreeSet::new());
-    scope::walk(program.expression(), &mut free);
-    free.0
-}
-
-/// The [`Visitor`] of [`free_identifiers`]: every free root, whatever is selected on it.
-struct FreeIdentifiers<'e>(BTreeSet<&'e str>);
-
-impl<'e> Visitor<'e> for FreeIdentifiers<'e> {
-    type Binding = ();
-
-    fn read(&mut self, root: Root<'_, 'e, ()>, _: &[&'e str], _: bool) {
-        match root {
-            // `@`-prefixed names are the accumulators macros introduce.
-            Root::Free(name) if !name.starts_with('@') => {
-                self.0.insert(name);
-            }
-            Root::Absolute(name) => {
-                self.0.insert(name);
-            }
-            Root::Free(_) | Root::Bound(_) => {}
-        }
-    }
-
-    fn enter_range(&mut self, _: Root<'_, 'e, ()>, _: &[&'e str]) -> Option<()> {
-        None
-    }
-
-    fn leave_range(&mut self, _: Root<'_, 'e, ()>, _: &[&'e str], _: ()) {}
+    let mut free = scope::free_identifiers(program.expression());
+    // `@`-prefixed names are the accumulators macros introduce.
+    free.retain(|name| !name.starts_with('@'));
+    free
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! JSON to CEL values, whole or only the parts expressions read.
+//! JSON to CEL values.
 use std::collections::HashMap;
 
 use ::cel::common::types::{
@@ -6,8 +6,6 @@ use ::cel::common::types::{
 };
 use ::cel::common::value::Val;
 use serde_json::Value;
-
-use super::needs::Need;
 
 /// Converts JSON to a CEL value that borrows the JSON's strings.
 ///
@@ -49,53 +47,5 @@ pub(super) fn to_val_sized<'v>(value: &'v Value, largest: &mut usize) -> Box<dyn
                     .collect::<HashMap<_, _>>(),
             ))
         }
-    }
-}
-
-/// [`to_val`] of the parts of `value` that `need` says are read; the rest is left out (or, for a
-/// value only tested for presence, replaced by null).
-pub fn to_val_pruned<'a>(value: &'a Value, need: &Need) -> Box<dyn Val + 'a> {
-    to_val_pruned_sized(value, need, &mut 0)
-}
-
-/// [`to_val_pruned`], raising `largest` to the size of the largest collection converted.
-pub(super) fn to_val_pruned_sized<'a>(
-    value: &'a Value,
-    need: &Need,
-    largest: &mut usize,
-) -> Box<dyn Val + 'a> {
-    if need.full {
-        return to_val_sized(value, largest);
-    }
-    match value {
-        _ if need.presence_only() => Box::new(CelNull),
-        Value::Object(map) if need.elements.is_none() => {
-            let fields: HashMap<_, _> = need
-                .fields
-                .iter()
-                .filter_map(|(field, need)| {
-                    let (key, value) = map.get_key_value(field.as_str())?;
-                    Some((
-                        CelMapKey::from(key.as_str()),
-                        to_val_pruned_sized(value, need, largest),
-                    ))
-                })
-                .collect();
-            *largest = (*largest).max(fields.len());
-            Box::new(CelMap::from(fields))
-        }
-        Value::Array(items) if need.fields.is_empty() => match &need.elements {
-            Some(elements) => {
-                *largest = (*largest).max(items.len());
-                Box::new(CelList::from(
-                    items
-                        .iter()
-                        .map(|item| to_val_pruned_sized(item, elements, largest))
-                        .collect::<Vec<_>>(),
-                ))
-            }
-            None => to_val_sized(value, largest),
-        },
-        _ => to_val_sized(value, largest),
     }
 }

@@ -16,9 +16,8 @@
 //! * [`quantity`]: Kubernetes' `quantity()` and its methods;
 //! * [`regex`]: Kubernetes' `find` and `findAll`, and constant patterns checked when written;
 //! * [`convert`]: JSON to CEL values ([`to_val`], and [`to_val_pruned`] for what is read);
-//! * [`needs`]: what expressions read of each variable ([`Needs`]);
 //! * [`activation`]: the variables of one evaluation ([`Activation`]);
-//! * `scope`: the one AST walk, with comprehension scoping, that [`check`] and [`needs`] share.
+//! * `scope`: the AST walks, with comprehension scoping for [`check`].
 //!
 //! Expressions are compiled once per Policy generation ([`compile`]) and the resulting
 //! [`Program`](::cel::Program)s are evaluated on every request against borrowed views of the
@@ -33,7 +32,6 @@ pub mod expression;
 pub mod format;
 pub mod functions;
 pub mod lists;
-pub mod needs;
 pub mod net;
 mod opaque;
 #[cfg(test)]
@@ -48,11 +46,10 @@ pub mod url;
 
 pub use activation::{Activation, Bindings, ElementActivation};
 pub use check::{Site, reads_variable, unknown_variables};
-pub use convert::{to_val, to_val_pruned};
+pub use convert::to_val;
 pub use environment::{compile, eval_bool};
 pub use expression::Expression;
 pub use functions::unknown_functions;
-pub use needs::{Need, Needs};
 
 /// Why an expression could not be compiled or evaluated.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
