@@ -169,7 +169,12 @@ async fn slow_and_over_budget_reviews_delay_neither_a_cheap_one_nor_readyz() {
         .into_iter()
         .map(|mut s| {
             tokio::spawn(async move {
-                post(&mut s, "/validate/pairs-fail", review(SLOW_CONTAINERS)).await
+                post(
+                    &mut s,
+                    "/validate/policy/pairs-fail",
+                    review(SLOW_CONTAINERS),
+                )
+                .await
             })
         })
         .collect();
@@ -178,9 +183,9 @@ async fn slow_and_over_budget_reviews_delay_neither_a_cheap_one_nor_readyz() {
         .enumerate()
         .map(|(i, mut s)| {
             let path = if i % 2 == 0 {
-                "/validate/pairs-fail"
+                "/validate/policy/pairs-fail"
             } else {
-                "/validate/pairs-ignore"
+                "/validate/policy/pairs-ignore"
             };
             tokio::spawn(async move { (path, post(&mut s, path, review(HUGE_CONTAINERS)).await) })
         })
@@ -188,7 +193,7 @@ async fn slow_and_over_budget_reviews_delay_neither_a_cheap_one_nor_readyz() {
     tokio::time::sleep(Duration::from_millis(50)).await;
 
     let t = Instant::now();
-    let answer = post(&mut cheap, "/validate/cheap", review(1)).await;
+    let answer = post(&mut cheap, "/validate/policy/cheap", review(1)).await;
     let cheap_took = t.elapsed();
     assert_eq!(answer["response"]["allowed"], true);
     let t = Instant::now();

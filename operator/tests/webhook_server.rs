@@ -151,7 +151,7 @@ async fn mutating_answer_carries_a_base64_json_patch() {
     let (status, body) = send(
         &server,
         Method::POST,
-        "/mutate/inject",
+        "/mutate/policy/inject",
         pod_review(json!([{"name": "app", "image": "app:1"}])),
     )
     .await;
@@ -178,7 +178,7 @@ async fn validating_denial_is_forbidden_with_the_policy_named() {
     let (status, body) = send(
         &server,
         Method::POST,
-        "/validate/limits",
+        "/validate/policy/limits",
         pod_review(json!([{"name": "app", "image": "app:1"}])),
     )
     .await;
@@ -201,7 +201,7 @@ async fn bad_requests_get_clear_errors() {
     let (status, body) = send(
         &server,
         Method::POST,
-        "/validate/limits",
+        "/validate/policy/limits",
         b"{not json".to_vec(),
     )
     .await;
@@ -213,7 +213,7 @@ async fn bad_requests_get_clear_errors() {
     let (status, body) = send(
         &server,
         Method::POST,
-        "/validate/limits",
+        "/validate/policy/limits",
         no_request.into_bytes(),
     )
     .await;
@@ -236,7 +236,7 @@ async fn bad_requests_get_clear_errors() {
     let (status, _) = send(&server, Method::POST, "/elsewhere", pod_review(json!([]))).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
-    let (status, body) = send(&server, Method::GET, "/validate/limits", Vec::new()).await;
+    let (status, body) = send(&server, Method::GET, "/validate/policy/limits", Vec::new()).await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
     assert!(body["error"].as_str().unwrap().contains("POST"));
 }
@@ -245,14 +245,14 @@ async fn bad_requests_get_clear_errors() {
 async fn oversized_bodies_are_refused() {
     let server = start(Duration::from_secs(5)).await;
     let huge = vec![b' '; MAX_BODY_BYTES + 1];
-    let (status, body) = send(&server, Method::POST, "/validate/limits", huge).await;
+    let (status, body) = send(&server, Method::POST, "/validate/policy/limits", huge).await;
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
     assert!(body["error"].as_str().unwrap().contains("exceeds"));
 
     // Without a Content-Length (chunked), the limit is enforced while reading.
     let mut sender = connect::<StreamBody<tokio_stream_like::Chunks>>(&server).await;
     let chunks = tokio_stream_like::Chunks::new(vec![Bytes::from(vec![b' '; 1 << 20]); 9]);
-    let req = Request::post("/validate/limits")
+    let req = Request::post("/validate/policy/limits")
         .header("host", "127.0.0.1")
         .body(StreamBody::new(chunks))
         .unwrap();
@@ -296,7 +296,7 @@ async fn a_body_that_never_arrives_times_out() {
     let server = start(Duration::from_millis(300)).await;
     let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::convert::Infallible>>(1);
     let mut sender = connect::<StreamBody<tokio_stream_like::Receiver>>(&server).await;
-    let req = Request::post("/validate/limits")
+    let req = Request::post("/validate/policy/limits")
         .header("host", "127.0.0.1")
         .body(StreamBody::new(tokio_stream_like::Receiver(rx)))
         .unwrap();
@@ -316,7 +316,7 @@ async fn shutdown_lets_in_flight_reviews_finish() {
     let mut server = start(Duration::from_secs(5)).await;
     let (tx, rx) = mpsc::channel::<Result<Frame<Bytes>, std::convert::Infallible>>(1);
     let mut sender = connect::<StreamBody<tokio_stream_like::Receiver>>(&server).await;
-    let req = Request::post("/mutate/inject")
+    let req = Request::post("/mutate/policy/inject")
         .header("host", "127.0.0.1")
         .body(StreamBody::new(tokio_stream_like::Receiver(rx)))
         .unwrap();
@@ -360,7 +360,7 @@ async fn a_just_retired_policy_admits_unchanged() {
     let (status, body) = send(
         &server,
         Method::POST,
-        "/mutate/inject",
+        "/mutate/policy/inject",
         pod_review(json!([{"name": "app", "image": "app:1"}])),
     )
     .await;

@@ -161,9 +161,9 @@ impl PolicyStore {
     /// What is known of the entry `id` (the path after `/mutate/` or `/validate/`).
     ///
     /// Looked up in order: the groups of the active Policies, the groups the live configurations
-    /// hold, groups retired within [`RETIRED_GRACE`]. A path that names no group but a Policy
-    /// (the own entry of a configuration written by a version that gave every Policy one) is
-    /// that Policy alone, matched by the API server.
+    /// hold, groups retired within [`RETIRED_GRACE`]. An own entry (`policy/<name>`) that no
+    /// configuration holds any more is that Policy alone while it is active or recently
+    /// retired, matched by the API server.
     pub fn lookup(&self, phase: GroupPhase, id: &str) -> Lookup {
         let state = self.state();
         let key = (phase, id.to_string());
@@ -188,7 +188,9 @@ impl PolicyStore {
                 (group.clone(), members)
             }
             None => {
-                let name = id.strip_prefix(group::OWN_PREFIX).unwrap_or(id);
+                let Some(name) = id.strip_prefix(group::OWN_PREFIX) else {
+                    return Lookup::Unknown;
+                };
                 let recently = state
                     .retired_policies
                     .get(name)
@@ -403,20 +405,22 @@ mod tests {
     }
 
     #[test]
-    fn a_policy_path_of_an_earlier_version_is_that_policy_matched_by_the_api_server() {
+    fn an_own_entry_no_configuration_holds_is_its_policy_matched_by_the_api_server() {
         let store = PolicyStore::new();
         store.upsert(compiled("p"));
         assert_eq!(
-            members(store.lookup(V, "p")).unwrap(),
-            ("p".to_string(), vec!["p".to_string()], true)
+            members(store.lookup(V, "policy/p")).unwrap(),
+            ("policy/p".to_string(), vec!["p".to_string()], true)
         );
-        assert!(members(store.lookup(V, "policy/p")).unwrap().2);
+        // A bare Policy name was never an entry path.
+        assert!(members(store.lookup(V, "p")).is_none());
         store.retire("p");
         assert_eq!(
-            members(store.lookup(V, "p")).unwrap().1,
-            Vec::<String>::new()
+            members(store.lookup(V, "policy/p")).unwrap().1,
+            Vec::<String>::new(),
+            "retired within the grace: admitted unchanged"
         );
-        assert!(members(store.lookup(V, "other")).is_none());
+        assert!(members(store.lookup(V, "policy/other")).is_none());
     }
 
     fn only_group(store: &PolicyStore) -> String {
