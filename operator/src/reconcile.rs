@@ -104,7 +104,7 @@ impl<K> Watched for K where
 }
 
 /// The watch of `K` without managedFields: no loop reads them, and they are most of a small
-/// object's size (10,000 cached IPAllocations held 90 MiB with them, tests/bench/ipam-load).
+/// object's size.
 fn events<K: Watched>(
     client: Client,
     config: watcher::Config,

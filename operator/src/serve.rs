@@ -47,9 +47,8 @@ pub type Handler = Arc<
 /// against it, so it is not short: closing an idle connection just as a client reuses it turns
 /// into a failed admission call. (The API server speaks HTTP/1.1 to a webhook behind a
 /// Service. Its idle connections live 90 s, so a quiet spell longer than this costs the next
-/// burst new connections; `tests/bench/admission-load` counted as many new connections per
-/// round with this at 120 s as at 30 s, so the limit stays where a slow client is cut off
-/// soonest.)
+/// burst new connections; a longer limit did not save any in `tests/bench/admission-load`, so
+/// it stays where a slow client is cut off soonest.)
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// A TLS handshake that has not finished by then is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);

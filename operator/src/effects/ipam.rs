@@ -59,8 +59,8 @@ use gatehouse_ipam::annotation::IPAM_ADDRESS_ANNOTATION;
 /// Finalizer that holds a deleted IPPool until its allocations are gone.
 pub const POOL_FINALIZER: &str = "gatehouse.dev/allocations";
 /// Writes here are one per object whatever the batch, and every Pod waits gated until its
-/// pass: collect only what arrives together. (500 ms / 3 s, the Policy loop's window, placed
-/// 1000 Pods in 11.4 s in `tests/bench/ipam-load`; see the closing notes for this one.)
+/// pass: collect only what arrives together (the Policy loop's longer window made a burst of
+/// Pods wait for it, `tests/bench/ipam-load`).
 const COALESCE: Window = Window {
     quiet: Duration::from_millis(50),
     max: Duration::from_millis(250),
@@ -337,8 +337,8 @@ fn pointer_segment(s: &str) -> String {
 
 /// How many writes one pass has in flight at once. Allocations are decided one after another
 /// from the in-memory index (that is what keeps addresses distinct); only the API calls that
-/// record them overlap. Measured with `tests/bench/ipam-load` (1000 Pods): one write at a time
-/// placed 43 Pods/s (0.078x the raw create rate); see the closing notes for the figure with 32.
+/// record them overlap: one write at a time kept a burst of Pods gated for a round trip each
+/// (`tests/bench/ipam-load`).
 const WRITES_IN_FLIGHT: usize = 32;
 
 /// A gated Pod and the address it gets.

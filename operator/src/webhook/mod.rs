@@ -13,13 +13,10 @@
 //!   estimated over [`crate::engine::cost::HEAVY`] at the assumed collection size) is evaluated
 //!   on the blocking pool, taking turns on half the CPUs, never on the async workers that
 //!   accept connections; so however many slow reviews arrive, a cheap review and a probe still
-//!   find a CPU (`tests/webhook_isolation.rs`: both answer within 100 ms while 8 slow and 8
-//!   over-budget reviews are in flight). A review with only cheap Policies (each expression
-//!   below `HEAVY`, so at most a few hundred microseconds) is evaluated on the worker that
-//!   parsed it, never on the accepting or admin threads:
-//!   handing every review to the blocking pool cost 60–100 µs of CPU per review in
-//!   `benches/webhook-https.sh` (group of eight: 451 against 341 µs per request, throughput
-//!   0.27 against 0.38 of the fixed-allow baseline).
+//!   find a CPU (`tests/webhook_isolation.rs`). A review with only cheap Policies (each
+//!   expression below `HEAVY`, so at most a few hundred microseconds) is evaluated on the worker
+//!   that parsed it, never on the accepting or admin threads: a hop to the blocking pool costs
+//!   more than such a review (`operator/benches/README.md`).
 mod handler;
 mod namespaces;
 mod store;

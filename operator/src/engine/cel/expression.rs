@@ -9,9 +9,8 @@ use crate::engine::cost::{self, ASSUMED_COLLECTION_SIZE, CallBudget};
 /// A Policy expression as it is kept between requests: the program, and the variables whose
 /// collection sizes decide its cost (`None` when its cost does not depend on the request).
 ///
-/// [`eval_bool`](super::eval_bool) works both out from the AST on every evaluation: in a
-/// validating group of admission-load's Policies that was 9 % of the group's time (`cargo bench
-/// -p gatehouse --bench engine`, groups table, perf).
+/// Worked out once at compile time rather than from the AST on every evaluation, as
+/// [`eval_bool`](super::eval_bool) does for a one-off expression.
 #[derive(Debug)]
 pub struct Expression {
     program: Program,
