@@ -1,19 +1,25 @@
-//! What the reconcile loops (the Policy controller and the effects loop) share: reflectors
-//! that poke a trigger, coalescing of bursts, one field manager, and writes fenced by the
-//! leader's term ([`crate::lease`]).
+//! What the reconcile loops (the Policy controller and the effects loop) share: one loop
+//! ([`run_loop`]) with coalescing of bursts and kube's backoff for failing passes, reflectors
+//! that poke its trigger, one field manager, and writes fenced by the leader's term
+//! ([`crate::lease`]).
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use kube::runtime::reflector::{self, Store};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::DefaultBackoff;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, mpsc, watch};
-use tracing::warn;
+use tokio::time::Instant;
+use tracing::{debug, warn};
 
+use crate::error_chain::chain;
 use crate::lease::Leadership;
+use crate::telemetry::{Metrics, ReconcileLabels};
 
 /// The one field manager of every write Gatehouse makes.
 pub const FIELD_MANAGER: &str = "gatehouse";
@@ -33,8 +39,116 @@ pub struct NotLeading {
     pub what: String,
 }
 
+/// How a reconcile loop is paced.
+#[derive(Clone, Copy, Debug)]
+pub struct Pacing {
+    /// How a burst of triggers is collected into one pass.
+    pub window: Window,
+    /// How often a pass runs with nothing triggering it: the level-triggered safety net in case
+    /// a watch event was missed.
+    pub resync: Duration,
+}
+
+/// When a pass wants the next one, besides what triggers it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// After the resync interval.
+    Resync,
+    /// No later than this: a timer of the loop's own, or at once for work left over.
+    By(Instant),
+}
+
+/// The one reconcile loop of a controller. A pass runs when a watched object changed (`trigger`;
+/// a burst is collected into one pass, [`Pacing::window`]), when this replica starts or stops
+/// leading, when the pass asked for one ([`Next`]), or every [`Pacing::resync`]. A failing pass is
+/// retried after kube's default backoff (0.8 s doubling to 30 s, with jitter), reset by a pass that
+/// succeeds. Renewals of the leader's term wake nothing: only a change of whether it leads does.
+/// `pass` is told whether this replica leads; the loop ends when the leader's channel closes.
+pub async fn run_loop<E: std::error::Error + 'static>(
+    controller: &'static str,
+    metrics: &Metrics,
+    trigger: &Notify,
+    leader: &mut watch::Receiver<Leadership>,
+    pacing: Pacing,
+    mut pass: impl AsyncFnMut(bool) -> Result<Next, E>,
+) {
+    let labels = ReconcileLabels {
+        controller: controller.into(),
+    };
+    let mut backoff = DefaultBackoff::default();
+    loop {
+        let term = *leader.borrow_and_update();
+        let started = Instant::now();
+        let result = pass(term.is_leading()).await;
+        metrics.reconcile_runs.get_or_create(&labels).inc();
+        metrics
+            .reconcile_duration
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+        let wake = match result {
+            Ok(next) => {
+                backoff.reset();
+                match next {
+                    Next::Resync => Instant::now() + pacing.resync,
+                    Next::By(at) => at,
+                }
+            }
+            Err(e) => {
+                metrics.reconcile_failures.get_or_create(&labels).inc();
+                let delay = backoff.next().unwrap_or(pacing.resync);
+                warn!(controller, error = %chain(&e), retry_in = ?delay, "pass failed; backing off");
+                Instant::now() + delay
+            }
+        };
+        let next = wait(trigger, leader, term, wake, pacing.window).await;
+        if next == Wake::Closed {
+            return;
+        }
+    }
+}
+
+/// Why [`wait`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wake {
+    Pass,
+    /// The leader's channel closed: the process is stopping.
+    Closed,
+}
+
+/// Waits for a reason to run a pass: a trigger (then collects the burst), a change of whether
+/// this replica leads, or `deadline`. `seen` is the term the last pass was told of: a renewal
+/// while it still lasts changes nothing, but a term that lapsed and was taken again is a new
+/// one, and the pass must learn that whatever an earlier term remembered may be stale.
+async fn wait(
+    trigger: &Notify,
+    leader: &mut watch::Receiver<Leadership>,
+    mut seen: Leadership,
+    deadline: Instant,
+    window: Window,
+) -> Wake {
+    loop {
+        tokio::select! {
+            () = trigger.notified() => {
+                coalesce(trigger, window).await;
+                return Wake::Pass;
+            }
+            changed = leader.changed() => {
+                if changed.is_err() {
+                    return Wake::Closed;
+                }
+                let now = *leader.borrow_and_update();
+                if now.is_leading() != seen.is_leading() {
+                    return Wake::Pass;
+                }
+                seen = now;
+            }
+            () = tokio::time::sleep_until(deadline) => return Wake::Pass,
+        }
+    }
+}
+
 /// Waits until no trigger arrived for `window.quiet`, or `window.max` passed.
-pub async fn coalesce(trigger: &Notify, window: Window) {
+async fn coalesce(trigger: &Notify, window: Window) {
     let deadline = tokio::time::Instant::now() + window.max;
     loop {
         let quiet = tokio::time::sleep(window.quiet);
@@ -109,7 +223,21 @@ fn events<K: Watched>(
     client: Client,
     config: watcher::Config,
 ) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send {
-    watcher(Api::<K>::all(client), config).modify(|o| o.managed_fields_mut().clear())
+    watcher(Api::<K>::all(client), config)
+        .filter(|event| {
+            let relist = is_relist(event);
+            if relist {
+                debug!(kind = %K::kind(&()), "resource version too old; relisting");
+            }
+            std::future::ready(!relist)
+        })
+        .modify(|o| o.managed_fields_mut().clear())
+}
+
+/// The API server's "too old resource version" (410 Gone): the watcher has started over with a
+/// fresh list already, so this is no failure to back off from.
+fn is_relist<K>(event: &Result<watcher::Event<K>, watcher::Error>) -> bool {
+    matches!(event, Err(watcher::Error::WatchError(status)) if status.code == 410)
 }
 
 /// Drives `stream` with backoff, handing each event to `each` and poking `trigger`.
@@ -147,4 +275,111 @@ pub async fn fenced<T>(
     tokio::time::timeout(term.remaining(), write)
         .await
         .map_err(|_| NotLeading { what: what() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::core::Status;
+
+    #[test]
+    fn a_too_old_resource_version_is_a_relist_and_other_errors_are_not() {
+        let status = |code| {
+            let mut s = Status::failure("too old resource version", "Expired");
+            s.code = code;
+            Box::new(s)
+        };
+        let gone: Result<watcher::Event<ConfigMap>, _> =
+            Err(watcher::Error::WatchError(status(410)));
+        assert!(is_relist(&gone));
+        let forbidden: Result<watcher::Event<ConfigMap>, _> =
+            Err(watcher::Error::WatchError(status(403)));
+        assert!(!is_relist(&forbidden));
+        assert!(!is_relist::<ConfigMap>(&Ok(watcher::Event::InitDone)));
+    }
+
+    fn term(leading: bool) -> Leadership {
+        Leadership {
+            until: leading.then(|| Instant::now() + Duration::from_secs(24 * 3600)),
+        }
+    }
+
+    const WINDOW: Window = Window {
+        quiet: Duration::from_millis(1),
+        max: Duration::from_millis(5),
+    };
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_wakes_nothing_and_a_change_of_leader_does() {
+        // Taken again after the term lapsed: a new term, though both say "leading".
+        let lapsed = Leadership {
+            until: Some(Instant::now()),
+        };
+        let (tx, mut rx) = watch::channel(lapsed);
+        let trigger = Notify::new();
+        let far = Instant::now() + Duration::from_secs(3600);
+        let waiting = wait(&trigger, &mut rx, lapsed, far, WINDOW);
+        tx.send_replace(term(true));
+        assert_eq!(waiting.await, Wake::Pass);
+
+        let (tx, mut rx) = watch::channel(term(true));
+        {
+            let waiting = wait(&trigger, &mut rx, term(true), far, WINDOW);
+            tokio::pin!(waiting);
+            // A renewal: still leading.
+            tx.send_replace(term(true));
+            assert!(
+                tokio::time::timeout(Duration::from_secs(60), &mut waiting)
+                    .await
+                    .is_err(),
+                "a renewal woke the loop"
+            );
+            tx.send_replace(term(false));
+            assert_eq!(waiting.await, Wake::Pass);
+        }
+        drop(tx);
+        assert_eq!(
+            wait(&trigger, &mut rx, term(false), far, WINDOW).await,
+            Wake::Closed
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_pass_backs_off_and_a_pass_asked_for_runs_at_once() {
+        let (tx, mut rx) = watch::channel(term(true));
+        let trigger = Notify::new();
+        let metrics = Metrics::new();
+        let pacing = Pacing {
+            window: WINDOW,
+            resync: Duration::from_secs(3600),
+        };
+        let mut runs: Vec<Instant> = Vec::new();
+        let run = run_loop("test", &metrics, &trigger, &mut rx, pacing, async |_| {
+            runs.push(Instant::now());
+            match runs.len() {
+                // Four failures, then a success that asks for one more pass at once.
+                1..=4 => Err(std::io::Error::other("refused")),
+                5 => Ok(Next::By(Instant::now())),
+                _ => Ok(Next::Resync),
+            }
+        });
+        let _ = tokio::time::timeout(Duration::from_secs(7200), run).await;
+        drop(tx);
+        let gaps: Vec<Duration> = runs.windows(2).map(|w| w[1] - w[0]).collect();
+        // Jitter spreads each delay; the doubling shows in the bounds.
+        assert!(gaps.len() >= 6, "{gaps:?}");
+        assert!(gaps[0] >= Duration::from_millis(400), "{gaps:?}");
+        assert!(gaps[3] > gaps[0] * 2, "no backoff: {gaps:?}");
+        assert!(
+            gaps[4] < Duration::from_millis(10),
+            "the asked-for pass waited: {gaps:?}"
+        );
+        assert!(gaps[5] >= Duration::from_secs(3600), "{gaps:?}");
+        let text = metrics.encode().expect("metrics encode");
+        assert!(
+            text.contains(r#"gatehouse_reconcile_failures_total{controller="test"} 4"#),
+            "{text}"
+        );
+    }
 }

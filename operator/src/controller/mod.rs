@@ -8,7 +8,7 @@ pub mod wiring;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
@@ -30,8 +30,8 @@ use crate::api::v1alpha1::{IPPool, Policy};
 use crate::engine;
 use crate::error_chain::chain;
 use crate::lease::Leadership;
-use crate::reconcile::{NotLeading, Window, coalesce, fenced, reflect};
-use crate::telemetry::{Metrics, ReconcileLabels};
+use crate::reconcile::{Next, NotLeading, Pacing, Window, fenced, reflect, run_loop};
+use crate::telemetry::Metrics;
 use crate::webhook::PolicyStore;
 use status::Outcome;
 use wiring::{CONFIGURATION_NAME, Wiring};
@@ -215,44 +215,42 @@ pub async fn run(
         }
         info!("caches synced and certificate known; reconciling");
 
-        let mut applied = Applied::default();
-        loop {
-            let bundle = ca_bundle.borrow_and_update().clone().unwrap_or_default();
-            // Marks the current term seen, so `changed()` below wakes only for a new one; the
-            // pass itself re-reads the term before every write.
-            leader.mark_unchanged();
-            let started = Instant::now();
-            let labels = ReconcileLabels {
-                controller: "webhook-configurations".into(),
-            };
-            let span = info_span!("reconcile", controller = "webhook-configurations");
-            let result = reconcile_all(&ctx, &caches, &bundle, &leader, &mut applied)
-                .instrument(span)
-                .await;
-            ctx.metrics.reconcile_runs.get_or_create(&labels).inc();
-            ctx.metrics
-                .reconcile_duration
-                .get_or_create(&labels)
-                .observe(started.elapsed().as_secs_f64());
-            let retry = match result {
-                Ok(()) => RESYNC,
-                Err(ReconcileError::NotLeading { what }) => {
-                    info!(%what, "leadership ended during the pass; stopped writing");
-                    RESYNC
-                }
-                Err(e) => {
-                    ctx.metrics.reconcile_failures.get_or_create(&labels).inc();
-                    warn!(error = %chain(&e), "reconcile failed; retrying");
-                    Duration::from_secs(1)
-                }
-            };
-            tokio::select! {
-                () = trigger.notified() => {}
-                changed = ca_bundle.changed() => if changed.is_err() { return; },
-                changed = leader.changed() => if changed.is_err() { return; },
-                () = tokio::time::sleep(retry) => {}
+        let ca_bundle_now = ca_bundle.clone();
+        // A new bundle is a change like any other: it reaches the loop through the trigger.
+        let bundle_changes = async {
+            while ca_bundle.changed().await.is_ok() {
+                trigger.notify_one();
             }
-            coalesce(&trigger, COALESCE).await;
+        };
+        let leader_view = leader.clone();
+        let mut applied = Applied::default();
+        let pacing = Pacing {
+            window: COALESCE,
+            resync: RESYNC,
+        };
+        let passes = run_loop(
+            "policy",
+            &ctx.metrics,
+            &trigger,
+            &mut leader,
+            pacing,
+            async |_| {
+                let bundle = ca_bundle_now.borrow().clone().unwrap_or_default();
+                let result = reconcile_all(&ctx, &caches, &bundle, &leader_view, &mut applied)
+                    .instrument(info_span!("reconcile", controller = "policy"))
+                    .await;
+                match result {
+                    Err(ReconcileError::NotLeading { what }) => {
+                        info!(%what, "leadership ended during the pass; stopped writing");
+                        Ok(Next::Resync)
+                    }
+                    other => other.map(|()| Next::Resync),
+                }
+            },
+        );
+        tokio::select! {
+            () = passes => {}
+            () = bundle_changes => {}
         }
     };
     tokio::select! {

@@ -51,7 +51,7 @@ use crate::api::v1alpha1::{
 use crate::error_chain::chain;
 use crate::lease::Leadership;
 use crate::reconcile::{
-    FIELD_MANAGER, NotLeading, Window, coalesce, fenced, reflect, watch_events,
+    FIELD_MANAGER, Next, NotLeading, Pacing, Window, fenced, reflect, run_loop, watch_events,
 };
 use crate::telemetry::Metrics;
 use gatehouse_ipam::annotation::IPAM_ADDRESS_ANNOTATION;
@@ -172,30 +172,36 @@ pub async fn run(
         let mut memory = Memory::default();
         let mut next_gc = Instant::now() + ctx.config.gc_interval;
         let mut next_rebuild = Instant::now() + RESYNC;
-        loop {
-            while let Ok(event) = allocations.try_recv() {
-                index.apply(event);
-            }
-            if Instant::now() >= next_rebuild {
-                next_rebuild = Instant::now() + RESYNC;
-                index.rebuild();
-            }
-            let term = *leader.borrow_and_update();
-            if term.is_leading() {
-                let result = pass(&ctx, &caches, &mut index, &mut memory, &leader)
-                    .instrument(info_span!("reconcile", controller = "ipam"))
-                    .await;
-                match result {
-                    Ok(false) => {}
-                    Ok(true) => trigger.notify_one(),
-                    Err(e) => {
-                        warn!(error = %chain(&e), "IPAM pass failed; retrying");
-                        trigger.notify_one();
-                    }
+        let pacing = Pacing {
+            window: COALESCE,
+            resync: RESYNC,
+        };
+        let leader_view = leader.clone();
+        run_loop(
+            "ipam",
+            &ctx.metrics,
+            &trigger,
+            &mut leader,
+            pacing,
+            async |leading| {
+                while let Ok(event) = allocations.try_recv() {
+                    index.apply(event);
                 }
+                if Instant::now() >= next_rebuild {
+                    next_rebuild = Instant::now() + RESYNC;
+                    index.rebuild();
+                }
+                if !leading {
+                    // A new term must not trust what an earlier one remembered.
+                    memory = Memory::default();
+                    return Ok(Next::By(next_rebuild));
+                }
+                let more = pass(&ctx, &caches, &mut index, &mut memory, &leader_view)
+                    .instrument(info_span!("reconcile", controller = "ipam"))
+                    .await?;
                 if Instant::now() >= next_gc {
                     next_gc = Instant::now() + ctx.config.gc_interval;
-                    match collect_orphans(&ctx, &leader)
+                    match collect_orphans(&ctx, &leader_view)
                         .instrument(info_span!("gc", controller = "ipam"))
                         .await
                     {
@@ -204,17 +210,14 @@ pub async fn run(
                         Err(e) => warn!(error = %chain(&e), "IPAM garbage collection failed"),
                     }
                 }
-            } else {
-                // A new term must not trust what an earlier one remembered.
-                memory = Memory::default();
-            }
-            let wake = next_gc.min(Instant::now() + RESYNC);
-            tokio::select! {
-                () = trigger.notified() => coalesce(&trigger, COALESCE).await,
-                changed = leader.changed() => if changed.is_err() { return; },
-                () = tokio::time::sleep_until(wake) => {}
-            }
-        }
+                Ok::<_, IpamError>(Next::By(if more {
+                    Instant::now()
+                } else {
+                    next_gc.min(next_rebuild)
+                }))
+            },
+        )
+        .await;
     };
     tokio::select! {
         () = work => {}
