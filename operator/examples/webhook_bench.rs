@@ -81,7 +81,7 @@ async fn main() -> anyhow::Result<()> {
             let loaded = load_policies(&args.policy)?;
             // The script addresses shared entries by their paths, which depend on membership.
             for g in gatehouse::engine::group::groups(&loaded).iter() {
-                println!("entry {}", gatehouse::controller::wiring::group_path(g));
+                println!("entry {}", gatehouse::engine::entry::group_path(g));
             }
             for policy in loaded {
                 policies.upsert(Arc::new(policy));

@@ -78,7 +78,7 @@ impl Leadership {
 
 /// What to do with the Lease as it stands.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Decision {
+pub enum LeaseAction {
     /// Nobody holds it (or the holder expired): take it.
     Acquire,
     /// We hold it: renew.
@@ -108,25 +108,25 @@ pub fn observe(previous: Option<Observed>, current: Option<&LeaseSpec>, now: Ins
 }
 
 /// Pure: the decision for the record in `observed` at `now`.
-pub fn decide(observed: &Observed, identity: &str, now: Instant) -> Decision {
+pub fn next_action(observed: &Observed, identity: &str, now: Instant) -> LeaseAction {
     let Some(spec) = observed.record.as_ref() else {
-        return Decision::Acquire;
+        return LeaseAction::Acquire;
     };
     let holder = spec.holder_identity.as_deref().unwrap_or_default();
     if holder.is_empty() {
-        return Decision::Acquire;
+        return LeaseAction::Acquire;
     }
     if holder == identity {
-        return Decision::Renew;
+        return LeaseAction::Renew;
     }
     let seconds = spec.lease_duration_seconds.unwrap_or(15).max(1);
     let duration = Duration::from_secs(u64::try_from(seconds).unwrap_or(15));
     if observed.at + duration > now {
-        Decision::Follow {
+        LeaseAction::Follow {
             holder: holder.to_string(),
         }
     } else {
-        Decision::Acquire
+        LeaseAction::Acquire
     }
 }
 
@@ -244,9 +244,9 @@ async fn step(
         current.as_ref().and_then(|l| l.spec.as_ref()),
         now,
     );
-    let decision = decide(&seen, &config.identity, now);
+    let decision = next_action(&seen, &config.identity, now);
     *observed = Some(seen);
-    if let Decision::Follow { .. } = decision {
+    if let LeaseAction::Follow { .. } = decision {
         return Ok(false);
     }
     let spec = spec_for(
@@ -330,13 +330,13 @@ mod tests {
     fn absent_or_released_leases_are_taken() {
         let now = Instant::now();
         assert_eq!(
-            decide(&observe(None, None, now), "a", now),
-            Decision::Acquire
+            next_action(&observe(None, None, now), "a", now),
+            LeaseAction::Acquire
         );
         let released = record(None, 90, 15);
         assert_eq!(
-            decide(&observe(None, Some(&released), now), "a", now),
-            Decision::Acquire
+            next_action(&observe(None, Some(&released), now), "a", now),
+            LeaseAction::Acquire
         );
     }
 
@@ -346,24 +346,24 @@ mod tests {
         let held = record(Some("b"), 90, 15);
         let seen = observe(None, Some(&held), t0);
         assert_eq!(
-            decide(&seen, "a", t0 + Duration::from_secs(14)),
-            Decision::Follow { holder: "b".into() }
+            next_action(&seen, "a", t0 + Duration::from_secs(14)),
+            LeaseAction::Follow { holder: "b".into() }
         );
         // Unchanged record: it keeps ageing from the first sight.
         let seen = observe(Some(seen), Some(&held), t0 + Duration::from_secs(14));
         assert_eq!(seen.at, t0);
         assert_eq!(
-            decide(&seen, "a", t0 + Duration::from_secs(15)),
-            Decision::Acquire
+            next_action(&seen, "a", t0 + Duration::from_secs(15)),
+            LeaseAction::Acquire
         );
         // A renewal (any change of the record) restarts the clock.
         let renewed = record(Some("b"), 91, 15);
         let seen = observe(Some(seen), Some(&renewed), t0 + Duration::from_secs(15));
         assert_eq!(
-            decide(&seen, "a", t0 + Duration::from_secs(29)),
-            Decision::Follow { holder: "b".into() }
+            next_action(&seen, "a", t0 + Duration::from_secs(29)),
+            LeaseAction::Follow { holder: "b".into() }
         );
-        assert_eq!(decide(&seen, "b", t0), Decision::Renew);
+        assert_eq!(next_action(&seen, "b", t0), LeaseAction::Renew);
     }
 
     #[test]
@@ -432,7 +432,10 @@ mod tests {
                 // round, its write lands a second later.
                 if i < silent_from && i % 25 == 0 {
                     let seen = observe(a_seen.take(), stored.as_ref(), now);
-                    if matches!(decide(&seen, "a", now), Decision::Acquire | Decision::Renew) {
+                    if matches!(
+                        next_action(&seen, "a", now),
+                        LeaseAction::Acquire | LeaseAction::Renew
+                    ) {
                         in_flight =
                             Some((i + 10, spec_for("a", &cfg, stored.as_ref(), wall(i, 0))));
                         a_until = Some(now + cfg.renew_deadline);
@@ -443,7 +446,10 @@ mod tests {
                 // starts (so it often reads the record before A's write has landed).
                 if i % 25 == 5 {
                     let seen = observe(b_seen.take(), stored.as_ref(), now);
-                    if matches!(decide(&seen, "b", now), Decision::Acquire | Decision::Renew) {
+                    if matches!(
+                        next_action(&seen, "b", now),
+                        LeaseAction::Acquire | LeaseAction::Renew
+                    ) {
                         stored = Some(spec_for("b", &cfg, stored.as_ref(), wall(i, skew_secs)));
                         b_until = Some(now + cfg.renew_deadline);
                         b_took_over_at.get_or_insert(i);

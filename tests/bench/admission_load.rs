@@ -49,7 +49,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use ::gatehouse::controller::wiring::ENTRY_SUFFIX;
+use ::gatehouse::engine::entry::ENTRY_SUFFIX;
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use gatehouse_e2e::cpu::{cpu_snapshot, processes};

@@ -636,18 +636,14 @@ async fn entry_paths(
     mutating: &str,
     validating: &str,
 ) -> anyhow::Result<(String, String)> {
-    use ::gatehouse::engine::group::GroupPhase;
+    use ::gatehouse::engine::Phase;
     let mut paths = Vec::new();
     for (kind, policy, phase) in [
-        (
-            "mutatingwebhookconfiguration",
-            mutating,
-            GroupPhase::Mutating,
-        ),
+        ("mutatingwebhookconfiguration", mutating, Phase::Mutating),
         (
             "validatingwebhookconfiguration",
             validating,
-            GroupPhase::Validating,
+            Phase::Validating,
         ),
     ] {
         let entry = crate::operator::entry_of(cluster, policy, phase)

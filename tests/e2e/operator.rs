@@ -7,7 +7,8 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use ::gatehouse::controller::wiring;
-use ::gatehouse::engine::group::{Group, GroupPhase};
+use ::gatehouse::engine::Phase;
+use ::gatehouse::engine::group::Group;
 use anyhow::{Context, bail, ensure};
 use gatehouse_e2e::instance::Options;
 use gatehouse_e2e::{Cluster, await_condition, run_test, tls_client};
@@ -201,13 +202,13 @@ pub(crate) async fn wired_groups(cluster: &Cluster) -> anyhow::Result<Vec<Group>
 pub(crate) async fn entry_of(
     cluster: &Cluster,
     policy: &str,
-    phase: GroupPhase,
+    phase: Phase,
 ) -> anyhow::Result<Option<String>> {
     Ok(wired_groups(cluster)
         .await?
         .iter()
         .find(|g| g.phase == phase && g.members.iter().any(|m| m == policy))
-        .map(wiring::group_entry_name))
+        .map(::gatehouse::engine::entry::group_entry_name))
 }
 
 /// Entry names of `kind`/gatehouse (empty when absent).
@@ -374,10 +375,10 @@ async fn reinvocation_keeps_one_sidecar() {
         // A reinvokes and B does not: two runs, two entries, A's first.
         let order = entries(cluster, "mutatingwebhookconfiguration").await?;
         let (entry_a, entry_b) = (
-            entry_of(cluster, &a, GroupPhase::Mutating)
+            entry_of(cluster, &a, Phase::Mutating)
                 .await?
                 .context("A unwired")?,
-            entry_of(cluster, &b, GroupPhase::Mutating)
+            entry_of(cluster, &b, Phase::Mutating)
                 .await?
                 .context("B unwired")?,
         );
@@ -497,17 +498,13 @@ async fn deleting_a_policy_unwires_it() {
         let cluster = scene.cluster;
         let inject = scene.policy("inject");
         apply_sidecar(cluster, &inject, scene.ns()).await?;
-        ensure!(
-            entry_of(cluster, &inject, GroupPhase::Mutating)
-                .await?
-                .is_some()
-        );
+        ensure!(entry_of(cluster, &inject, Phase::Mutating).await?.is_some());
         create_pod_until(cluster, scene.ns(), "before", &[], |o| o.status.success()).await?;
         cluster
             .kubectl_ok(["delete", "policy", &inject], None)
             .await?;
         await_condition("unwired", WAIT, || async {
-            Ok(entry_of(cluster, &inject, GroupPhase::Mutating)
+            Ok(entry_of(cluster, &inject, Phase::Mutating)
                 .await?
                 .is_none()
                 .then_some(()))
@@ -531,7 +528,7 @@ async fn drift_is_repaired() {
         let cluster = scene.cluster;
         let inject = scene.policy("inject");
         apply_sidecar(cluster, &inject, scene.ns()).await?;
-        let entry = entry_of(cluster, &inject, GroupPhase::Mutating)
+        let entry = entry_of(cluster, &inject, Phase::Mutating)
             .await?
             .context("the Policy's entry")?;
         let timeout_of = |cfg: &Value| {
@@ -902,7 +899,7 @@ async fn two_hundred_policies_coalesce_into_few_writes() {
         let members: usize = wired_groups(cluster)
             .await?
             .iter()
-            .filter(|g| g.phase == GroupPhase::Mutating)
+            .filter(|g| g.phase == Phase::Mutating)
             .map(|g| g.members.iter().filter(|m| names.contains(m)).count())
             .sum();
         ensure!(members == 200, "{members} of 200 Policies wired");
@@ -946,7 +943,7 @@ async fn replicas_share_one_ca_and_one_leader_fails_over() {
 
                 // One leader writes the configurations, pointing at itself.
                 apply_sidecar(cluster, &inject, &ns).await?;
-                let entry = entry_of(cluster, &inject, GroupPhase::Mutating).await?;
+                let entry = entry_of(cluster, &inject, Phase::Mutating).await?;
                 let url_of_entry = || async {
                     let cfg =
                         get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"]).await?;

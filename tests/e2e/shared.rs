@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use ::gatehouse::api::v1alpha1::Policy;
-use ::gatehouse::controller::wiring;
-use ::gatehouse::engine::group::{self, GroupPhase};
+use ::gatehouse::engine::Phase;
+use ::gatehouse::engine::group;
 use anyhow::{Context, ensure};
 use gatehouse_e2e::instance::Options;
 use gatehouse_e2e::{Cluster, TestWebhook, await_condition};
@@ -93,7 +93,7 @@ async fn sixteen_policies_share_one_entry_and_keep_their_order() {
             ensure!(order.len() == runs.len(), "entries {order:?}");
             for (k, run) in runs.iter().enumerate() {
                 for i in run {
-                    let entry = entry_of(cluster, &format!("p{i:02}-{id}"), GroupPhase::Mutating)
+                    let entry = entry_of(cluster, &format!("p{i:02}-{id}"), Phase::Mutating)
                         .await?
                         .context("unwired")?;
                     ensure!(entry == order[k], "p{i:02} in {entry}, want run {k} ({})", order[k]);
@@ -247,18 +247,18 @@ async fn an_authorizer_condition_gets_its_own_entry() {
         let cfg = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"])
             .await?
             .context("mutating configuration")?;
-        let admins_group = group::own(&serde_json::from_value::<Policy>(all[0].clone())?, GroupPhase::Mutating);
-        let own = wiring::group_entry_name(&admins_group);
+        let admins_group = group::own(&serde_json::from_value::<Policy>(all[0].clone())?, Phase::Mutating);
+        let own = ::gatehouse::engine::entry::group_entry_name(&admins_group);
         let entry = cfg["webhooks"]
             .as_array()
             .and_then(|ws| ws.iter().find(|w| w["name"] == own.as_str()))
             .with_context(|| format!("no entry {own}: {cfg}"))?;
         ensure!(entry["matchConditions"][0]["name"] == "may-create", "{entry}");
         ensure!(
-            entry["clientConfig"]["service"]["path"] == wiring::group_path(&admins_group).as_str(),
+            entry["clientConfig"]["service"]["path"] == ::gatehouse::engine::entry::group_path(&admins_group).as_str(),
             "{entry}"
         );
-        ensure!(entry_of(cluster, &shared, GroupPhase::Mutating).await? != Some(own.clone()));
+        ensure!(entry_of(cluster, &shared, Phase::Mutating).await? != Some(own.clone()));
         // The API server evaluates authorizer (the test user may create Pods): both apply.
         create_pod_until(cluster, &ns, "authorized", &["-o", "json"], |o| {
             serde_json::from_slice::<Value>(&o.stdout).is_ok_and(|p| {

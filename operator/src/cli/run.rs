@@ -12,7 +12,7 @@ use tracing::{error, info};
 
 use crate::admin::{self, AdminState};
 use crate::controller::wiring::{CONFIGURATION_NAME, Endpoint, Wiring};
-use crate::controller::{self, Context, Readiness};
+use crate::controller::{self, ControllerContext, Readiness};
 use crate::effects::ipam::{self, IpamConfig};
 use crate::error_chain::chain;
 use crate::lease::{self, Leadership, LeaseConfig};
@@ -359,7 +359,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
 
     let readiness_for_shutdown = readiness.clone();
-    let ctx = Arc::new(Context::new(
+    let ctx = Arc::new(ControllerContext::new(
         client.clone(),
         metrics.clone(),
         policies,
@@ -374,7 +374,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics.leader.clone(),
         stopped(),
     );
-    let ipam = Arc::new(ipam::Context {
+    let ipam = Arc::new(ipam::IpamContext {
         client: client.clone(),
         metrics: metrics.clone(),
         recorder: kube::runtime::events::Recorder::new(

@@ -33,7 +33,8 @@ use crate::lease::Leadership;
 use crate::reconcile::{Next, NotLeading, Pacing, Window, fenced, reflect, run_loop};
 use crate::telemetry::Metrics;
 use crate::webhook::PolicyStore;
-use status::Outcome;
+use isolate::{Culprit, DryRun, SearchError, Split};
+use status::Verdict;
 use wiring::{CONFIGURATION_NAME, Wiring};
 
 pub use crate::reconcile::FIELD_MANAGER;
@@ -102,7 +103,7 @@ impl Readiness {
 }
 
 /// Everything the controller needs, passed explicitly.
-pub struct Context {
+pub struct ControllerContext {
     pub client: Client,
     pub metrics: Arc<Metrics>,
     pub policies: Arc<PolicyStore>,
@@ -111,7 +112,7 @@ pub struct Context {
     pub recorder: Recorder,
 }
 
-impl Context {
+impl ControllerContext {
     pub fn new(
         client: Client,
         metrics: Arc<Metrics>,
@@ -139,19 +140,49 @@ impl Context {
 #[derive(Default)]
 struct Applied {
     /// Our own last writes, to tell drift from our own echo.
-    mutating: Option<(serde_json::Value, Option<String>)>,
-    validating: Option<(serde_json::Value, Option<String>)>,
-    /// Policies the API server refused, by name: (uid, generation) of the refused spec and
-    /// the API server's message. A new generation is tried again.
-    rejected: HashMap<String, (Option<String>, Option<i64>, String)>,
-    /// Policies whose match conditions the API server accepted, by name: (uid, generation).
-    conditions_checked: HashMap<String, (Option<String>, Option<i64>)>,
+    mutating: Option<LastWrite>,
+    validating: Option<LastWrite>,
+    /// Policies the API server refused, by name. A new generation is tried again.
+    rejected: HashMap<String, Refusal>,
+    /// Policies whose match conditions the API server accepted, by name.
+    conditions_checked: HashMap<String, SpecVersion>,
     /// The owner of the configurations, once read.
     owner: Option<OwnerReference>,
 }
 
+/// A configuration as this replica last wrote it.
+struct LastWrite {
+    body: serde_json::Value,
+    /// What the API server stored it as.
+    resource_version: Option<String>,
+}
+
+/// Which spec of a Policy a judgement was about: the same name may be a new object (uid) or a
+/// new spec (generation).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct SpecVersion {
+    uid: Option<String>,
+    generation: Option<i64>,
+}
+
+impl SpecVersion {
+    fn of(policy: &Policy) -> Self {
+        SpecVersion {
+            uid: policy.metadata.uid.clone(),
+            generation: policy.metadata.generation,
+        }
+    }
+}
+
+/// The API server refused a Policy's entries.
+struct Refusal {
+    spec: SpecVersion,
+    /// The API server's message.
+    message: String,
+}
+
 /// The caches a pass reads.
-struct Caches {
+struct PolicyCaches {
     policies: Store<Policy>,
     mutating: Store<MutatingWebhookConfiguration>,
     validating: Store<ValidatingWebhookConfiguration>,
@@ -165,7 +196,7 @@ struct Caches {
 /// Policies for its own webhook server; only the one `leader` says leads writes anything, and
 /// it checks its term immediately before every write.
 pub async fn run(
-    ctx: Arc<Context>,
+    ctx: Arc<ControllerContext>,
     mut ca_bundle: watch::Receiver<Option<String>>,
     mut leader: watch::Receiver<Leadership>,
     shutdown: impl std::future::Future<Output = ()>,
@@ -189,7 +220,7 @@ pub async fn run(
         watcher::Config::default(),
         trigger.clone(),
     );
-    let caches = Caches {
+    let caches = PolicyCaches {
         policies,
         mutating,
         validating,
@@ -261,14 +292,14 @@ pub async fn run(
 }
 
 async fn reconcile_all(
-    ctx: &Context,
-    caches: &Caches,
+    ctx: &ControllerContext,
+    caches: &PolicyCaches,
     bundle: &str,
     leader: &watch::Receiver<Leadership>,
     applied: &mut Applied,
 ) -> Result<(), ReconcileError> {
     let all = caches.policies.state();
-    let mut outcomes: Vec<(Arc<Policy>, Outcome)> = Vec::with_capacity(all.len());
+    let mut outcomes: Vec<(Arc<Policy>, Verdict)> = Vec::with_capacity(all.len());
     let mut valid: Vec<Arc<Policy>> = Vec::new();
     for policy in &all {
         // The server's store is the cache: CEL is compiled once per spec, not once per pass.
@@ -302,10 +333,10 @@ async fn reconcile_all(
             Ok(()) => {
                 valid.push(policy.clone());
                 let own_entry = engine::policy::needs_own_entry(&policy.spec);
-                outcomes.push((policy.clone(), Outcome::Wired { own_entry }));
+                outcomes.push((policy.clone(), Verdict::Wired { own_entry }));
             }
             Err(problems) => {
-                outcomes.push((policy.clone(), Outcome::Invalid(problems)));
+                outcomes.push((policy.clone(), Verdict::Invalid(problems)));
             }
         }
     }
@@ -337,14 +368,14 @@ async fn reconcile_all(
         return Ok(());
     }
     for (policy, outcome) in &mut outcomes {
-        if let Some((_, _, reason)) = applied.rejected.get(&policy.name_any()) {
-            *outcome = Outcome::Rejected(reason.clone());
+        if let Some(refusal) = applied.rejected.get(&policy.name_any()) {
+            *outcome = Verdict::Rejected(refusal.message.clone());
         }
     }
     let now = Time(Timestamp::now());
     for (policy, outcome) in outcomes {
         // A Policy is only reported Wired once the configurations were written.
-        if wired.is_err() && matches!(outcome, Outcome::Wired { .. }) {
+        if wired.is_err() && matches!(outcome, Verdict::Wired { .. }) {
             continue;
         }
         write_status(ctx, &policy, &outcome, now.clone(), leader).await?;
@@ -384,17 +415,17 @@ fn not_rejected<'a>(valid: &'a [Arc<Policy>], applied: &Applied) -> Vec<&'a Poli
 /// Writes both configurations from the valid Policies, leaving out the ones the API server
 /// refuses (found by bisecting with dry runs when a write is refused as invalid).
 async fn wire(
-    ctx: &Context,
-    caches: &Caches,
+    ctx: &ControllerContext,
+    caches: &PolicyCaches,
     valid: &[Arc<Policy>],
     bundle: &str,
     leader: &watch::Receiver<Leadership>,
     applied: &mut Applied,
 ) -> Result<(), ReconcileError> {
-    applied.rejected.retain(|name, (uid, generation, _)| {
-        valid.iter().any(|p| {
-            p.name_any() == *name && p.metadata.uid == *uid && p.metadata.generation == *generation
-        })
+    applied.rejected.retain(|name, refusal| {
+        valid
+            .iter()
+            .any(|p| p.name_any() == *name && SpecVersion::of(p) == refusal.spec)
     });
     let wiring = owned_wiring(ctx, applied).await;
     check_conditions(ctx, &wiring, valid, bundle, applied).await?;
@@ -408,24 +439,24 @@ async fn wire(
     if let Err(e) = &first {
         warn!(error = %chain(e), "the API server refused the configurations; finding the Policy to blame");
     }
-    let (_, refused) = isolate::refused(candidates, |subset: Vec<&Policy>| {
+    let split = isolate::refused(candidates, |subset: Vec<&Policy>| {
         let desired = wiring::desired(&subset, &wiring, bundle);
         dry_run_both(ctx, desired)
     })
     .await
-    .map_err(|e| match e {
-        Ok(reason) => ReconcileError::RefusedWithoutPolicies { reason },
-        Err(e) => e,
-    })?;
-    for (policy, reason) in refused {
+    .map_err(search_failed)?;
+    for Culprit {
+        candidate: policy,
+        reason,
+    } in split.refused
+    {
         warn!(policy = %policy.name_any(), %reason, "the API server refuses this Policy's entries; leaving it out");
         applied.rejected.insert(
             policy.name_any(),
-            (
-                policy.metadata.uid.clone(),
-                policy.metadata.generation,
-                reason,
-            ),
+            Refusal {
+                spec: SpecVersion::of(policy),
+                message: reason,
+            },
         );
     }
     let kept = not_rejected(valid, applied);
@@ -436,7 +467,7 @@ async fn wire(
 /// The wiring with its owner: the installation's ClusterRole, read once (and again each pass
 /// until it is found). Without it (not installed with `config/default`, or not readable) the
 /// configurations have no owner.
-async fn owned_wiring(ctx: &Context, applied: &mut Applied) -> Wiring {
+async fn owned_wiring(ctx: &ControllerContext, applied: &mut Applied) -> Wiring {
     let mut wiring = ctx.wiring.clone();
     if applied.owner.is_none()
         && let Some(name) = &wiring.owner_cluster_role
@@ -464,16 +495,17 @@ async fn owned_wiring(ctx: &Context, applied: &mut Applied) -> Wiring {
 /// term, at this generation), with one dry run, bisecting only when it refuses some; refused
 /// Policies join `applied.rejected` with the API server's message.
 async fn check_conditions(
-    ctx: &Context,
+    ctx: &ControllerContext,
     wiring: &Wiring,
     valid: &[Arc<Policy>],
     bundle: &str,
     applied: &mut Applied,
 ) -> Result<(), ReconcileError> {
-    let key = |p: &Policy| (p.metadata.uid.clone(), p.metadata.generation);
-    applied
-        .conditions_checked
-        .retain(|name, k| valid.iter().any(|p| p.name_any() == *name && key(p) == *k));
+    applied.conditions_checked.retain(|name, checked| {
+        valid
+            .iter()
+            .any(|p| p.name_any() == *name && SpecVersion::of(p) == *checked)
+    });
     let unchecked: Vec<&Policy> = valid
         .iter()
         .map(|p| p.as_ref())
@@ -488,31 +520,40 @@ async fn check_conditions(
         let check = wiring::condition_check(&subset, wiring, bundle);
         dry_run(ctx, check, wiring::CONDITION_CHECK_NAME)
     };
-    let (good, refused) = match accepted(unchecked.clone()).await? {
-        Ok(()) => (unchecked, Vec::new()),
-        Err(_) => isolate::refused(unchecked, accepted)
+    let split = match accepted(unchecked.clone()).await? {
+        DryRun::Accepted => Split {
+            accepted: unchecked,
+            refused: Vec::new(),
+        },
+        DryRun::Refused(_) => isolate::refused(unchecked, accepted)
             .await
-            .map_err(|e| match e {
-                Ok(reason) => ReconcileError::RefusedWithoutPolicies { reason },
-                Err(e) => e,
-            })?,
+            .map_err(search_failed)?,
     };
-    for p in good {
-        applied.conditions_checked.insert(p.name_any(), key(p));
-    }
-    for (p, reason) in refused {
-        warn!(policy = %p.name_any(), %reason, "the API server refuses this Policy's match conditions; leaving it out");
-        let (uid, generation) = key(p);
+    for p in split.accepted {
         applied
-            .rejected
-            .insert(p.name_any(), (uid, generation, reason));
+            .conditions_checked
+            .insert(p.name_any(), SpecVersion::of(p));
+    }
+    for Culprit {
+        candidate: p,
+        reason,
+    } in split.refused
+    {
+        warn!(policy = %p.name_any(), %reason, "the API server refuses this Policy's match conditions; leaving it out");
+        applied.rejected.insert(
+            p.name_any(),
+            Refusal {
+                spec: SpecVersion::of(p),
+                message: reason,
+            },
+        );
     }
     Ok(())
 }
 
 async fn apply_both(
-    ctx: &Context,
-    caches: &Caches,
+    ctx: &ControllerContext,
+    caches: &PolicyCaches,
     desired: wiring::Desired,
     applied: &mut Applied,
     leader: &watch::Receiver<Leadership>,
@@ -533,24 +574,33 @@ async fn apply_both(
     .await
 }
 
-/// `Ok(Ok(()))` when the API server would accept both configurations, `Ok(Err(message))` when
-/// it refuses one as invalid.
+/// Whether the API server would accept both configurations.
 async fn dry_run_both(
-    ctx: &Context,
+    ctx: &ControllerContext,
     desired: wiring::Desired,
-) -> Result<Result<(), String>, ReconcileError> {
-    let m = dry_run(ctx, desired.mutating, CONFIGURATION_NAME).await?;
-    if m.is_err() {
-        return Ok(m);
+) -> Result<DryRun, ReconcileError> {
+    let mutating = dry_run(ctx, desired.mutating, CONFIGURATION_NAME).await?;
+    if mutating != DryRun::Accepted {
+        return Ok(mutating);
     }
     dry_run(ctx, desired.validating, CONFIGURATION_NAME).await
 }
 
+/// A search that blamed no Policy, as the pass's error.
+fn search_failed(e: SearchError<ReconcileError>) -> ReconcileError {
+    match e {
+        SearchError::RefusedWithoutCandidates(reason) => {
+            ReconcileError::RefusedWithoutPolicies { reason }
+        }
+        SearchError::DryRun(e) => e,
+    }
+}
+
 async fn dry_run<K>(
-    ctx: &Context,
+    ctx: &ControllerContext,
     desired: K,
     name: &str,
-) -> Result<Result<(), String>, ReconcileError>
+) -> Result<DryRun, ReconcileError>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
@@ -559,8 +609,8 @@ where
     let api: Api<K> = Api::all(ctx.client.clone());
     let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
     match api.patch(name, &params, &Patch::Apply(&body)).await {
-        Ok(_) => Ok(Ok(())),
-        Err(kube::Error::Api(e)) if e.code == 422 => Ok(Err(e.message)),
+        Ok(_) => Ok(DryRun::Accepted),
+        Err(kube::Error::Api(e)) if e.code == 422 => Ok(DryRun::Refused(e.message)),
         Err(source) => Err(ReconcileError::DryRunConfiguration {
             kind: kind.to_string(),
             name: name.to_string(),
@@ -591,10 +641,10 @@ where
 }
 
 async fn apply_if_changed<K>(
-    ctx: &Context,
+    ctx: &ControllerContext,
     live: &Store<K>,
     desired: K,
-    last: &mut Option<(serde_json::Value, Option<String>)>,
+    last: &mut Option<LastWrite>,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<(), ReconcileError>
 where
@@ -611,9 +661,10 @@ where
         .into_iter()
         .find(|o| o.meta().name.as_deref() == Some(CONFIGURATION_NAME))
         .and_then(|o| o.meta().resource_version.clone());
-    if let Some((json, rv)) = last.as_ref() {
+    if let Some(written) = last.as_ref() {
         // Our own last write is still what is stored: nothing drifted, nothing to do.
-        if json == &desired_json && live_rv.is_some() && &live_rv == rv {
+        if written.body == desired_json && live_rv.is_some() && live_rv == written.resource_version
+        {
             return Ok(());
         }
     }
@@ -634,14 +685,17 @@ where
     ctx.metrics.webhook_config_writes.inc();
     let rv = result.meta().resource_version.clone();
     debug!(%kind, ?rv, "applied");
-    *last = Some((desired_json, rv));
+    *last = Some(LastWrite {
+        body: desired_json,
+        resource_version: rv,
+    });
     Ok(())
 }
 
 async fn write_status(
-    ctx: &Context,
+    ctx: &ControllerContext,
     policy: &Policy,
-    outcome: &Outcome,
+    outcome: &Verdict,
     now: Time,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<(), ReconcileError> {
@@ -669,9 +723,9 @@ async fn write_status(
         Err(source) => return Err(ReconcileError::WriteStatus { name, source }),
     }
     let (reason, note) = match outcome {
-        Outcome::Wired { .. } => return Ok(()),
-        Outcome::Invalid(problems) => (status::REASON_INVALID, problems.join("; ")),
-        Outcome::Rejected(message) => (status::REASON_REJECTED, message.clone()),
+        Verdict::Wired { .. } => return Ok(()),
+        Verdict::Invalid(problems) => (status::REASON_INVALID, problems.join("; ")),
+        Verdict::Rejected(message) => (status::REASON_REJECTED, message.clone()),
     };
     let event = Event {
         type_: EventType::Warning,

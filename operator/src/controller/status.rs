@@ -14,7 +14,7 @@ pub const REASON_REJECTED: &str = "RejectedByAPIServer";
 
 /// What the reconcile made of one Policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Verdict {
     /// Valid and present in the applied configurations: matched by Gatehouse inside a shared
     /// entry, or (`own_entry`, its conditions read `authorizer`) by the API server in an entry of
     /// its own.
@@ -28,29 +28,31 @@ pub enum Outcome {
 
 /// The status the Policy should have, or `None` when what it has already says the same (so an
 /// unchanged Policy costs no write). `lastTransitionTime` moves only when the status flips.
-pub fn desired_status(policy: &Policy, outcome: &Outcome, now: Time) -> Option<PolicyStatus> {
+pub fn desired_status(policy: &Policy, outcome: &Verdict, now: Time) -> Option<PolicyStatus> {
     let generation = policy.metadata.generation;
     let (status, reason, message) = match outcome {
         // Stable texts: naming the shared entry would rewrite every member's status whenever
         // the membership changes.
-        Outcome::Wired { own_entry: false } => (
+        Verdict::Wired { own_entry: false } => (
             "True",
             REASON_WIRED,
             "wired into the Gatehouse webhook configurations: Gatehouse matches it inside a \
              shared webhook entry"
                 .to_string(),
         ),
-        Outcome::Wired { own_entry: true } => (
+        Verdict::Wired { own_entry: true } => (
             "True",
             REASON_WIRED,
             format!(
                 "wired into the Gatehouse webhook configurations in its own webhook entry {}: \
                  its match conditions use authorizer, which only the API server can evaluate",
-                super::wiring::entry_name(policy.metadata.name.as_deref().unwrap_or_default())
+                crate::engine::entry::entry_name(
+                    policy.metadata.name.as_deref().unwrap_or_default()
+                )
             ),
         ),
-        Outcome::Invalid(problems) => ("False", REASON_INVALID, problems.join("; ")),
-        Outcome::Rejected(message) => (
+        Verdict::Invalid(problems) => ("False", REASON_INVALID, problems.join("; ")),
+        Verdict::Rejected(message) => (
             "False",
             REASON_REJECTED,
             format!(
@@ -115,12 +117,12 @@ mod tests {
 
     /// The status to write, if any, for `p` wired in a shared entry at `now`.
     fn wired_status(p: Policy, now: Time) -> Option<PolicyStatus> {
-        desired_status(&p, &Outcome::Wired { own_entry: false }, now)
+        desired_status(&p, &Verdict::Wired { own_entry: false }, now)
     }
 
     #[test]
     fn invalid_lists_every_problem_and_is_not_ready() {
-        let out = Outcome::Invalid(vec!["spec.a: bad".into(), "spec.b: worse".into()]);
+        let out = Verdict::Invalid(vec!["spec.a: bad".into(), "spec.b: worse".into()]);
         let s = desired_status(&policy(3, None), &out, at(10)).unwrap();
         assert_eq!(s.observed_generation, Some(3));
         let c = &s.conditions[0];
@@ -144,7 +146,7 @@ mod tests {
 
     #[test]
     fn rejected_carries_the_api_servers_message() {
-        let out = Outcome::Rejected("webhooks[1].matchConditions[0].expression: Invalid".into());
+        let out = Verdict::Rejected("webhooks[1].matchConditions[0].expression: Invalid".into());
         let s = desired_status(&policy(4, None), &out, at(10)).unwrap();
         let c = &s.conditions[0];
         assert_eq!(
@@ -162,7 +164,7 @@ mod tests {
         let wired = wired_status(policy(1, None), at(10)).unwrap();
         let bad = desired_status(
             &policy(2, Some(wired)),
-            &Outcome::Invalid(vec!["x: y".into()]),
+            &Verdict::Invalid(vec!["x: y".into()]),
             at(50),
         )
         .unwrap();

@@ -20,18 +20,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 };
 
 use crate::api::v1alpha1::{GROUP, Policy, Rule};
+use crate::engine::Phase;
 use crate::engine::coverage::Coverage;
-use crate::engine::group::{self, Group, GroupPhase};
-use crate::webhook::{MUTATE_PREFIX, VALIDATE_POLICY_PATH, VALIDATE_PREFIX};
+use crate::engine::entry::{VALIDATE_POLICY_PATH, group_entry_name, group_path};
+use crate::engine::group::{self, Group};
 
 /// Name of both webhook configurations Gatehouse owns.
 pub const CONFIGURATION_NAME: &str = "gatehouse";
 /// Name of the configuration only ever dry-run, to have the API server check match conditions
 /// ([`condition_check`]).
 pub const CONDITION_CHECK_NAME: &str = "gatehouse-condition-check";
-/// Suffix of every entry name: `<policy>.gatehouse.dev` for a Policy's own entry,
-/// `<group>.mutate.gatehouse.dev` / `<group>.validate.gatehouse.dev` for a shared one.
-pub const ENTRY_SUFFIX: &str = ".gatehouse.dev";
 /// Annotation on both configurations: the membership of every entry, as JSON.
 pub const GROUPS_ANNOTATION: &str = "gatehouse.dev/groups";
 /// Largest `timeoutSeconds` the API server accepts.
@@ -176,7 +174,7 @@ pub fn condition_check(
     let webhooks = policies
         .iter()
         .map(|p| {
-            let g = group::own(p, GroupPhase::Validating);
+            let g = group::own(p, Phase::Validating);
             validating_entry(&Entry::new(&g, &[p], wiring, ca_bundle))
         })
         .collect();
@@ -186,35 +184,6 @@ pub fn condition_check(
         metadata,
         webhooks: Some(webhooks),
     }
-}
-
-/// Entry name of a Policy's own entry: `<policy>.gatehouse.dev`.
-pub fn entry_name(policy: &str) -> String {
-    format!("{policy}{ENTRY_SUFFIX}")
-}
-
-/// Entry name of a group: its own Policy's entry name, or `<id>.mutate.gatehouse.dev` /
-/// `<id>.validate.gatehouse.dev`.
-pub fn group_entry_name(g: &Group) -> String {
-    match g.id.strip_prefix(group::OWN_PREFIX) {
-        Some(policy) => entry_name(policy),
-        None => {
-            let phase = match g.phase {
-                GroupPhase::Mutating => "mutate",
-                GroupPhase::Validating => "validate",
-            };
-            format!("{}.{phase}{ENTRY_SUFFIX}", g.id)
-        }
-    }
-}
-
-/// The path of a group's entry: `/mutate/<id>` or `/validate/<id>`.
-pub fn group_path(g: &Group) -> String {
-    let prefix = match g.phase {
-        GroupPhase::Mutating => MUTATE_PREFIX,
-        GroupPhase::Validating => VALIDATE_PREFIX,
-    };
-    format!("{prefix}{}", g.id)
 }
 
 /// The groups the given (live) configurations hold, from their membership annotation.

@@ -109,14 +109,14 @@ pub enum IpamError {
 }
 
 /// What the loop needs, passed explicitly.
-pub struct Context {
+pub struct IpamContext {
     pub client: Client,
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
     pub config: IpamConfig,
 }
 
-struct Caches {
+struct IpamCaches {
     pods: Store<Pod>,
     pools: Store<IPPool>,
     policies: Store<Policy>,
@@ -133,7 +133,7 @@ struct Memory {
 
 /// Runs the loop until `shutdown`. Every replica keeps its caches warm; only the leader acts.
 pub async fn run(
-    ctx: Arc<Context>,
+    ctx: Arc<IpamContext>,
     mut leader: watch::Receiver<Leadership>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
@@ -145,7 +145,7 @@ pub async fn run(
     let (mut allocations, allocations_watch) =
         watch_events::<IPAllocation>(ctx.client.clone(), all(), trigger.clone());
     let (policies, policies_watch) = reflect::<Policy>(ctx.client.clone(), all(), trigger.clone());
-    let caches = Caches {
+    let caches = IpamCaches {
         pods,
         pools,
         policies,
@@ -196,7 +196,7 @@ pub async fn run(
                     memory = Memory::default();
                     return Ok(Next::By(next_rebuild));
                 }
-                let more = pass(&ctx, &caches, &mut index, &mut memory, &leader_view)
+                let more = place_and_release(&ctx, &caches, &mut index, &mut memory, &leader_view)
                     .instrument(info_span!("reconcile", controller = "ipam"))
                     .await?;
                 if Instant::now() >= next_gc {
@@ -373,9 +373,9 @@ struct Recorded {
 }
 
 /// One pass; `Ok(true)` asks for another one at once (an address turned out to be taken).
-async fn pass(
-    ctx: &Context,
-    caches: &Caches,
+async fn place_and_release(
+    ctx: &IpamContext,
+    caches: &IpamCaches,
     index: &mut Index,
     memory: &mut Memory,
     leader: &watch::Receiver<Leadership>,
@@ -524,7 +524,7 @@ async fn pass(
 }
 
 /// Creates the Pod's IPAllocation if it has none yet, then writes the address to the Pod.
-async fn record(ctx: &Context, place: Place, leader: &watch::Receiver<Leadership>) -> Recorded {
+async fn record(ctx: &IpamContext, place: Place, leader: &watch::Receiver<Leadership>) -> Recorded {
     let mut recorded = Recorded {
         pool: place.pool.clone(),
         address: place.address,
@@ -555,7 +555,7 @@ async fn record(ctx: &Context, place: Place, leader: &watch::Receiver<Leadership
 
 /// Creates the IPAllocation of `place`; `None` when its name (its address) is taken.
 async fn create_allocation(
-    ctx: &Context,
+    ctx: &IpamContext,
     place: &Place,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<Option<IPAllocation>, IpamError> {
@@ -598,7 +598,7 @@ async fn create_allocation(
 
 /// Writes the address and removes the gate, only on this very Pod with the gate still there.
 async fn release_gate(
-    ctx: &Context,
+    ctx: &IpamContext,
     place: &Place,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<(), IpamError> {
@@ -661,7 +661,7 @@ async fn release_gate(
 /// Deletes an allocation, only if it is still the object we judged (same UID); false when it
 /// was gone or replaced already.
 async fn delete_allocation(
-    ctx: &Context,
+    ctx: &IpamContext,
     name: &str,
     uid: &str,
     leader: &watch::Receiver<Leadership>,
@@ -714,7 +714,7 @@ fn tell(
 
 /// Publishes Events many at a time. An Event is a courtesy: a failure is logged, and a slow
 /// API server (hundreds of Pods waiting for a pool that is gone) must not hold up the pass.
-async fn publish(ctx: &Context, events: Vec<(ObjectReference, Event)>) {
+async fn publish(ctx: &IpamContext, events: Vec<(ObjectReference, Event)>) {
     futures::stream::iter(events)
         .for_each_concurrent(WRITES_IN_FLIGHT, |(regarding, event)| async move {
             if let Err(e) = ctx.recorder.publish(&event, &regarding).await {
@@ -725,7 +725,7 @@ async fn publish(ctx: &Context, events: Vec<(ObjectReference, Event)>) {
 }
 
 async fn write_pools(
-    ctx: &Context,
+    ctx: &IpamContext,
     pools: &[Arc<IPPool>],
     valid: &BTreeMap<String, Pool>,
     invalid: &BTreeMap<String, String>,
@@ -870,7 +870,7 @@ fn pool_status(
 /// Re-checks one candidate against the API server and deletes it if its owner is really gone;
 /// true when it was collected.
 async fn collect_orphan(
-    ctx: &Context,
+    ctx: &IpamContext,
     a: &IPAllocation,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<bool, IpamError> {
@@ -913,7 +913,7 @@ async fn collect_orphan(
 
 /// Deletes allocations whose owner is gone; returns how many.
 async fn collect_orphans(
-    ctx: &Context,
+    ctx: &IpamContext,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<usize, IpamError> {
     // Allocations first, then owners: an allocation created after the Pod list was read is

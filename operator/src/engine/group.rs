@@ -24,13 +24,9 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::Phase;
 use super::coverage::Coverage;
+use super::{Phase, entry};
 use crate::api::v1alpha1::{FailurePolicy, PolicySpec, ReinvocationPolicy};
-
-/// Prefix of the id of a Policy's own entry: `policy/<name>`, path `/mutate/policy/<name>`.
-/// Group ids never contain `/`, so the two never collide.
-pub const OWN_PREFIX: &str = "policy/";
 
 /// What grouping needs of a Policy.
 pub trait Member {
@@ -46,7 +42,7 @@ pub trait Member {
 pub struct Group {
     /// `fail-<hash>` / `ignore-<hash>`, or `policy/<name>` for a Policy's own entry.
     pub id: String,
-    pub phase: GroupPhase,
+    pub phase: Phase,
     pub failure_policy: FailurePolicy,
     /// Mutating groups only; `Never` for validating ones.
     pub reinvocation_policy: ReinvocationPolicy,
@@ -54,35 +50,10 @@ pub struct Group {
     pub members: Vec<String>,
 }
 
-/// [`Phase`] in a form that travels in the configurations' membership annotation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum GroupPhase {
-    Mutating,
-    Validating,
-}
-
-impl From<GroupPhase> for Phase {
-    fn from(p: GroupPhase) -> Phase {
-        match p {
-            GroupPhase::Mutating => Phase::Mutating,
-            GroupPhase::Validating => Phase::Validating,
-        }
-    }
-}
-
-impl From<Phase> for GroupPhase {
-    fn from(p: Phase) -> GroupPhase {
-        match p {
-            Phase::Mutating => GroupPhase::Mutating,
-            Phase::Validating => GroupPhase::Validating,
-        }
-    }
-}
-
 impl Group {
     /// Whether this is a single Policy's own entry, which the API server matched itself.
     pub fn is_own(&self) -> bool {
-        self.id.starts_with(OWN_PREFIX)
+        self.id.starts_with(entry::OWN_PREFIX)
     }
 }
 
@@ -122,8 +93,8 @@ pub fn groups<M: Member>(members: &[M]) -> Groups {
     let mut run: Forming<'_, M> = Forming::default();
     for m in sorted.iter().filter(|m| super::is_mutating(m.spec())) {
         if m.needs_own_entry() {
-            run.close_into(GroupPhase::Mutating, &mut mutating);
-            mutating.push(own(*m, GroupPhase::Mutating));
+            run.close_into(Phase::Mutating, &mut mutating);
+            mutating.push(own(*m, Phase::Mutating));
             continue;
         }
         let coverage = Coverage::of(m.spec());
@@ -139,12 +110,12 @@ pub fn groups<M: Member>(members: &[M]) -> Groups {
         match union {
             Some(union) => run.push(*m, union),
             None => {
-                run.close_into(GroupPhase::Mutating, &mut mutating);
+                run.close_into(Phase::Mutating, &mut mutating);
                 run.push(*m, coverage);
             }
         }
     }
-    run.close_into(GroupPhase::Mutating, &mut mutating);
+    run.close_into(Phase::Mutating, &mut mutating);
 
     let validators: Vec<&M> = sorted
         .iter()
@@ -154,7 +125,7 @@ pub fn groups<M: Member>(members: &[M]) -> Groups {
     let mut validating: Vec<Group> = validators
         .iter()
         .filter(|m| m.needs_own_entry())
-        .map(|m| own(*m, GroupPhase::Validating))
+        .map(|m| own(*m, Phase::Validating))
         .collect();
     validating.sort_by(|a, b| a.id.cmp(&b.id));
     for failure_policy in [FailurePolicy::Fail, FailurePolicy::Ignore] {
@@ -163,7 +134,7 @@ pub fn groups<M: Member>(members: &[M]) -> Groups {
             .copied()
             .filter(|m| !m.needs_own_entry() && m.spec().failure_policy == failure_policy);
         for mut forming in validating_sets(shared) {
-            forming.close_into(GroupPhase::Validating, &mut validating);
+            forming.close_into(Phase::Validating, &mut validating);
         }
     }
     Groups {
@@ -194,12 +165,12 @@ impl<'m, M: Member> Forming<'m, M> {
     }
 
     /// Adds the group formed so far to `out` and starts anew.
-    fn close_into(&mut self, phase: GroupPhase, out: &mut Vec<Group>) {
+    fn close_into(&mut self, phase: Phase, out: &mut Vec<Group>) {
         if let Some(first) = self.members.first() {
             let spec = first.spec();
             let reinvocation_policy = match phase {
-                GroupPhase::Mutating => spec.reinvocation_policy,
-                GroupPhase::Validating => ReinvocationPolicy::Never,
+                Phase::Mutating => spec.reinvocation_policy,
+                Phase::Validating => ReinvocationPolicy::Never,
             };
             out.push(group(
                 phase,
@@ -258,22 +229,22 @@ fn mergeable_pair<M>(sets: &[Forming<'_, M>]) -> Option<(usize, usize, Coverage)
 }
 
 /// The group of `m` alone, in an entry of its own.
-pub fn own<M: Member>(m: &M, phase: GroupPhase) -> Group {
+pub fn own<M: Member>(m: &M, phase: Phase) -> Group {
     let spec = m.spec();
     Group {
-        id: format!("{OWN_PREFIX}{}", m.name()),
+        id: format!("{}{}", entry::OWN_PREFIX, m.name()),
         phase,
         failure_policy: spec.failure_policy,
         reinvocation_policy: match phase {
-            GroupPhase::Mutating => spec.reinvocation_policy,
-            GroupPhase::Validating => ReinvocationPolicy::Never,
+            Phase::Mutating => spec.reinvocation_policy,
+            Phase::Validating => ReinvocationPolicy::Never,
         },
         members: vec![m.name().to_string()],
     }
 }
 
 fn group(
-    phase: GroupPhase,
+    phase: Phase,
     failure_policy: FailurePolicy,
     reinvocation_policy: ReinvocationPolicy,
     members: Vec<String>,

@@ -86,7 +86,7 @@ pub fn apply(
         // A pass can change a field and a later mutation (with `overwrite`) change it back:
         // only a comparison with the object before the pass tells whether it did anything.
         let before = object.clone();
-        pass(policy, object, old_object, request, &mut ignored)?;
+        apply_once(policy, object, old_object, request, &mut ignored)?;
         if *object == before {
             settled = true;
             break;
@@ -113,7 +113,7 @@ fn elements_mut<'a>(object: &'a mut Value, path: &str) -> impl Iterator<Item = &
         .filter(|e| e.is_object())
 }
 
-fn pass(
+fn apply_once(
     policy: &CompiledPolicy,
     object: &mut Value,
     old_object: Option<&Value>,

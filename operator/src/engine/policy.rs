@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::ResourceExt;
 
 use super::cel::{self, Expression, Site};
+use super::entry::ENTRY_SUFFIX;
 use super::k8s_names::{
     DNS1123_SUBDOMAIN_MAX_LENGTH, dns1123_subdomain_form_error, has_dns1123_subdomain_form,
     is_dns1123_subdomain, is_label_value, is_qualified_name,
@@ -20,7 +21,6 @@ use super::merge::is_valid_path;
 use crate::api::v1alpha1::{
     DEFAULT_IPAM_ANNOTATION, IpamEffect, Operation, Policy, PolicySpec, ReinvocationPolicy,
 };
-use crate::controller::wiring::ENTRY_SUFFIX;
 use gatehouse_ipam::annotation::{IPAM_ADDRESS_ANNOTATION, IPAM_POOL_ANNOTATION};
 
 /// The API server refuses a webhook entry with more match conditions than this.
@@ -1068,7 +1068,7 @@ mod tests {
             longest.as_str(),
         ] {
             assert_eq!(validate(&named(ok, spec())), vec![], "{ok:?}");
-            let entry = crate::controller::wiring::entry_name(ok);
+            let entry = crate::engine::entry::entry_name(ok);
             assert_eq!(
                 super::super::k8s_names::is_dns1123_subdomain(&entry),
                 Ok(()),
@@ -1089,7 +1089,7 @@ mod tests {
             ]
         );
         assert!(
-            super::super::k8s_names::is_dns1123_subdomain(&crate::controller::wiring::entry_name(
+            super::super::k8s_names::is_dns1123_subdomain(&crate::engine::entry::entry_name(
                 &too_long
             ))
             .is_err()

@@ -10,12 +10,10 @@ use hyper::{Request, Response};
 use tracing::{Instrument, info_span, warn};
 
 use super::namespaces::Namespaces;
-use super::{
-    Lookup, MAX_BODY_BYTES, MUTATE_PREFIX, Members, PolicyStore, VALIDATE_POLICY_PATH,
-    VALIDATE_PREFIX,
-};
+use super::{Lookup, MAX_BODY_BYTES, Members, PolicyStore};
 use crate::engine::chain::{self, Matching};
-use crate::engine::group::{Group, OWN_PREFIX};
+use crate::engine::entry::{MUTATE_PREFIX, OWN_PREFIX, VALIDATE_POLICY_PATH, VALIDATE_PREFIX};
+use crate::engine::group::Group;
 use crate::engine::{self, CompiledPolicy, Namespace, Phase};
 use crate::telemetry::{AdmissionLabels, Metrics};
 
@@ -131,7 +129,7 @@ async fn review_entry(
     body: &[u8],
 ) -> Response<Full<Bytes>> {
     let started = Instant::now();
-    let lookup = state.policies.lookup(phase.into(), id);
+    let lookup = state.policies.lookup(phase, id);
     let request = match engine::parse_request(body) {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),

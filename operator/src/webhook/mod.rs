@@ -30,10 +30,3 @@ pub use store::{Lookup, Members, PolicyStore, RETIRED_GRACE};
 /// Largest AdmissionReview body accepted. The API server caps request objects at 3 MiB; 8 MiB
 /// leaves room for oldObject on UPDATE while bounding memory per connection.
 pub const MAX_BODY_BYTES: usize = 8 * 1024 * 1024;
-
-/// Path prefix of a mutating entry.
-pub const MUTATE_PREFIX: &str = "/mutate/";
-/// Path prefix of a validating entry.
-pub const VALIDATE_PREFIX: &str = "/validate/";
-/// Path of Gatehouse's own validation of Policy objects.
-pub const VALIDATE_POLICY_PATH: &str = "/policy-validation";

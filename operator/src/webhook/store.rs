@@ -4,7 +4,9 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use crate::engine::CompiledPolicy;
-use crate::engine::group::{self, Group, GroupPhase};
+use crate::engine::Phase;
+use crate::engine::entry;
+use crate::engine::group::{self, Group};
 
 /// How long a group (or Policy) that left the configurations is still answered. The API
 /// server's webhook informer lags a configuration write by a moment; during that moment it may
@@ -25,7 +27,7 @@ pub enum Lookup {
     Unknown,
 }
 
-type Key = (GroupPhase, String);
+type Key = (Phase, String);
 
 /// The active members of a group, in order (the slice it derefs to), and what a request needs
 /// to know of all of them, worked out once when the group's membership changes.
@@ -164,7 +166,7 @@ impl PolicyStore {
     /// hold, groups retired within [`RETIRED_GRACE`]. An own entry (`policy/<name>`) that no
     /// configuration holds any more is that Policy alone while it is active or recently
     /// retired, matched by the API server.
-    pub fn lookup(&self, phase: GroupPhase, id: &str) -> Lookup {
+    pub fn lookup(&self, phase: Phase, id: &str) -> Lookup {
         let state = self.state();
         let key = (phase, id.to_string());
         let found = state
@@ -188,7 +190,7 @@ impl PolicyStore {
                 (group.clone(), members)
             }
             None => {
-                let Some(name) = id.strip_prefix(group::OWN_PREFIX) else {
+                let Some(name) = id.strip_prefix(entry::OWN_PREFIX) else {
                     return Lookup::Unknown;
                 };
                 let recently = state
@@ -356,7 +358,7 @@ mod tests {
         }
     }
 
-    const V: GroupPhase = GroupPhase::Validating;
+    const V: Phase = Phase::Validating;
 
     #[test]
     fn a_policy_change_regroups_at_once_and_the_old_group_is_still_answered() {

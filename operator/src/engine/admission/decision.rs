@@ -8,8 +8,9 @@ use crate::engine::cost::CallBudget;
 use crate::engine::policy::{self, CompiledPolicy};
 use crate::engine::{mark, mutate};
 
-/// Which webhook configuration the request came through.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Which webhook configuration the request came through (and a group's entry is in; the
+/// configurations' membership annotation carries it by name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Phase {
     Mutating,
     Validating,
