@@ -1,14 +1,34 @@
 //! The plain-HTTP admin port: `/livez`, `/readyz`, `/metrics`. Kept off the TLS webhook port so
 //! probes and scrapes never depend on the certificate the operator is rotating.
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use http::StatusCode;
 use http_body_util::Full;
 use hyper::{Request, Response};
 
-use crate::controller::Readiness;
 use crate::telemetry::Metrics;
+
+/// Readiness of the whole process, as `/readyz` reports it.
+#[derive(Default)]
+pub struct Readiness {
+    /// Every cache listed once and every valid Policy compiled into the server's store, so a
+    /// new replica never answers 404 for a Policy the API server already calls.
+    pub policies_loaded: AtomicBool,
+    pub certificate_loaded: AtomicBool,
+    /// Set on SIGTERM: the replica reports not ready so that its Service endpoint is withdrawn
+    /// while it still serves (`--shutdown-delay`).
+    pub shutting_down: AtomicBool,
+}
+
+impl Readiness {
+    pub fn is_ready(&self) -> bool {
+        self.policies_loaded.load(Ordering::Acquire)
+            && self.certificate_loaded.load(Ordering::Acquire)
+            && !self.shutting_down.load(Ordering::Acquire)
+    }
+}
 
 /// What the admin handler reads.
 pub struct AdminState {

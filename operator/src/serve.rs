@@ -113,6 +113,97 @@ pub async fn serve_tls_on(
     .await;
 }
 
+/// The two ports of the process and what answers on them.
+pub struct Ports {
+    /// The TLS webhook port.
+    pub webhook: SocketAddr,
+    pub webhook_handler: Handler,
+    pub tls: Arc<rustls::ServerConfig>,
+    /// How long in-flight reviews may take to finish on shutdown.
+    pub drain: Duration,
+    /// TLS handshakes, counted by result.
+    pub handshakes: Family<HandshakeLabels, Counter>,
+    /// The plain-HTTP admin port (probes, metrics).
+    pub admin: SocketAddr,
+    pub admin_handler: Handler,
+}
+
+/// Why a port could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("binding {port} server to {addr}")]
+    Bind {
+        port: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Binds both ports and serves each from an accept loop on a thread of its own, so probes and
+/// new connections never wait for a busy worker; the webhook's connections are served on the
+/// main runtime's workers. The returned future ends once both have stopped after `shutdown`
+/// (`shutdown` makes a future per port).
+pub fn spawn<S, Fut>(
+    ports: Ports,
+    shutdown: S,
+) -> Result<impl Future<Output = ()> + Send + use<S, Fut>, ServeError>
+where
+    S: Fn() -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let bind = |port: &'static str, addr: SocketAddr| {
+        std::net::TcpListener::bind(addr)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .map_err(|source| ServeError::Bind { port, addr, source })
+    };
+    let webhook_listener = bind("the webhook", ports.webhook)?;
+    let admin_listener = bind("the admin", ports.admin)?;
+    let workers = tokio::runtime::Handle::current();
+    let (webhook_stopped, admin_stopped) = (shutdown(), shutdown());
+    let Ports {
+        webhook_handler,
+        tls,
+        drain,
+        handshakes,
+        admin_handler,
+        ..
+    } = ports;
+    let webhook = on_own_thread("gatehouse-accept", move || async move {
+        match TcpListener::from_std(webhook_listener) {
+            Ok(listener) => {
+                serve_tls_on(
+                    Some(workers),
+                    listener,
+                    tls,
+                    webhook_handler,
+                    webhook_stopped,
+                    drain,
+                    &handshakes,
+                )
+                .await;
+            }
+            Err(e) => warn!(error = %e, "the webhook server cannot use its socket"),
+        }
+    });
+    let admin = on_own_thread("gatehouse-admin", move || async move {
+        match TcpListener::from_std(admin_listener) {
+            Ok(listener) => {
+                serve_http(
+                    listener,
+                    admin_handler,
+                    admin_stopped,
+                    Duration::from_secs(1),
+                )
+                .await;
+            }
+            Err(e) => warn!(error = %e, "the admin server cannot use its socket"),
+        }
+    });
+    Ok(async move {
+        tokio::join!(webhook, admin);
+    })
+}
+
 /// Runs the future `make` builds on a thread of its own, with a single-threaded runtime of its
 /// own (sockets must be registered inside it: build them in `make`), so that nothing the main
 /// runtime's workers do can delay it. Resolves when it ends.

@@ -304,7 +304,8 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
 
-    /// `merge_changed` must say exactly whether the target changed.
+    /// `merge_changed` is what fixed-point detection relies on: it must say exactly whether the
+    /// target changed.
     #[test]
     fn merge_changed_tells_the_truth(x in target(), p in object(), overwrite in any::<bool>()) {
         let mut y = x.clone();

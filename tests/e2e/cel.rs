@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use gatehouse_e2e::Cluster;
 
-use crate::operator::{WAIT, apply, apply_ready, pod, policy, stderr};
+use crate::fixtures::{WAIT, apply, apply_ready, pod, policy, stderr};
 use crate::scene::scenario;
 
 /// A Pod `name` in `ns` whose container declares `memory` as its memory limit.

@@ -11,12 +11,12 @@ use gatehouse_e2e::instance::Options;
 use gatehouse_e2e::{Cluster, await_condition};
 use serde_json::Value;
 
+use crate::fixtures::{
+    apply, apply_ready, await_ready, create_pod_until, get_json, label, list, policy, wired_groups,
+};
 use crate::ipam::{
     allocations, assert_consistent, await_marking, await_placed, create_pods, names as pod_names,
     pool_and_policy,
-};
-use crate::operator::{
-    apply, apply_ready, await_ready, create_pod_until, get_json, label, list, policy, wired_groups,
 };
 use crate::scene::disruptive_scenario;
 

@@ -14,7 +14,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
-use crate::operator::{apply_ready, decode_secret_key, get_json, label, policy};
+use crate::fixtures::{apply_ready, decode_secret_key, get_json, label, policy};
 use crate::scene::{Scene, scenario};
 
 /// What came back: the status of the first response (None when the connection closed or the
@@ -646,7 +646,7 @@ async fn entry_paths(
             Phase::Validating,
         ),
     ] {
-        let entry = crate::operator::entry_of(cluster, policy, phase)
+        let entry = crate::fixtures::entry_of(cluster, policy, phase)
             .await?
             .with_context(|| format!("{policy} is not wired"))?;
         let cfg = get_json(cluster, &[kind, "gatehouse"])

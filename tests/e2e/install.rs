@@ -10,7 +10,7 @@ use gatehouse_e2e::instance::{Options, remove_pool};
 use gatehouse_e2e::{Cluster, await_condition, run_test};
 use serde_json::{Value, json};
 
-use crate::operator::{WAIT, apply, await_ready, container_names, get_json, pod, stderr};
+use crate::fixtures::{WAIT, apply, await_ready, container_names, get_json, pod, stderr};
 use crate::scene::Stage;
 
 /// `config/rbac` rendered by kustomize, bound in `namespace` instead of gatehouse-system.

@@ -12,7 +12,7 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 
-use crate::operator::{WAIT, apply, apply_ready, await_ready, get_json, pod_policy, stderr};
+use crate::fixtures::{WAIT, apply, apply_ready, await_ready, get_json, pod_policy, stderr};
 use crate::scene::{Scene, scenario};
 
 use ::gatehouse::api::v1alpha1::IPAM_GATE as GATE;

@@ -10,7 +10,7 @@ use gatehouse_e2e::proxy::FreezableProxy;
 use gatehouse_e2e::{Cluster, await_condition, run_test, tls_client};
 use serde_json::{Value, json};
 
-use crate::operator::{
+use crate::fixtures::{
     WAIT, apply, apply_ready, apply_sidecar, await_ready, container_names, decode_secret_key,
     delete_policies, get_json, merge, pod, policy, require_limits, rotating, sidecar, stderr,
     try_apply, wired_groups,

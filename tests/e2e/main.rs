@@ -2,6 +2,7 @@
 
 mod cel;
 mod faults;
+mod fixtures;
 mod hostile;
 mod install;
 mod ipam;

@@ -10,7 +10,7 @@ use gatehouse_e2e::instance::Options;
 use gatehouse_e2e::{Cluster, await_condition};
 use serde_json::{Value, json};
 
-use crate::operator::{
+use crate::fixtures::{
     apply, await_ready, create_pod_until, get_json, merge, policy_object, stderr,
 };
 use crate::scene::scenario;

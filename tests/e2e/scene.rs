@@ -9,7 +9,7 @@ use anyhow::Context;
 use gatehouse_e2e::instance::{self, Gatehouse, Options, remove_pool};
 use gatehouse_e2e::{Cluster, TestNamespace, run_disruptive_test, run_test};
 
-use crate::operator::delete_policies;
+use crate::fixtures::delete_policies;
 
 /// Runs `body` in a fresh [`Scene`] (namespace `<prefix>-…`, Gatehouse started with `options`)
 /// and fails the test with its error or the cleanup's.

@@ -11,7 +11,7 @@ use gatehouse_e2e::instance::Options;
 use gatehouse_e2e::{Cluster, TestWebhook, await_condition};
 use serde_json::{Value, json};
 
-use crate::operator::{
+use crate::fixtures::{
     WAIT, apply, await_ready, container_names, create_pod_until, entries, entry_of, get_json,
     merge, pod, pod_policy, stderr,
 };

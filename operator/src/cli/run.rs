@@ -1,23 +1,24 @@
 //! `gatehouse run`: the operator process. One shutdown signal fans out to every task; the
 //! webhook server stops accepting and lets in-flight reviews finish before the process exits.
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use tokio::net::TcpListener;
+use kube::runtime::events::{Recorder, Reporter};
 use tokio::sync::watch;
 use tracing::{error, info};
 
-use crate::admin::{self, AdminState};
+use crate::admin::{self, AdminState, Readiness};
 use crate::controller::wiring::{CONFIGURATION_NAME, Endpoint, Wiring};
-use crate::controller::{self, ControllerContext, Readiness};
-use crate::effects::ipam::{self, IpamConfig};
+use crate::controller::{self, ControllerContext};
+use crate::effects::ipam::{self, IpamConfig, IpamContext};
 use crate::error_chain::chain;
 use crate::lease::{self, Leadership, LeaseConfig};
 use crate::serve;
-use crate::telemetry::{self, CertLabels, Metrics};
+use crate::telemetry::{self, Metrics};
 use crate::tls::{self, CertResolver, Coordination, San, TlsConfig, TlsManager};
 use crate::webhook::{self, PolicyStore, WebhookState};
 
@@ -196,47 +197,58 @@ impl RunArgs {
         out.dedup();
         out
     }
+    /// What the TLS manager keeps: the Secret's namespace, the SANs and the lifetimes.
+    pub fn tls_config(&self, sans: Vec<San>) -> TlsConfig {
+        let mut config = TlsConfig::new(self.namespace.clone(), sans);
+        config.ca_validity = self.ca_validity;
+        config.cert_validity = self.cert_validity;
+        config.bundle_propagation = self.bundle_propagation;
+        config
+    }
+
+    /// How the configurations reach this server, what they leave out and who owns them.
+    pub fn wiring(&self, endpoint: Endpoint) -> Wiring {
+        Wiring {
+            endpoint,
+            excluded_namespaces: self.excluded_namespaces(),
+            owner_cluster_role: Some(self.owner_cluster_role.clone()).filter(|n| !n.is_empty()),
+            owner: None,
+        }
+    }
+
+    /// The effects loop's timings.
+    pub fn ipam_config(&self) -> IpamConfig {
+        IpamConfig {
+            gc_interval: self.gc_interval,
+            gc_grace: self.gc_grace,
+        }
+    }
 }
 
-/// Runs the operator until SIGTERM or SIGINT.
+/// Runs the operator until SIGTERM or SIGINT: builds the components and joins them.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     telemetry::init_logging(args.log_format == LogFormat::Json);
     let (endpoint, sans) = args.endpoint()?;
-    let wiring = Wiring {
-        endpoint,
-        excluded_namespaces: args.excluded_namespaces(),
-        owner_cluster_role: Some(args.owner_cluster_role.clone()).filter(|n| !n.is_empty()),
-        owner: None,
-    };
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
-
+    let identity = args.identity();
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "gatehouse".into(),
+            instance: Some(identity.clone()),
+        },
+    );
     let metrics = Arc::new(Metrics::new());
     let policies = Arc::new(PolicyStore::new());
     let readiness = Arc::new(Readiness::default());
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let stopped = move || {
-        let mut rx = stop_rx.clone();
-        async move {
-            let _ = rx.wait_for(|stop| *stop).await;
-        }
-    };
+    let shutdown = Shutdown::new();
+    let stopped = || shutdown.stopped();
 
-    // TLS: the manager keeps the Secret and the resolver right and publishes the CA bundle.
     let resolver = CertResolver::new();
-    let mut tls_config = TlsConfig::new(args.namespace.clone(), sans);
-    tls_config.ca_validity = args.ca_validity;
-    tls_config.cert_validity = args.cert_validity;
-    tls_config.bundle_propagation = args.bundle_propagation;
-    let identity = args.identity();
-    let identity_for_events = identity.clone();
-    let reporter = kube::runtime::events::Reporter {
-        controller: "gatehouse".into(),
-        instance: Some(identity.clone()),
-    };
-    let manager = TlsManager::new(
-        tls_config,
+    let tls = TlsManager::new(
+        args.tls_config(sans),
         client.clone(),
         resolver.clone(),
         Coordination {
@@ -244,181 +256,117 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             replica_ttl: args.lease_duration,
             configuration_name: CONFIGURATION_NAME.to_string(),
             metrics: metrics.clone(),
-            recorder: kube::runtime::events::Recorder::new(client.clone(), reporter),
+            recorder: recorder.clone(),
+            readiness: readiness.clone(),
         },
     );
-    let mut tls_state = manager.subscribe();
-    let (bundle_tx, bundle_rx) = watch::channel::<Option<String>>(None);
-    let bundle_task = {
-        let (metrics, readiness, resolver) = (metrics.clone(), readiness.clone(), resolver.clone());
-        let stopped = stopped();
-        async move {
-            let publish = async {
-                loop {
-                    let state = tls_state.borrow_and_update().clone();
-                    if let Some(state) = state {
-                        metrics
-                            .cert_not_after
-                            .get_or_create(&CertLabels { cert: "ca".into() })
-                            .set(state.ca_not_after);
-                        metrics
-                            .cert_not_after
-                            .get_or_create(&CertLabels {
-                                cert: "serving".into(),
-                            })
-                            .set(state.serving_not_after);
-                        readiness
-                            .certificate_loaded
-                            .store(resolver.is_loaded(), Ordering::Release);
-                        bundle_tx.send_if_modified(|b| {
-                            let changed = b.as_deref() != Some(state.ca_bundle_pem.as_str());
-                            if changed {
-                                *b = Some(state.ca_bundle_pem.clone());
-                            }
-                            changed
-                        });
-                    }
-                    if tls_state.changed().await.is_err() {
-                        return;
-                    }
-                }
-            };
-            tokio::select! { () = publish => {}, () = stopped => {} }
-        }
-    };
-    let tls_task = {
-        let stopped = stopped();
-        async move {
-            if let Err(e) = manager.run(stopped).await {
-                error!(error = %chain(&e), "TLS manager stopped");
-            }
+    let ca_bundle = tls.ca_bundle();
+    let tls_task = async move {
+        if let Err(e) = tls.run(stopped()).await {
+            error!(error = %chain(&e), "TLS manager stopped");
         }
     };
 
-    // The webhook server: its accept loop on a thread of its own, its connections on the
-    // workers.
-    let webhook_listener = std::net::TcpListener::bind(args.listen)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .with_context(|| format!("binding the webhook server to {}", args.listen))?;
-    let server_config = Arc::new(tls::server_config(resolver.clone())?);
     let (namespaces, namespaces_watch) = webhook::Namespaces::watch(client.clone());
-    let namespaces_task = {
-        let stopped = stopped();
-        async move {
-            tokio::select! { () = namespaces_watch => {}, () = stopped => {} }
-        }
+    let mut webhook_state = WebhookState::new(policies.clone(), metrics.clone());
+    webhook_state.namespaces = namespaces;
+    let ports = serve::Ports {
+        webhook: args.listen,
+        webhook_handler: webhook::handler(Arc::new(webhook_state)),
+        tls: Arc::new(tls::server_config(resolver)?),
+        drain: args.drain_timeout,
+        handshakes: metrics.tls_handshakes.clone(),
+        admin: args.admin_listen,
+        admin_handler: admin::handler(Arc::new(AdminState {
+            readiness: readiness.clone(),
+            metrics: metrics.clone(),
+        })),
     };
-    let mut state = WebhookState::new(policies.clone(), metrics.clone());
-    state.namespaces = namespaces;
-    let state = Arc::new(state);
-    let webhook_handler = webhook::handler(state);
-    let (webhook_stopped, drain) = (stopped(), args.drain_timeout);
-    let handshakes = metrics.tls_handshakes.clone();
-    let workers = tokio::runtime::Handle::current();
-    let webhook_task = serve::on_own_thread("gatehouse-accept", move || async move {
-        match TcpListener::from_std(webhook_listener) {
-            Ok(listener) => {
-                serve::serve_tls_on(
-                    Some(workers),
-                    listener,
-                    server_config,
-                    webhook_handler,
-                    webhook_stopped,
-                    drain,
-                    &handshakes,
-                )
-                .await;
-            }
-            Err(e) => error!(error = %e, "the webhook server cannot use its socket"),
-        }
-    });
+    let servers = serve::spawn(ports, stopped)?;
 
-    // The admin server, on a thread of its own: probes never wait for a busy worker.
-    let admin_listener = std::net::TcpListener::bind(args.admin_listen)
-        .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        .with_context(|| format!("binding the admin server to {}", args.admin_listen))?;
-    let admin_state = Arc::new(AdminState {
-        readiness: readiness.clone(),
-        metrics: metrics.clone(),
-    });
-    let admin_handler = admin::handler(admin_state);
-    let admin_stopped = stopped();
-    let admin_task = serve::on_own_thread("gatehouse-admin", move || async move {
-        match TcpListener::from_std(admin_listener) {
-            Ok(listener) => {
-                serve::serve_http(
-                    listener,
-                    admin_handler,
-                    admin_stopped,
-                    Duration::from_secs(1),
-                )
-                .await;
-            }
-            Err(e) => error!(error = %e, "the admin server cannot use its socket"),
-        }
-    });
-
-    let readiness_for_shutdown = readiness.clone();
-    let ctx = Arc::new(ControllerContext::new(
-        client.clone(),
-        metrics.clone(),
-        policies,
-        wiring,
-        readiness,
-    ));
     let (leader_tx, leader_rx) = watch::channel(Leadership::default());
+    let lease_config = LeaseConfig::new(args.namespace.clone(), identity, args.lease_duration);
     let lease_task = lease::run(
         client.clone(),
-        LeaseConfig::new(args.namespace.clone(), identity, args.lease_duration),
+        lease_config,
         leader_tx,
         metrics.leader.clone(),
         stopped(),
     );
-    let ipam = Arc::new(ipam::IpamContext {
-        client: client.clone(),
-        metrics: metrics.clone(),
-        recorder: kube::runtime::events::Recorder::new(
-            client.clone(),
-            kube::runtime::events::Reporter {
-                controller: "gatehouse-ipam".into(),
-                instance: Some(identity_for_events.clone()),
-            },
-        ),
-        config: IpamConfig {
-            gc_interval: args.gc_interval,
-            gc_grace: args.gc_grace,
-        },
-    });
-    let ipam_task = ipam::run(ipam, leader_rx.clone(), stopped());
-    let controller_task = controller::run(ctx, bundle_rx, leader_rx, stopped());
-
-    let (shutdown_delay, shutdown_readiness) = (args.shutdown_delay, readiness_for_shutdown);
-    let signals = async move {
-        wait_for_signal().await;
-        shutdown_readiness
-            .shutting_down
-            .store(true, std::sync::atomic::Ordering::Release);
-        if !shutdown_delay.is_zero() {
-            info!(delay = ?shutdown_delay, "shutdown requested; not ready, still serving");
-            tokio::time::sleep(shutdown_delay).await;
-        }
-        info!("shutdown requested; draining");
-        let _ = stop_tx.send(true);
+    let wiring = args.wiring(endpoint);
+    let controller = ControllerContext::new(
+        client.clone(),
+        metrics.clone(),
+        policies,
+        wiring,
+        readiness.clone(),
+        recorder.clone(),
+    );
+    let controller_task = controller::run(
+        Arc::new(controller),
+        ca_bundle,
+        leader_rx.clone(),
+        stopped(),
+    );
+    let ipam = IpamContext {
+        client,
+        metrics,
+        recorder,
+        config: args.ipam_config(),
     };
+    let ipam_task = ipam::run(Arc::new(ipam), leader_rx, stopped());
+
     info!(listen = %args.listen, admin = %args.admin_listen, "gatehouse running");
     tokio::join!(
-        signals,
-        bundle_task,
+        shutdown.on_signal(&readiness, args.shutdown_delay),
         tls_task,
-        webhook_task,
-        admin_task,
+        servers,
         lease_task,
         controller_task,
         ipam_task,
-        namespaces_task
+        until(namespaces_watch, stopped()),
     );
     info!("stopped");
     Ok(())
+}
+
+/// Runs `work` until `stopped`.
+async fn until(work: impl Future<Output = ()>, stopped: impl Future<Output = ()>) {
+    tokio::select! { () = work => {}, () = stopped => {} }
+}
+
+/// The one shutdown signal every task watches.
+struct Shutdown {
+    stop: watch::Sender<bool>,
+}
+
+impl Shutdown {
+    fn new() -> Self {
+        Shutdown {
+            stop: watch::Sender::new(false),
+        }
+    }
+
+    /// Resolves once shutdown began.
+    fn stopped(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut rx = self.stop.subscribe();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    }
+
+    /// Waits for SIGTERM or SIGINT, reports not ready for `delay` while still serving (so the
+    /// Service withdraws this replica first), then begins the shutdown.
+    async fn on_signal(&self, readiness: &Readiness, delay: Duration) {
+        wait_for_signal().await;
+        readiness.shutting_down.store(true, Ordering::Release);
+        if !delay.is_zero() {
+            info!(?delay, "shutdown requested; not ready, still serving");
+            tokio::time::sleep(delay).await;
+        }
+        info!("shutdown requested; draining");
+        self.stop.send_replace(true);
+    }
 }
 
 async fn wait_for_signal() {

@@ -3,11 +3,14 @@
 //! of Policy changes costs a handful of writes, not one per Policy.
 pub mod isolate;
 pub mod status;
+#[cfg(test)]
+mod tests;
 pub mod wiring;
+mod writes;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -17,7 +20,7 @@ use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -26,6 +29,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use crate::admin::Readiness;
 use crate::api::v1alpha1::{IPPool, Policy};
 use crate::engine;
 use crate::error_chain::chain;
@@ -36,6 +40,7 @@ use crate::webhook::PolicyStore;
 use isolate::{Culprit, DryRun, SearchError, Split};
 use status::Verdict;
 use wiring::{CONFIGURATION_NAME, Wiring};
+use writes::*;
 
 pub use crate::reconcile::FIELD_MANAGER;
 
@@ -82,26 +87,6 @@ impl From<NotLeading> for ReconcileError {
     }
 }
 
-/// Readiness of the whole process, as `/readyz` reports it.
-#[derive(Default)]
-pub struct Readiness {
-    /// Every cache listed once and every valid Policy compiled into the server's store, so a
-    /// new replica never answers 404 for a Policy the API server already calls.
-    pub policies_loaded: AtomicBool,
-    pub certificate_loaded: AtomicBool,
-    /// Set on SIGTERM: the replica reports not ready so that its Service endpoint is withdrawn
-    /// while it still serves (`--shutdown-delay`).
-    pub shutting_down: AtomicBool,
-}
-
-impl Readiness {
-    pub fn is_ready(&self) -> bool {
-        self.policies_loaded.load(Ordering::Acquire)
-            && self.certificate_loaded.load(Ordering::Acquire)
-            && !self.shutting_down.load(Ordering::Acquire)
-    }
-}
-
 /// Everything the controller needs, passed explicitly.
 pub struct ControllerContext {
     pub client: Client,
@@ -119,12 +104,8 @@ impl ControllerContext {
         policies: Arc<PolicyStore>,
         wiring: Wiring,
         readiness: Arc<Readiness>,
+        recorder: Recorder,
     ) -> Self {
-        let reporter = Reporter {
-            controller: "gatehouse".into(),
-            instance: std::env::var("POD_NAME").ok(),
-        };
-        let recorder = Recorder::new(client.clone(), reporter);
         Self {
             client,
             metrics,
@@ -299,47 +280,14 @@ async fn reconcile_all(
     applied: &mut Applied,
 ) -> Result<(), ReconcileError> {
     let all = caches.policies.state();
-    let mut outcomes: Vec<(Arc<Policy>, Verdict)> = Vec::with_capacity(all.len());
-    let mut valid: Vec<Arc<Policy>> = Vec::new();
-    for policy in &all {
-        // The server's store is the cache: CEL is compiled once per spec, not once per pass.
-        let served = ctx
-            .policies
-            .get(&policy.name_any())
-            .is_some_and(|c| c.spec() == &policy.spec);
-        let result = if served {
-            Ok(())
-        } else {
-            // Serve it before the API server is told about it.
-            engine::compile(policy).map(|c| ctx.policies.upsert(Arc::new(c)))
-        };
-        let result = result.map_err(|invalid| {
-            invalid
-                .problems
-                .iter()
-                .map(|p| p.to_string())
-                .collect::<Vec<_>>()
-        });
-        // Wired, it would hold every Pod it marks at its gate with no pool to serve them.
-        let result = result.and_then(|()| {
-            let missing = missing_pools(policy, &caches.pools);
-            if missing.is_empty() {
-                Ok(())
-            } else {
-                Err(missing)
-            }
-        });
-        match result {
-            Ok(()) => {
-                valid.push(policy.clone());
-                let own_entry = engine::policy::needs_own_entry(&policy.spec);
-                outcomes.push((policy.clone(), Verdict::Wired { own_entry }));
-            }
-            Err(problems) => {
-                outcomes.push((policy.clone(), Verdict::Invalid(problems)));
-            }
-        }
-    }
+    let pool_exists = |name: &str| {
+        caches
+            .pools
+            .get(&kube::runtime::reflector::ObjectRef::new(name))
+            .is_some()
+    };
+    let Judged { valid, verdicts } =
+        judge(&all, |policy| serve(&ctx.policies, policy), pool_exists);
     ctx.readiness.policies_loaded.store(true, Ordering::Release);
 
     let leading = leader.borrow().is_leading();
@@ -367,33 +315,96 @@ async fn reconcile_all(
     if !leading {
         return Ok(());
     }
-    for (policy, outcome) in &mut outcomes {
-        if let Some(refusal) = applied.rejected.get(&policy.name_any()) {
-            *outcome = Verdict::Rejected(refusal.message.clone());
-        }
-    }
     let now = Time(Timestamp::now());
-    for (policy, outcome) in outcomes {
-        // A Policy is only reported Wired once the configurations were written.
-        if wired.is_err() && matches!(outcome, Verdict::Wired { .. }) {
-            continue;
-        }
-        write_status(ctx, &policy, &outcome, now.clone(), leader).await?;
+    for (policy, verdict) in statuses(verdicts, &applied.rejected, wired.is_ok()) {
+        write_status(ctx, &policy, &verdict, now.clone(), leader).await?;
     }
     wired
 }
 
+/// What a pass decides of every Policy before any write.
+struct Judged {
+    /// The Policies to wire, compiled into the server's store.
+    valid: Vec<Arc<Policy>>,
+    /// Every Policy with its verdict, in order.
+    verdicts: Vec<(Arc<Policy>, Verdict)>,
+}
+
+/// Judges every Policy: `serve` compiles one into the server's store (or finds it there) or
+/// lists its problems, and an ipam effect needs its IPPool (`pool_exists`) to be wired, since
+/// wired it would hold every Pod it marks at its gate with no pool to serve them.
+fn judge(
+    all: &[Arc<Policy>],
+    mut serve: impl FnMut(&Policy) -> Result<(), Vec<String>>,
+    pool_exists: impl Fn(&str) -> bool,
+) -> Judged {
+    let mut judged = Judged {
+        valid: Vec::new(),
+        verdicts: Vec::with_capacity(all.len()),
+    };
+    for policy in all {
+        let problems = match serve(policy) {
+            Ok(()) => missing_pools(policy, &pool_exists),
+            Err(problems) => problems,
+        };
+        let verdict = if problems.is_empty() {
+            judged.valid.push(policy.clone());
+            Verdict::Wired {
+                own_entry: engine::policy::needs_own_entry(&policy.spec),
+            }
+        } else {
+            Verdict::Invalid(problems)
+        };
+        judged.verdicts.push((policy.clone(), verdict));
+    }
+    judged
+}
+
+/// Compiles `policy` into the server's store unless its spec is served already (the store is
+/// the cache: CEL is compiled once per spec, not once per pass), or lists its problems. A
+/// Policy is served before the API server is told about it.
+fn serve(store: &PolicyStore, policy: &Policy) -> Result<(), Vec<String>> {
+    let served = store
+        .get(&policy.name_any())
+        .is_some_and(|c| c.spec() == &policy.spec);
+    if served {
+        return Ok(());
+    }
+    match engine::compile(policy) {
+        Ok(compiled) => {
+            store.upsert(Arc::new(compiled));
+            Ok(())
+        }
+        Err(invalid) => Err(invalid.problems.iter().map(ToString::to_string).collect()),
+    }
+}
+
+/// The statuses a leader writes once the wiring is known: a Policy the API server refused says
+/// so with its message, and one is reported wired only once the configurations were written.
+fn statuses(
+    verdicts: Vec<(Arc<Policy>, Verdict)>,
+    rejected: &HashMap<String, Refusal>,
+    wired: bool,
+) -> Vec<(Arc<Policy>, Verdict)> {
+    verdicts
+        .into_iter()
+        .map(|(policy, verdict)| match rejected.get(&policy.name_any()) {
+            Some(refusal) => (policy, Verdict::Rejected(refusal.message.clone())),
+            None => (policy, verdict),
+        })
+        .filter(|(_, verdict)| wired || !matches!(verdict, Verdict::Wired { .. }))
+        .collect()
+}
+
 /// The ipam effects of `policy` whose IPPool does not exist, as problems.
-fn missing_pools(policy: &Policy, pools: &Store<IPPool>) -> Vec<String> {
+fn missing_pools(policy: &Policy, pool_exists: impl Fn(&str) -> bool) -> Vec<String> {
     policy
         .spec
         .effects
         .iter()
         .enumerate()
         .filter_map(|(i, e)| Some((i, e.ipam.as_ref()?)))
-        .filter(|(_, ipam)| {
-            pools.get(&kube::runtime::reflector::ObjectRef::new(&ipam.pool)).is_none()
-        })
+        .filter(|(_, ipam)| !pool_exists(&ipam.pool))
         .map(|(i, ipam)| {
             format!(
                 "spec.effects[{i}].ipam.pool: IPPool {:?} does not exist; the Policy is not wired until it does",
@@ -547,196 +558,6 @@ async fn check_conditions(
                 message: reason,
             },
         );
-    }
-    Ok(())
-}
-
-async fn apply_both(
-    ctx: &ControllerContext,
-    caches: &PolicyCaches,
-    desired: wiring::Desired,
-    applied: &mut Applied,
-    leader: &watch::Receiver<Leadership>,
-) -> Result<(), ReconcileError> {
-    let Applied {
-        mutating,
-        validating,
-        ..
-    } = applied;
-    apply_if_changed(ctx, &caches.mutating, desired.mutating, mutating, leader).await?;
-    apply_if_changed(
-        ctx,
-        &caches.validating,
-        desired.validating,
-        validating,
-        leader,
-    )
-    .await
-}
-
-/// Whether the API server would accept both configurations.
-async fn dry_run_both(
-    ctx: &ControllerContext,
-    desired: wiring::Desired,
-) -> Result<DryRun, ReconcileError> {
-    let mutating = dry_run(ctx, desired.mutating, CONFIGURATION_NAME).await?;
-    if mutating != DryRun::Accepted {
-        return Ok(mutating);
-    }
-    dry_run(ctx, desired.validating, CONFIGURATION_NAME).await
-}
-
-/// A search that blamed no Policy, as the pass's error.
-fn search_failed(e: SearchError<ReconcileError>) -> ReconcileError {
-    match e {
-        SearchError::RefusedWithoutCandidates(reason) => {
-            ReconcileError::RefusedWithoutPolicies { reason }
-        }
-        SearchError::DryRun(e) => e,
-    }
-}
-
-async fn dry_run<K>(
-    ctx: &ControllerContext,
-    desired: K,
-    name: &str,
-) -> Result<DryRun, ReconcileError>
-where
-    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
-{
-    let kind = K::kind(&());
-    let body = apply_body(&desired, None)?;
-    let api: Api<K> = Api::all(ctx.client.clone());
-    let params = PatchParams::apply(FIELD_MANAGER).force().dry_run();
-    match api.patch(name, &params, &Patch::Apply(&body)).await {
-        Ok(_) => Ok(DryRun::Accepted),
-        Err(kube::Error::Api(e)) if e.code == 422 => Ok(DryRun::Refused(e.message)),
-        Err(source) => Err(ReconcileError::DryRunConfiguration {
-            kind: kind.to_string(),
-            name: name.to_string(),
-            source,
-        }),
-    }
-}
-
-/// The server-side apply body of `desired`; with `resource_version`, the API server refuses it
-/// (409) unless the stored object is still at that version.
-fn apply_body<K>(
-    desired: &K,
-    resource_version: Option<&str>,
-) -> Result<serde_json::Value, ReconcileError>
-where
-    K: Resource<DynamicType = ()> + Serialize,
-{
-    let mut body = serde_json::to_value(desired).map_err(|source| ReconcileError::Serialize {
-        what: "webhook configuration",
-        source,
-    })?;
-    body["apiVersion"] = K::api_version(&()).into_owned().into();
-    body["kind"] = K::kind(&()).into_owned().into();
-    if let Some(rv) = resource_version {
-        body["metadata"]["resourceVersion"] = rv.into();
-    }
-    Ok(body)
-}
-
-async fn apply_if_changed<K>(
-    ctx: &ControllerContext,
-    live: &Store<K>,
-    desired: K,
-    last: &mut Option<LastWrite>,
-    leader: &watch::Receiver<Leadership>,
-) -> Result<(), ReconcileError>
-where
-    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
-{
-    let kind = K::kind(&());
-    let desired_json =
-        serde_json::to_value(&desired).map_err(|source| ReconcileError::Serialize {
-            what: "webhook configuration",
-            source,
-        })?;
-    let live_rv = live
-        .state()
-        .into_iter()
-        .find(|o| o.meta().name.as_deref() == Some(CONFIGURATION_NAME))
-        .and_then(|o| o.meta().resource_version.clone());
-    if let Some(written) = last.as_ref() {
-        // Our own last write is still what is stored: nothing drifted, nothing to do.
-        if written.body == desired_json && live_rv.is_some() && live_rv == written.resource_version
-        {
-            return Ok(());
-        }
-    }
-    let api: Api<K> = Api::all(ctx.client.clone());
-    let body = apply_body(&desired, live_rv.as_deref())?;
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    let result = fenced(
-        leader,
-        || format!("{kind}/{CONFIGURATION_NAME}"),
-        api.patch(CONFIGURATION_NAME, &params, &Patch::Apply(&body)),
-    )
-    .await?
-    .map_err(|source| ReconcileError::ApplyConfiguration {
-        kind: kind.to_string(),
-        name: CONFIGURATION_NAME.to_string(),
-        source,
-    })?;
-    ctx.metrics.webhook_config_writes.inc();
-    let rv = result.meta().resource_version.clone();
-    debug!(%kind, ?rv, "applied");
-    *last = Some(LastWrite {
-        body: desired_json,
-        resource_version: rv,
-    });
-    Ok(())
-}
-
-async fn write_status(
-    ctx: &ControllerContext,
-    policy: &Policy,
-    outcome: &Verdict,
-    now: Time,
-    leader: &watch::Receiver<Leadership>,
-) -> Result<(), ReconcileError> {
-    let Some(status) = status::desired_status(policy, outcome, now) else {
-        return Ok(());
-    };
-    let name = policy.name_any();
-    let api: Api<Policy> = Api::all(ctx.client.clone());
-    // The precondition fences a write that outlives our term, and skips a Policy that changed
-    // since we read it (its watch event brings the next pass).
-    let patch = serde_json::json!({
-        "metadata": {"resourceVersion": policy.metadata.resource_version},
-        "status": status,
-    });
-    let written = fenced(
-        leader,
-        || format!("status of Policy {name}"),
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)),
-    )
-    .await?;
-    match written {
-        Ok(_) => {}
-        // Deleted or changed meanwhile: nothing to report on this version.
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(()),
-        Err(source) => return Err(ReconcileError::WriteStatus { name, source }),
-    }
-    let (reason, note) = match outcome {
-        Verdict::Wired { .. } => return Ok(()),
-        Verdict::Invalid(problems) => (status::REASON_INVALID, problems.join("; ")),
-        Verdict::Rejected(message) => (status::REASON_REJECTED, message.clone()),
-    };
-    let event = Event {
-        type_: EventType::Warning,
-        reason: reason.into(),
-        note: Some(note.chars().take(1000).collect()),
-        action: "Validate".into(),
-        secondary: None,
-    };
-    // An Event is a courtesy; failing to record one must not fail the reconcile.
-    if let Err(e) = ctx.recorder.publish(&event, &policy.object_ref(&())).await {
-        warn!(policy = %name, error = %e, "recording event failed");
     }
     Ok(())
 }

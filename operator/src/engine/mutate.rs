@@ -20,7 +20,7 @@
 use serde_json::Value;
 
 use super::cel::{Activation, CelError};
-use super::merge::{array_at, array_at_mut, merge};
+use super::merge::{array_at, array_at_mut, merge_changed};
 use super::policy::CompiledPolicy;
 use crate::api::v1alpha1::FailurePolicy;
 
@@ -73,27 +73,41 @@ pub struct Applied {
 /// Applies `policy`'s mutations to `object` until it settles. A guard failure under
 /// `failurePolicy: Fail` is an error, and `object` may be half-mutated then (the request is
 /// denied and the copy thrown away); under `Ignore` that mutation (or element) is skipped.
+///
+/// A pass that changes nothing is the fixed point. Without `overwrite`, a merge only adds keys
+/// and elements or fills nulls, which no later merge can take back, so a pass changed the object
+/// exactly when one of its merges did ([`merge_changed`]): no copy of the object is needed. With
+/// `overwrite`, a later mutation may set back what an earlier one changed, so each pass is
+/// compared with a snapshot.
 pub fn apply(
     policy: &CompiledPolicy,
     object: &mut Value,
     old_object: Option<&Value>,
     request: &Value,
 ) -> Result<Applied, MutateError> {
-    let original = object.clone();
+    let overwrites = policy.spec().mutate.iter().any(|m| m.overwrite);
+    let original = overwrites.then(|| object.clone());
     let mut ignored = Vec::new();
+    let mut changed = false;
     let mut settled = false;
     for _ in 0..max_passes(policy) {
-        // A pass can change a field and a later mutation (with `overwrite`) change it back:
-        // only a comparison with the object before the pass tells whether it did anything.
-        let before = object.clone();
-        apply_once(policy, object, old_object, request, &mut ignored)?;
-        if *object == before {
+        let before = overwrites.then(|| object.clone());
+        let merged = apply_once(policy, object, old_object, request, &mut ignored)?;
+        let pass_changed = match &before {
+            Some(before) => object != before,
+            None => merged,
+        };
+        if !pass_changed {
             settled = true;
             break;
         }
+        changed = true;
+    }
+    if let Some(original) = original {
+        changed = *object != original;
     }
     Ok(Applied {
-        changed: *object != original,
+        changed,
         run: Run { ignored, settled },
     })
 }
@@ -119,8 +133,9 @@ fn apply_once(
     old_object: Option<&Value>,
     request: &Value,
     ignored: &mut Vec<MutateError>,
-) -> Result<(), MutateError> {
+) -> Result<bool, MutateError> {
     let spec = policy.spec();
+    let mut changed = false;
     let mut failed = |index: usize, error: CelError| {
         let e = MutateError::When { index, error };
         match spec.failure_policy {
@@ -135,18 +150,20 @@ fn apply_once(
     };
     for (index, (mutation, when)) in spec.mutate.iter().zip(&policy.whens).enumerate() {
         match (&mutation.for_each, when) {
-            (None, None) => merge(object, &mutation.merge, mutation.overwrite),
+            (None, None) => changed |= merge_changed(object, &mutation.merge, mutation.overwrite),
             (None, Some(guard)) => {
                 let decision = guard.eval_bool(&Activation::new(Some(object), old_object, request));
                 match decision {
-                    Ok(true) => merge(object, &mutation.merge, mutation.overwrite),
+                    Ok(true) => {
+                        changed |= merge_changed(object, &mutation.merge, mutation.overwrite)
+                    }
                     Ok(false) => {}
                     Err(e) => failed(index, e)?,
                 }
             }
             (Some(path), None) => {
                 for element in elements_mut(object, path) {
-                    merge(element, &mutation.merge, mutation.overwrite);
+                    changed |= merge_changed(element, &mutation.merge, mutation.overwrite);
                 }
             }
             (Some(path), Some(guard)) => {
@@ -164,7 +181,7 @@ fn apply_once(
                 for (element, decision) in elements_mut(object, path).zip(decisions) {
                     match decision {
                         Ok(true) => {
-                            merge(element, &mutation.merge, mutation.overwrite);
+                            changed |= merge_changed(element, &mutation.merge, mutation.overwrite);
                         }
                         Ok(false) => {}
                         Err(e) => failed(index, e)?,
@@ -173,5 +190,5 @@ fn apply_once(
             }
         }
     }
-    Ok(())
+    Ok(changed)
 }

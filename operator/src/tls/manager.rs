@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt;
@@ -36,10 +37,11 @@ use super::resolver::CertResolver;
 use super::rotation::{
     self, Action, Confirmed, KEY_CA_BUNDLE, KEY_CA_CERT, KEY_CA_KEY, KEY_NEXT_CA_CERT,
     KEY_NEXT_CA_KEY, KEY_PREVIOUS_CA_CERT, KEY_PREVIOUS_RETIRED_AT, KEY_ROTATION_STARTED_AT,
-    KEY_TLS_CERT, KEY_TLS_KEY, Reason, TlsMaterial, TlsState,
+    KEY_TLS_CERT, KEY_TLS_KEY, SecretPlan, TlsMaterial, TlsState,
 };
+use crate::admin::Readiness;
 use crate::error_chain::chain;
-use crate::telemetry::{Metrics, RotationLabels};
+use crate::telemetry::{CertLabels, Metrics, RotationLabels};
 
 /// Keys owned by the manager; anything else a user adds to the Secret is left alone.
 const MANAGED_KEYS: [&str; 10] = [
@@ -85,6 +87,8 @@ pub struct Coordination {
     pub configuration_name: String,
     pub metrics: Arc<Metrics>,
     pub recorder: Recorder,
+    /// Whose `certificate_loaded` bit this manager keeps.
+    pub readiness: Arc<Readiness>,
 }
 
 /// A rotation step that waits for the cluster, and since when (this replica's clock).
@@ -116,6 +120,9 @@ pub struct TlsManager {
     validating: Api<ValidatingWebhookConfiguration>,
     resolver: Arc<CertResolver>,
     state: watch::Sender<Option<TlsState>>,
+    /// The CA bundle the configurations must carry: the published state's, changing only when
+    /// the bundle does.
+    bundle: watch::Sender<Option<String>>,
     coordination: Coordination,
     records: ReplicaRecords,
     /// The CA (public key, base64url) of the certificate this replica serves.
@@ -149,6 +156,7 @@ impl TlsManager {
             coordination.replica_ttl,
         );
         let (state, _) = watch::channel(None);
+        let (bundle, _) = watch::channel(None);
         TlsManager {
             config,
             api,
@@ -156,6 +164,7 @@ impl TlsManager {
             validating: Api::all(client),
             resolver,
             state,
+            bundle,
             coordination,
             records,
             served_ca: None,
@@ -171,6 +180,12 @@ impl TlsManager {
     /// bundle or the expiries change.
     pub fn subscribe(&self) -> watch::Receiver<Option<TlsState>> {
         self.state.subscribe()
+    }
+
+    /// The CA bundle: `None` until a certificate is served, then changed only when the bundle
+    /// does.
+    pub fn ca_bundle(&self) -> watch::Receiver<Option<String>> {
+        self.bundle.subscribe()
     }
 
     /// Ensures the Secret, serves its certificate and rotates, until `shutdown` resolves.
@@ -305,6 +320,14 @@ impl TlsManager {
             self.last_good = Some(material.clone());
         }
         if let Some(state) = material.state() {
+            self.publish_gauges(&state);
+            self.bundle.send_if_modified(|bundle| {
+                let changed = bundle.as_deref() != Some(state.ca_bundle_pem.as_str());
+                if changed {
+                    *bundle = Some(state.ca_bundle_pem.clone());
+                }
+                changed
+            });
             self.state.send_if_modified(|current| {
                 if current.as_ref() == Some(&state) {
                     return false;
@@ -319,6 +342,22 @@ impl TlsManager {
                 true
             });
         }
+    }
+
+    /// The expiry gauges and the readiness bit of what is served now.
+    fn publish_gauges(&self, state: &TlsState) {
+        let metrics = &self.coordination.metrics;
+        let not_after = |cert: &str| {
+            metrics.cert_not_after.get_or_create(&CertLabels {
+                cert: cert.to_string(),
+            })
+        };
+        not_after("ca").set(state.ca_not_after);
+        not_after("serving").set(state.serving_not_after);
+        self.coordination
+            .readiness
+            .certificate_loaded
+            .store(self.resolver.is_loaded(), Ordering::Release);
     }
 
     /// Whether the watch brings a version of the Secret this replica has already moved past.
@@ -372,111 +411,118 @@ impl TlsManager {
                     })?,
             };
             let now = SystemTime::now();
-            let Some(mut secret) = current else {
-                let material = match &self.last_good {
-                    Some(good) => {
-                        warn!(
-                            secret = name,
-                            "TLS Secret missing; recreating it from the material this replica serves"
-                        );
-                        good.clone()
-                    }
-                    None => rotation::apply(
-                        &TlsMaterial::default(),
-                        Action::Create {
-                            reason: Reason::Missing,
-                        },
-                        now,
-                        &self.config,
-                    )?,
-                };
-                match self
-                    .api
-                    .create(&PostParams::default(), &self.new_secret(&material))
-                    .await
-                {
-                    Ok(created) => {
-                        info!(secret = name, "created TLS Secret");
-                        self.remember_version(created.metadata.resource_version.clone());
-                        known = Some(Some(created));
-                    }
-                    Err(kube::Error::Api(status)) if status.is_already_exists() => {
-                        // Another replica won the race: adopt its CA.
-                        info!(
-                            secret = name,
-                            "TLS Secret created concurrently; adopting it"
-                        );
-                    }
-                    Err(source) => {
-                        return Err(TlsError::CreateSecret {
-                            name: name.to_string(),
-                            source,
-                        });
-                    }
-                }
-                continue;
+            let material = current.as_ref().map(material_of);
+            let confirmed = match &material {
+                Some(material) => self.confirm(material).await?,
+                None => Confirmed::default(),
             };
-
-            let material = material_of(&secret);
-            let confirmed = self.confirm(&material).await?;
-            let action = rotation::plan(&material, now, &self.config, confirmed);
-            if let Action::Keep { next_check } = action {
-                return Ok((
-                    material,
-                    next_check,
-                    secret.metadata.resource_version.clone(),
-                ));
-            }
-            let restored = match (action, &self.last_good) {
-                // Corrupted by hand: what this replica serves is what the cluster trusts.
-                (Action::Create { reason }, Some(good)) if good != &material => {
-                    warn!(secret = name, %reason, "TLS Secret unusable; restoring the material this replica serves");
-                    Some(good.clone())
+            let planned = rotation::plan_secret(
+                material.as_ref(),
+                self.last_good.as_ref(),
+                now,
+                &self.config,
+                confirmed,
+            )?;
+            known = match (planned, current) {
+                (SecretPlan::Keep { next_check }, Some(secret)) => {
+                    let material = material_of(&secret);
+                    return Ok((material, next_check, secret.metadata.resource_version));
                 }
-                _ => None,
+                (
+                    SecretPlan::Update {
+                        material,
+                        action,
+                        restored,
+                    },
+                    Some(secret),
+                ) => {
+                    self.replace_secret(secret, &material, action, restored)
+                        .await?
+                }
+                (SecretPlan::Create { material, restored }, _) => {
+                    self.create_secret(&material, restored).await?
+                }
+                // The plan was made for the Secret as read: this pairing does not occur.
+                (_, _) => None,
             };
-            let updated = match restored {
-                Some(good) => good,
-                None => rotation::apply(&material, action, now, &self.config)?,
-            };
-            let data = secret.data.get_or_insert_with(BTreeMap::new);
-            for key in MANAGED_KEYS {
-                data.remove(key);
-            }
-            data.extend(updated.to_secret_data());
-            // `replace` sends the resourceVersion we read: a concurrent writer makes it fail
-            // with 409 instead of being overwritten.
-            match self
-                .api
-                .replace(name, &PostParams::default(), &secret)
-                .await
-            {
-                Ok(replaced) => {
-                    info!(secret = name, %action, "TLS Secret updated");
-                    self.remember_version(replaced.metadata.resource_version.clone());
-                    known = Some(Some(replaced));
-                }
-                Err(kube::Error::Api(status)) if status.is_conflict() => {
-                    debug!(secret = name, %action, "TLS Secret changed concurrently; re-planning");
-                }
-                Err(kube::Error::Api(status)) if status.is_not_found() => {
-                    debug!(
-                        secret = name,
-                        "TLS Secret deleted concurrently; re-creating"
-                    );
-                    known = Some(None);
-                }
-                Err(source) => {
-                    return Err(TlsError::UpdateSecret {
-                        name: name.to_string(),
-                        source,
-                    });
-                }
-            }
         }
         Err(TlsError::ReconcileNotSettled {
             steps: MAX_RECONCILE_STEPS,
         })
+    }
+
+    /// Creates the missing Secret holding `material`: the Secret now stored, or `None` to read
+    /// it again (another replica created it first: its CA is adopted).
+    async fn create_secret(
+        &mut self,
+        material: &TlsMaterial,
+        restored: bool,
+    ) -> Result<Option<Option<Secret>>, TlsError> {
+        let name = self.config.secret_name.clone();
+        if restored {
+            warn!(
+                secret = %name,
+                "TLS Secret missing; recreating it from the material this replica serves"
+            );
+        }
+        match self
+            .api
+            .create(&PostParams::default(), &self.new_secret(material))
+            .await
+        {
+            Ok(created) => {
+                info!(secret = %name, "created TLS Secret");
+                self.remember_version(created.metadata.resource_version.clone());
+                Ok(Some(Some(created)))
+            }
+            Err(kube::Error::Api(status)) if status.is_already_exists() => {
+                info!(secret = %name, "TLS Secret created concurrently; adopting it");
+                Ok(None)
+            }
+            Err(source) => Err(TlsError::CreateSecret { name, source }),
+        }
+    }
+
+    /// Replaces the Secret's material with `material`: the Secret now stored (`Some(None)`:
+    /// deleted meanwhile), or `None` to read it again (changed meanwhile).
+    async fn replace_secret(
+        &mut self,
+        mut secret: Secret,
+        material: &TlsMaterial,
+        action: Action,
+        restored: bool,
+    ) -> Result<Option<Option<Secret>>, TlsError> {
+        let name = self.config.secret_name.clone();
+        if restored {
+            warn!(secret = %name, %action, "TLS Secret unusable; restoring the material this replica serves");
+        }
+        let data = secret.data.get_or_insert_with(BTreeMap::new);
+        for key in MANAGED_KEYS {
+            data.remove(key);
+        }
+        data.extend(material.to_secret_data());
+        // `replace` sends the resourceVersion we read: a concurrent writer makes it fail with 409
+        // instead of being overwritten.
+        match self
+            .api
+            .replace(&name, &PostParams::default(), &secret)
+            .await
+        {
+            Ok(replaced) => {
+                info!(secret = %name, %action, "TLS Secret updated");
+                self.remember_version(replaced.metadata.resource_version.clone());
+                Ok(Some(Some(replaced)))
+            }
+            Err(kube::Error::Api(status)) if status.is_conflict() => {
+                debug!(secret = %name, %action, "TLS Secret changed concurrently; re-planning");
+                Ok(None)
+            }
+            Err(kube::Error::Api(status)) if status.is_not_found() => {
+                debug!(secret = %name, "TLS Secret deleted concurrently; re-creating");
+                Ok(Some(None))
+            }
+            Err(source) => Err(TlsError::UpdateSecret { name, source }),
+        }
     }
 
     /// The gates of the rotation steps as they stand now.

@@ -32,7 +32,9 @@ pub use config::{
 pub use manager::{Coordination, TlsManager};
 pub use pki::CertKeyPem;
 pub use resolver::{CertResolver, server_config};
-pub use rotation::{Action, Confirmed, Reason, TlsMaterial, TlsState, apply, plan};
+pub use rotation::{
+    Action, Confirmed, Reason, SecretPlan, TlsMaterial, TlsState, apply, plan, plan_secret,
+};
 
 /// Everything that can go wrong in this module, named after the failing step.
 #[derive(Debug, thiserror::Error)]

@@ -205,6 +205,72 @@ pub fn plan(m: &TlsMaterial, now: SystemTime, cfg: &TlsConfig, confirmed: Confir
     Action::Keep { next_check }
 }
 
+/// What the manager writes for its Secret, as it stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SecretPlan {
+    /// Nothing until `next_check`.
+    Keep { next_check: SystemTime },
+    /// The Secret is missing: create it holding `material`.
+    Create {
+        material: TlsMaterial,
+        /// `material` is what this replica serves (the cluster trusts it), not a new CA.
+        restored: bool,
+    },
+    /// Replace the Secret's material with `material`, made by `action`.
+    Update {
+        material: TlsMaterial,
+        action: Action,
+        /// `material` is what this replica serves, put back over a Secret corrupted by hand.
+        restored: bool,
+    },
+}
+
+/// Decides what to write for the Secret's material as it stands (`None`: no Secret), given the
+/// material this replica last served and planned as usable (`last_good`): a missing or
+/// corrupted Secret is restored from it rather than replaced by a CA nobody trusts yet; otherwise
+/// the rotation [`plan`] decides and [`apply`] makes the material.
+pub fn plan_secret(
+    current: Option<&TlsMaterial>,
+    last_good: Option<&TlsMaterial>,
+    now: SystemTime,
+    cfg: &TlsConfig,
+    confirmed: Confirmed,
+) -> Result<SecretPlan, TlsError> {
+    let Some(material) = current else {
+        return Ok(match last_good {
+            Some(good) => SecretPlan::Create {
+                material: good.clone(),
+                restored: true,
+            },
+            None => SecretPlan::Create {
+                material: apply(
+                    &TlsMaterial::default(),
+                    Action::Create {
+                        reason: Reason::Missing,
+                    },
+                    now,
+                    cfg,
+                )?,
+                restored: false,
+            },
+        });
+    };
+    let action = plan(material, now, cfg, confirmed);
+    Ok(match (action, last_good) {
+        (Action::Keep { next_check }, _) => SecretPlan::Keep { next_check },
+        (Action::Create { .. }, Some(good)) if good != material => SecretPlan::Update {
+            material: good.clone(),
+            action,
+            restored: true,
+        },
+        _ => SecretPlan::Update {
+            material: apply(material, action, now, cfg)?,
+            action,
+            restored: false,
+        },
+    })
+}
+
 /// Performs `action` on `m` at `now`, returning the material to store.
 pub fn apply(
     m: &TlsMaterial,

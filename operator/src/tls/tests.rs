@@ -605,3 +605,55 @@ fn simulated_rotations_never_present_an_untrusted_certificate() {
     }
     assert!(rotations >= 3, "only {rotations} CA rotations");
 }
+
+#[test]
+fn a_missing_or_corrupted_secret_is_restored_from_what_is_served() {
+    let cfg = cfg();
+    let now = t0();
+    let served = fresh(now, &cfg);
+    // No Secret and nothing served: a new CA.
+    match plan_secret(None, None, now, &cfg, NONE).unwrap() {
+        SecretPlan::Create { material, restored } => {
+            assert!(!restored);
+            assert!(keeps(&material, now, &cfg, NONE));
+        }
+        other => panic!("{other:?}"),
+    }
+    // No Secret, but this replica serves a CA the cluster trusts: that one, not a new one.
+    assert_eq!(
+        plan_secret(None, Some(&served), now, &cfg, NONE).unwrap(),
+        SecretPlan::Create {
+            material: served.clone(),
+            restored: true
+        }
+    );
+    // Corrupted by hand: the served material goes back.
+    let corrupted = TlsMaterial::default();
+    match plan_secret(Some(&corrupted), Some(&served), now, &cfg, NONE).unwrap() {
+        SecretPlan::Update {
+            material,
+            restored,
+            action,
+        } => {
+            assert!(restored, "{action}");
+            assert_eq!(material, served);
+        }
+        other => panic!("{other:?}"),
+    }
+    // As it should be: kept, and nothing is written.
+    assert!(matches!(
+        plan_secret(Some(&served), Some(&served), now, &cfg, NONE).unwrap(),
+        SecretPlan::Keep { .. }
+    ));
+    // Due for renewal: the rotation plan's action, not a restore.
+    let later = at(now, 0.75 * cfg.cert_validity.as_secs_f64());
+    match plan_secret(Some(&served), Some(&served), later, &cfg, NONE).unwrap() {
+        SecretPlan::Update {
+            restored, action, ..
+        } => {
+            assert!(!restored);
+            assert!(matches!(action, Action::RenewServing { .. }), "{action}");
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -162,34 +162,20 @@ async fn review_entry(
         .instrument(span.clone())
         .await;
     let heavy = members.heavy;
+    let review = EntryReview {
+        request,
+        group,
+        members,
+        phase,
+        matched,
+        labels,
+    };
     // Evaluated on this worker when every member is cheap, on the blocking pool when one is
     // heavy; never on the threads that accept connections and serve the admin port (see the
     // module documentation).
     let evaluate = {
-        let (state, span) = (state.clone(), span.clone());
-        move || {
-            span.in_scope(|| {
-                let namespace = match &labels {
-                    None => Namespace::Assumed,
-                    Some(Ok(map)) => Namespace::Labels(map),
-                    Some(Err(reason)) => Namespace::Unknown(reason),
-                };
-                let matching = Matching { namespace, matched };
-                let response = decide(&state, &request, &group, &members, phase, matching);
-                tracing::Span::current()
-                    .record("allowed", response.allowed())
-                    .record("patched", response.patched());
-                // A line per admitted request would dominate the log (and the CPU) at API-server
-                // rates; denials are what operators look for. The span carries every decision.
-                if response.allowed() {
-                    tracing::debug!("admitted");
-                } else {
-                    tracing::info!(reason = response.message().unwrap_or_default(), "denied");
-                }
-                let body = engine::encoded_review(&request, &response);
-                (response.allowed(), body)
-            })
-        }
+        let state = state.clone();
+        move || span.in_scope(|| answer(&state, &review))
     };
     let (allowed, body) = if heavy {
         // A heavy Policy's review takes turns on half the CPUs, on the blocking pool.
@@ -228,18 +214,39 @@ async fn review_entry(
     json(StatusCode::OK, body)
 }
 
-/// The members' answer to `request`, with what each did counted per Policy.
-fn decide(
-    state: &WebhookState,
-    request: &engine::Request,
-    group: &Group,
-    members: &[Arc<CompiledPolicy>],
+/// One entry's review with everything its answer depends on.
+struct EntryReview {
+    request: engine::Request,
+    group: Arc<Group>,
+    members: Arc<Members>,
     phase: Phase,
-    matching: Matching<'_>,
-) -> engine::Response {
-    let members: Vec<&CompiledPolicy> = members.iter().map(AsRef::as_ref).collect();
+    /// The API server matched already (a Policy's own entry).
+    matched: bool,
+    /// The labels of the request's Namespace, when a member's namespaceSelector needs them.
+    labels: Option<Result<std::collections::BTreeMap<String, String>, String>>,
+}
+
+/// The members' answer to a review, encoded, and whether it allows: the engine's decision,
+/// with what each member did counted per Policy and the decision logged.
+fn answer(state: &WebhookState, review: &EntryReview) -> (bool, Vec<u8>) {
+    let namespace = match &review.labels {
+        None => Namespace::Assumed,
+        Some(Ok(map)) => Namespace::Labels(map),
+        Some(Err(reason)) => Namespace::Unknown(reason),
+    };
+    let matching = Matching {
+        namespace,
+        matched: review.matched,
+    };
+    let members: Vec<&CompiledPolicy> = review.members.iter().map(AsRef::as_ref).collect();
+    let (request, phase) = (&review.request, review.phase);
     let outcome = match phase {
-        Phase::Mutating => chain::mutate(request, &members, group.reinvocation_policy, matching),
+        Phase::Mutating => chain::mutate(
+            request,
+            &members,
+            review.group.reinvocation_policy,
+            matching,
+        ),
         Phase::Validating => chain::validate(request, &members, matching),
     };
     for e in &outcome.evaluated {
@@ -250,7 +257,21 @@ fn decide(
         );
         state.metrics.record_member(phase, e);
     }
-    outcome.response
+    let response = outcome.response;
+    tracing::Span::current()
+        .record("allowed", response.allowed())
+        .record("patched", response.patched());
+    // A line per admitted request would dominate the log (and the CPU) at API-server rates;
+    // denials are what operators look for. The span carries every decision.
+    if response.allowed() {
+        tracing::debug!("admitted");
+    } else {
+        tracing::info!(reason = response.message().unwrap_or_default(), "denied");
+    }
+    (
+        response.allowed(),
+        engine::encoded_review(request, &response),
+    )
 }
 
 /// The labels of the request's Namespace, when a member's namespaceSelector needs them: `None`

@@ -1,0 +1,345 @@
+//! The IPAM loop: addresses for Pods, allocated after the Pod is stored, keyed by its UID.
+//!
+//! Admission only marked the Pod (gate `gatehouse.dev/ipam`, label `gatehouse.dev/ipam-pool`).
+//! This loop, on the leader only, watches exactly the marked Pods, the IPPools and the
+//! IPAllocations, and for each marked, gated, live Pod:
+//! 1. reuses the IPAllocation that already names the Pod's UID (a retry or a restart after a
+//!    crash between creating the allocation and patching the Pod), or picks the lowest free
+//!    address from the pool's in-memory index and creates its IPAllocation. The object's name
+//!    is derived from the address, so the API server refuses a second allocation of an address
+//!    (AlreadyExists: the next candidate is tried), whoever tries — another replica, a
+//!    restarted process, a stale cache;
+//! 2. writes the address to the Pod's annotation and removes the gate in one JSON patch that
+//!    first tests the Pod's UID and the gate, so it can never land on another Pod.
+//!
+//! A Pod that is deleted, or finishes (Succeeded/Failed), releases its address at once. What
+//! the loop did not see go — Pods deleted while Gatehouse was down, a crash between the two
+//! writes — the garbage collection finds: every `--gc-interval`, it lists allocations *before*
+//! Pods (so an allocation made after the owner list was read is never judged against it),
+//! takes allocations whose owner UID is not a live Pod and older than `--gc-grace`, re-checks
+//! each against the API server, and deletes it (Event, `gatehouse_ipam_orphans_collected`).
+//! Owners are compared by UID, never by name: a Pod re-created under the same name is another
+//! owner, and the old allocation is an orphan.
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{
+    DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams, Preconditions,
+};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+use super::allocator::{Allocator, MAX_POOL_NAME_LEN, Pool, allocation_name, overlaps};
+use super::index::{Held, Index};
+use super::network::PoolNetwork;
+use crate::api::v1alpha1::{
+    DEFAULT_IPAM_ANNOTATION, IPAM_GATE, IPAM_POOL_LABEL, IPAllocation, IPAllocationSpec, IPPool,
+    IPPoolStatus, OWNER_UID_LABEL, Owner, POOL_LABEL, Policy,
+};
+use crate::error_chain::chain;
+use crate::lease::Leadership;
+use crate::reconcile::{
+    FIELD_MANAGER, Next, NotLeading, Pacing, Window, fenced, reflect, run_loop, watch_events,
+};
+use crate::telemetry::Metrics;
+use gatehouse_ipam::annotation::IPAM_ADDRESS_ANNOTATION;
+
+mod gc;
+mod plan;
+mod pools;
+#[cfg(test)]
+mod tests;
+mod writes;
+
+use gc::*;
+use plan::*;
+use pools::*;
+use writes::*;
+
+/// Finalizer that holds a deleted IPPool until its allocations are gone.
+pub const POOL_FINALIZER: &str = "gatehouse.dev/allocations";
+
+/// Writes here are one per object whatever the batch, and every Pod waits gated until its
+/// pass: collect only what arrives together (the Policy loop's longer window made a burst of
+/// Pods wait for it, `tests/bench/ipam-load`).
+const COALESCE: Window = Window {
+    quiet: Duration::from_millis(50),
+    max: Duration::from_millis(250),
+};
+
+/// Level-triggered safety net in case a watch event was missed; also how often the address
+/// index is rebuilt from the allocations it holds (dropping picks that never became objects).
+const RESYNC: Duration = Duration::from_secs(30);
+
+/// Timings of the loop.
+#[derive(Clone, Debug)]
+pub struct IpamConfig {
+    /// How often orphaned allocations are looked for.
+    pub gc_interval: Duration,
+    /// How old an orphaned allocation must be before it is collected.
+    pub gc_grace: Duration,
+}
+
+/// Errors of one pass, named after the failing step.
+#[derive(Debug, thiserror::Error)]
+pub enum IpamError {
+    #[error("creating IPAllocation {name}")]
+    CreateAllocation { name: String, source: kube::Error },
+    #[error("deleting IPAllocation {name}")]
+    DeleteAllocation { name: String, source: kube::Error },
+    #[error("patching Pod {namespace}/{name}")]
+    PatchPod {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("writing IPPool {name}")]
+    WritePool { name: String, source: kube::Error },
+    #[error("listing {what} for garbage collection")]
+    List {
+        what: &'static str,
+        source: kube::Error,
+    },
+    #[error("re-reading Pod {namespace}/{name} before collecting its allocation")]
+    ReadPod {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    NotLeading(#[from] NotLeading),
+}
+
+/// What the loop needs, passed explicitly.
+pub struct IpamContext {
+    pub client: Client,
+    pub metrics: Arc<Metrics>,
+    pub recorder: Recorder,
+    pub config: IpamConfig,
+}
+
+struct IpamCaches {
+    pods: Store<Pod>,
+    pools: Store<IPPool>,
+    policies: Store<Policy>,
+}
+
+/// What one leader term remembers between passes.
+#[derive(Default)]
+struct Memory {
+    /// UIDs of the marked Pods seen last pass: one gone since was deleted, release at once.
+    pods: HashMap<String, Vec<String>>,
+    /// Pods already told their pool is exhausted (one Event per wait).
+    told_exhausted: HashSet<String>,
+}
+
+/// Runs the loop until `shutdown`. Every replica keeps its caches warm; only the leader acts.
+pub async fn run(
+    ctx: Arc<IpamContext>,
+    mut leader: watch::Receiver<Leadership>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let trigger = Arc::new(Notify::new());
+    let marked = watcher::Config::default().labels(IPAM_POOL_LABEL);
+    let (pods, pods_watch) = reflect::<Pod>(ctx.client.clone(), marked, trigger.clone());
+    let all = watcher::Config::default;
+    let (pools, pools_watch) = reflect::<IPPool>(ctx.client.clone(), all(), trigger.clone());
+    let (mut allocations, allocations_watch) =
+        watch_events::<IPAllocation>(ctx.client.clone(), all(), trigger.clone());
+    let (policies, policies_watch) = reflect::<Policy>(ctx.client.clone(), all(), trigger.clone());
+    let caches = IpamCaches {
+        pods,
+        pools,
+        policies,
+    };
+    let watches = tokio::spawn(async move {
+        tokio::join!(pods_watch, pools_watch, allocations_watch, policies_watch);
+    });
+    let work = async {
+        let mut index = Index::default();
+        let _ = tokio::join!(
+            caches.pods.wait_until_ready(),
+            caches.pools.wait_until_ready(),
+            caches.policies.wait_until_ready(),
+            async {
+                while !index.is_synced() {
+                    match allocations.recv().await {
+                        Some(event) => index.apply(event),
+                        None => return,
+                    }
+                }
+            },
+        );
+        info!(allocations = index.len(), "IPAM caches synced");
+        let mut memory = Memory::default();
+        let mut next_gc = Instant::now() + ctx.config.gc_interval;
+        let mut next_rebuild = Instant::now() + RESYNC;
+        let pacing = Pacing {
+            window: COALESCE,
+            resync: RESYNC,
+        };
+        let leader_view = leader.clone();
+        run_loop(
+            "ipam",
+            &ctx.metrics,
+            &trigger,
+            &mut leader,
+            pacing,
+            async |leading| {
+                while let Ok(event) = allocations.try_recv() {
+                    index.apply(event);
+                }
+                if Instant::now() >= next_rebuild {
+                    next_rebuild = Instant::now() + RESYNC;
+                    index.rebuild();
+                }
+                if !leading {
+                    // A new term must not trust what an earlier one remembered.
+                    memory = Memory::default();
+                    return Ok(Next::By(next_rebuild));
+                }
+                let more = place_and_release(&ctx, &caches, &mut index, &mut memory, &leader_view)
+                    .instrument(info_span!("reconcile", controller = "ipam"))
+                    .await?;
+                if Instant::now() >= next_gc {
+                    next_gc = Instant::now() + ctx.config.gc_interval;
+                    match collect_orphans(&ctx, &leader_view)
+                        .instrument(info_span!("gc", controller = "ipam"))
+                        .await
+                    {
+                        Ok(0) => {}
+                        Ok(n) => info!(collected = n, "collected orphaned IP allocations"),
+                        Err(e) => warn!(error = %chain(&e), "IPAM garbage collection failed"),
+                    }
+                }
+                Ok::<_, IpamError>(Next::By(if more {
+                    Instant::now()
+                } else {
+                    next_gc.min(next_rebuild)
+                }))
+            },
+        )
+        .await;
+    };
+    tokio::select! {
+        () = work => {}
+        () = shutdown => {}
+    }
+    watches.abort();
+}
+
+/// How many writes one pass has in flight at once. Allocations are decided one after another
+/// from the in-memory index (that is what keeps addresses distinct); only the API calls that
+/// record them overlap: one write at a time kept a burst of Pods gated for a round trip each
+/// (`tests/bench/ipam-load`).
+const WRITES_IN_FLIGHT: usize = 32;
+
+/// What became of one [`Place`].
+struct Recorded {
+    pool: String,
+    address: IpAddr,
+    /// The address was picked this pass (not reused).
+    picked: bool,
+    /// The allocation this write created.
+    created: Option<Held>,
+    /// `Ok(true)`: the address was taken by an allocation the index had not seen yet; the next
+    /// pass picks another.
+    outcome: Result<bool, IpamError>,
+}
+
+/// One pass; `Ok(true)` asks for another one at once (an address turned out to be taken).
+async fn place_and_release(
+    ctx: &IpamContext,
+    caches: &IpamCaches,
+    index: &mut Index,
+    memory: &mut Memory,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<bool, IpamError> {
+    let pools = caches.pools.state();
+    let JudgedPools {
+        valid,
+        networks,
+        invalid,
+    } = judge_pools(&pools);
+    index.set_pools(&valid);
+    let deleting: HashSet<String> = pools
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_some())
+        .map(|p| p.name_any())
+        .collect();
+
+    let policies = caches.policies.state();
+    let pods = caches.pods.state();
+    let judged = JudgedPools {
+        valid,
+        networks,
+        invalid,
+    };
+    let Plan {
+        places,
+        releases,
+        tells,
+        waiting,
+        seen,
+    } = plan(&pods, &policies, &judged, &deleting, index, memory);
+    let JudgedPools { valid, invalid, .. } = judged;
+
+    // Record, many writes at a time.
+    let released: Vec<Result<bool, IpamError>> = futures::stream::iter(&releases)
+        .map(|h| delete_allocation(ctx, &h.name, &h.uid, leader))
+        .buffer_unordered(WRITES_IN_FLIGHT)
+        .collect()
+        .await;
+    let recorded: Vec<Recorded> = futures::stream::iter(places)
+        .map(|place| record(ctx, place, leader))
+        .buffer_unordered(WRITES_IN_FLIGHT)
+        .collect()
+        .await;
+    let mut again = false;
+    let mut first_error = None;
+    for (h, outcome) in releases.iter().zip(released) {
+        match outcome {
+            // Gone now (or already): its address is free for the Pods waiting.
+            Ok(_) => index.forget(&h.name, &h.uid),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    for r in recorded {
+        if let Some(held) = r.created {
+            index.observe(held);
+        } else if r.picked && r.outcome.is_err() {
+            index.unpick(&r.pool, r.address);
+        }
+        match r.outcome {
+            Ok(taken) => again |= taken,
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    memory.pods = seen;
+    // Pool status reflects the index whatever a single write did; Events go with it.
+    let (written, ()) = tokio::join!(
+        write_pools(ctx, &pools, &valid, &invalid, index, &waiting, leader),
+        publish(ctx, tells),
+    );
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    written?;
+    Ok(again)
+}
