@@ -1,5 +1,6 @@
 //! Logging and metrics. Metric names carry a prefix per subsystem (`gatehouse_admission_`,
 //! `gatehouse_reconcile_`, `gatehouse_tls_`) so dashboards can tell the loops apart.
+use std::sync::OnceLock;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -64,26 +65,45 @@ pub struct RotationLabels {
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
 
+/// One Policy's handles in one phase, each resolved from its family on first use and then kept
+/// with the webhook store's members of a group: counting a member's part in a review then takes
+/// no family lock, hashes no labels and allocates nothing, which at hundreds of members a review
+/// shows in Gatehouse's CPU (`operator/benches/README.md`).
+#[derive(Default)]
+pub struct MemberMeters {
+    /// By [`Decision`](crate::engine::chain::Decision), in its declaration order.
+    decisions: [OnceLock<Counter>; 5],
+    evaluation: OnceLock<Histogram>,
+    over_budget: OnceLock<Counter>,
+}
+
 impl Metrics {
-    /// Counts `evaluated`, one Policy's part in a request of `phase`.
-    pub fn record_member(&self, phase: Phase, evaluated: &Evaluated<'_>) {
-        let policy = evaluated.policy.name().to_string();
-        let labels = PolicyLabels {
-            policy,
+    /// Counts `evaluated`, one Policy's part in a review of `phase`, with that Policy's `meters`.
+    pub fn record_member(&self, meters: &MemberMeters, phase: Phase, evaluated: &Evaluated<'_>) {
+        let policy = evaluated.policy.name();
+        let labels = || PolicyLabels {
+            policy: policy.to_string(),
             phase: phase.as_str(),
         };
-        self.policy_decisions
-            .get_or_create(&DecisionLabels {
-                policy: labels.policy.clone(),
-                phase: labels.phase,
-                decision: evaluated.decision.as_str(),
+        let decision = evaluated.decision;
+        meters.decisions[decision as usize]
+            .get_or_init(|| {
+                self.policy_decisions.get_or_create_owned(&DecisionLabels {
+                    policy: policy.to_string(),
+                    phase: phase.as_str(),
+                    decision: decision.as_str(),
+                })
             })
             .inc();
         if evaluated.over_budget {
-            self.policy_over_budget.get_or_create(&labels).inc();
+            meters
+                .over_budget
+                .get_or_init(|| self.policy_over_budget.get_or_create_owned(&labels()))
+                .inc();
         }
-        self.policy_evaluation
-            .get_or_create(&labels)
+        meters
+            .evaluation
+            .get_or_init(|| self.policy_evaluation.get_or_create_owned(&labels()))
             .observe(evaluated.elapsed.as_secs_f64());
     }
 }
@@ -351,13 +371,23 @@ mod tests {
         let m = Metrics::new();
         let part = |decision, over_budget| Evaluated {
             policy: &compiled,
+            member: 0,
             decision,
             over_budget,
             elapsed: Duration::from_micros(15),
         };
-        m.record_member(Phase::Validating, &part(Decision::Denied, false));
-        m.record_member(Phase::Validating, &part(Decision::Denied, true));
-        m.record_member(Phase::Mutating, &part(Decision::Skipped, false));
+        let (validating, mutating) = (MemberMeters::default(), MemberMeters::default());
+        m.record_member(
+            &validating,
+            Phase::Validating,
+            &part(Decision::Denied, false),
+        );
+        m.record_member(
+            &validating,
+            Phase::Validating,
+            &part(Decision::Denied, true),
+        );
+        m.record_member(&mutating, Phase::Mutating, &part(Decision::Skipped, false));
         let text = m.encode().unwrap();
         for line in [
             r#"gatehouse_policy_decisions_total{policy="p",phase="validating",decision="denied"} 2"#,

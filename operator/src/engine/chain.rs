@@ -56,6 +56,8 @@ impl Decision {
 pub struct Evaluated<'p> {
     /// The Policy, borrowed from the store's snapshot for the request.
     pub policy: &'p CompiledPolicy,
+    /// Its index among the members given.
+    pub member: usize,
     pub decision: Decision,
     /// An expression was not evaluated: its cost budget was exceeded.
     pub over_budget: bool,
@@ -67,6 +69,7 @@ pub struct Evaluated<'p> {
 impl PartialEq for Evaluated<'_> {
     fn eq(&self, other: &Self) -> bool {
         std::ptr::eq(self.policy, other.policy)
+            && self.member == other.member
             && self.decision == other.decision
             && self.over_budget == other.over_budget
             && self.elapsed == other.elapsed
@@ -124,7 +127,7 @@ pub fn mutate<'p>(
     for _ in 0..bound {
         for &i in &order {
             clock += 1;
-            match chain.step(members[i], matching) {
+            match chain.step(members[i], i, matching) {
                 Ok(Decision::Patched) => {
                     last_change = clock;
                     last_ran[i] = Some(clock);
@@ -187,6 +190,7 @@ impl<'r, 'p> Chain<'r, 'p> {
     fn step(
         &mut self,
         policy: &'p CompiledPolicy,
+        member: usize,
         matching: Matching<'_>,
     ) -> Result<Decision, Response> {
         let started = Instant::now();
@@ -194,6 +198,7 @@ impl<'r, 'p> Chain<'r, 'p> {
         let step = self.mutate_step(policy, matching, &mut over_budget);
         self.evaluated.push(Evaluated {
             policy,
+            member,
             decision: step.as_ref().map_or(Decision::Denied, |d| *d),
             over_budget,
             elapsed: started.elapsed(),
@@ -272,7 +277,7 @@ pub fn validate<'p>(
     // The object does not change here: every member reads one conversion of the variables.
     let variables = Variables::new(req);
     let activation = variables.activation();
-    for &policy in members {
+    for (member, &policy) in members.iter().enumerate() {
         let started = Instant::now();
         let mut over_budget = false;
         let decision = match offered(req, policy, matching, &mut warnings, &mut over_budget) {
@@ -297,6 +302,7 @@ pub fn validate<'p>(
         };
         evaluated.push(Evaluated {
             policy,
+            member,
             decision,
             over_budget,
             elapsed: started.elapsed(),

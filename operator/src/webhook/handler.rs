@@ -130,7 +130,7 @@ async fn review_entry(
 ) -> Response<Full<Bytes>> {
     let started = Instant::now();
     let lookup = state.policies.lookup(phase, id);
-    let request = match engine::parse_request(body) {
+    let request = match engine::fast::parse_request(body) {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
@@ -255,7 +255,9 @@ fn answer(state: &WebhookState, review: &EntryReview) -> (bool, Vec<u8>) {
             decision = e.decision.as_str(),
             "member"
         );
-        state.metrics.record_member(phase, e);
+        if let Some(meters) = review.members.meters.get(e.member) {
+            state.metrics.record_member(meters, phase, e);
+        }
     }
     let response = outcome.response;
     tracing::Span::current()

@@ -7,6 +7,7 @@ use crate::engine::CompiledPolicy;
 use crate::engine::Phase;
 use crate::engine::entry;
 use crate::engine::group::{self, Group};
+use crate::telemetry::MemberMeters;
 
 /// How long a group (or Policy) that left the configurations is still answered. The API
 /// server's webhook informer lags a configuration write by a moment; during that moment it may
@@ -34,6 +35,8 @@ type Key = (Phase, String);
 #[derive(Default)]
 pub struct Members {
     policies: Vec<Arc<CompiledPolicy>>,
+    /// Each one's metric handles, by index.
+    pub meters: Vec<MemberMeters>,
     /// One of them is heavy ([`CompiledPolicy::is_heavy`]).
     pub heavy: bool,
     /// One of them has a namespaceSelector.
@@ -43,6 +46,7 @@ pub struct Members {
 impl Members {
     pub fn new(policies: Vec<Arc<CompiledPolicy>>) -> Self {
         Members {
+            meters: policies.iter().map(|_| MemberMeters::default()).collect(),
             heavy: policies.iter().any(|p| p.is_heavy()),
             namespace_selectors: policies
                 .iter()
