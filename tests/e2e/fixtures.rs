@@ -14,6 +14,8 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use serde_json::{Value, json};
 
+pub(crate) use gatehouse_e2e::kubectl::{apply, get_json, list, stderr, try_apply};
+
 pub(crate) const WAIT: Duration = Duration::from_secs(60);
 
 /// `options` with a CA and a serving certificate valid for `ca` and `cert` (each rotated at
@@ -102,39 +104,6 @@ spec:
     resources: {{limits: {{cpu: 100m, memory: 64Mi}}}}
 "#
     )
-}
-
-/// `kubectl apply` of one object, or of a `v1` `List` of them.
-pub(crate) async fn apply(cluster: &Cluster, object: &Value) -> anyhow::Result<String> {
-    cluster
-        .kubectl_ok(["apply", "-f", "-"], Some(&object.to_string()))
-        .await
-}
-
-/// `kubectl apply` of `object`, succeeding or not.
-pub(crate) async fn try_apply(
-    cluster: &Cluster,
-    object: &Value,
-) -> anyhow::Result<std::process::Output> {
-    cluster
-        .kubectl_output(["apply", "-f", "-"], Some(&object.to_string()))
-        .await
-}
-
-/// The objects as one `v1` `List`, applied with one `kubectl apply`.
-pub(crate) fn list(items: impl IntoIterator<Item = Value>) -> Value {
-    json!({"apiVersion": "v1", "kind": "List", "items": items.into_iter().collect::<Vec<_>>()})
-}
-
-pub(crate) async fn get_json(cluster: &Cluster, args: &[&str]) -> anyhow::Result<Option<Value>> {
-    let mut full = vec!["get"];
-    full.extend_from_slice(args);
-    full.extend(["-o", "json", "--ignore-not-found"]);
-    let out = cluster.kubectl_ok(full, None).await?;
-    if out.trim().is_empty() {
-        return Ok(None);
-    }
-    Ok(Some(serde_json::from_str(&out)?))
 }
 
 /// Waits until the Policy reports `Ready=<status>` for its current generation; returns the
@@ -269,10 +238,6 @@ where
         )
     })
     .await
-}
-
-pub(crate) fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 pub(crate) fn container_names(pod: &Value) -> Vec<String> {

@@ -180,67 +180,162 @@ fn expect(name: &str, answer: &Answer, status: Option<u16>, says: &str) -> anyho
     Ok(())
 }
 
+/// One category of the corpus against a Gatehouse of its own, with the three Policies the cases
+/// aim at; afterwards a valid review is still answered correctly, the process still runs and
+/// it never panicked.
+async fn hostile(category: Category) {
+    scenario(
+        &format!("gh-hostile-{}", category.name()),
+        Options::url(),
+        async |scene| {
+            let c = Corpus::open(scene).await?;
+            match category {
+                Category::Bodies => not_reviews(&c).await?,
+                Category::Reviews => unusual_reviews(&c).await?,
+                Category::Http => broken_http(&c).await?,
+                Category::Tls => old_tls_and_plain_http(&c).await?,
+                Category::SlowClients => slow_and_idle_clients(&c).await?,
+            }
+            still_answers(&c).await?;
+            ensure!(
+                scene.gh.pid().is_some(),
+                "gatehouse exited during the corpus"
+            );
+            let log = scene.gh.log();
+            ensure!(!log.contains("panicked"), "gatehouse panicked: {log}");
+            Ok(())
+        },
+    )
+    .await;
+}
+
+/// The corpus's categories, one test each.
+#[derive(Clone, Copy)]
+enum Category {
+    Bodies,
+    Reviews,
+    Http,
+    Tls,
+    SlowClients,
+}
+
+impl Category {
+    fn name(self) -> &'static str {
+        match self {
+            Category::Bodies => "bodies",
+            Category::Reviews => "reviews",
+            Category::Http => "http",
+            Category::Tls => "tls",
+            Category::SlowClients => "slow",
+        }
+    }
+}
+
 #[tokio::test]
-async fn hostile_requests_get_clear_answers_and_break_nothing() {
-    scenario("gh-hostile", Options::url(), async |scene| {
-        let names = [
+async fn bodies_that_are_not_reviews_get_400_saying_what_is_wrong() {
+    hostile(Category::Bodies).await;
+}
+
+#[tokio::test]
+async fn unusual_but_valid_reviews_are_answered() {
+    hostile(Category::Reviews).await;
+}
+
+#[tokio::test]
+async fn broken_http_gets_the_status_that_says_why() {
+    hostile(Category::Http).await;
+}
+
+#[tokio::test]
+async fn old_tls_and_plain_http_are_refused() {
+    hostile(Category::Tls).await;
+}
+
+#[tokio::test]
+async fn slow_and_idle_clients_are_cut_off_while_others_are_served() {
+    hostile(Category::SlowClients).await;
+}
+
+const JSON: &str = "application/json";
+
+/// A running Gatehouse with the corpus's Policies, and what the cases send.
+struct Corpus<'s> {
+    scene: &'s Scene,
+    t: Target,
+    /// The paths of the entries holding the mutating and the validating Policies.
+    mutate: String,
+    validate: String,
+    /// A valid review of a Pod both entries answer.
+    good: String,
+}
+
+impl<'s> Corpus<'s> {
+    async fn open(scene: &'s Scene) -> anyhow::Result<Corpus<'s>> {
+        let [inject, limits, heavy] = [
             scene.policy("inject"),
             scene.policy("limits"),
             scene.policy("heavy"),
         ];
-        corpus(scene, &names).await?;
-        ensure!(
-            scene.gh.pid().is_some(),
-            "gatehouse exited during the corpus"
-        );
-        let log = scene.gh.log();
-        ensure!(!log.contains("panicked"), "gatehouse panicked: {log}");
-        Ok(())
-    })
-    .await;
-}
-
-async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow::Result<()> {
-    let (cluster, gh, home, ns) = (scene.cluster, &scene.gh, scene.home(), scene.ns());
-    let validates = |expression: &str, message: &str| json!({"priority": 10, "validate": [{"expression": expression, "message": message}]});
-    apply_ready(cluster, &policy(inject, ns, label(10, "injected", "yes"))).await?;
-    apply_ready(
-        cluster,
-        &policy(
-            limits,
-            ns,
-            validates(
-                "object.spec.containers.all(c, has(c.resources.limits))",
-                "every container must declare limits",
+        let (inject, limits, heavy) = (&inject, &limits, &heavy);
+        let (cluster, gh, home, ns) = (scene.cluster, &scene.gh, scene.home(), scene.ns());
+        let validates = |expression: &str, message: &str| json!({"priority": 10, "validate": [{"expression": expression, "message": message}]});
+        apply_ready(cluster, &policy(inject, ns, label(10, "injected", "yes"))).await?;
+        apply_ready(
+            cluster,
+            &policy(
+                limits,
+                ns,
+                validates(
+                    "object.spec.containers.all(c, has(c.resources.limits))",
+                    "every container must declare limits",
+                ),
             ),
-        ),
-    )
-    .await?;
-    // Cheap for the write-time estimate's 100 annotations, far over budget for 3,000.
-    apply_ready(
+        )
+        .await?;
+        // Cheap for the write-time estimate's 100 annotations, far over budget for 3,000.
+        apply_ready(
         cluster,
         &policy(heavy, ns, validates("object.metadata.annotations.all(a, object.metadata.annotations.all(b, a == b || object.metadata.annotations[a] != object.metadata.annotations[b] || true))", "never false")),
     )
     .await?;
-    let (mutate, validate) = entry_paths(cluster, inject, limits).await?;
+        let (mutate, validate) = entry_paths(cluster, inject, limits).await?;
 
-    let secret = get_json(cluster, &["secret", "gatehouse-tls", "-n", home])
-        .await?
-        .context("no TLS Secret")?;
-    let ca = decode_secret_key(&secret, "ca.crt")?;
-    let ca_file = cluster
-        .state_dir()
-        .join(format!("hostile-ca-{}.pem", std::process::id()));
-    std::fs::write(&ca_file, &ca)?;
-    let tls = tls_client(&ca)?;
-    let t = Target {
-        port: gh.port,
-        tls,
-        ca_file,
-    };
-    let good = review("good", ns, "Pod", pod(ns, json!({}))).to_string();
-    let json_type = "application/json";
+        let secret = get_json(cluster, &["secret", "gatehouse-tls", "-n", home])
+            .await?
+            .context("no TLS Secret")?;
+        let ca = decode_secret_key(&secret, "ca.crt")?;
+        let ca_file = cluster
+            .state_dir()
+            .join(format!("hostile-ca-{}.pem", std::process::id()));
+        std::fs::write(&ca_file, &ca)?;
+        let tls = tls_client(&ca)?;
+        let t = Target {
+            port: gh.port,
+            tls,
+            ca_file,
+        };
+        let good = review("good", ns, "Pod", pod(ns, json!({}))).to_string();
+        Ok(Corpus {
+            scene,
+            t,
+            mutate,
+            validate,
+            good,
+        })
+    }
+}
 
+/// Bodies that are not an AdmissionReview: 400, saying what is wrong.
+async fn not_reviews(c: &Corpus<'_>) -> anyhow::Result<()> {
+    let Corpus {
+        scene,
+        t,
+        mutate,
+        good,
+        ..
+    } = c;
+    let ns = scene.ns();
+    let json_type = JSON;
     // Bodies that are not an AdmissionReview.
     let not_reviews: Vec<(&str, Vec<u8>, &str)> = vec![
         ("malformed JSON", b"{\"apiVersion\": ".to_vec(), "not JSON"),
@@ -272,12 +367,26 @@ async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow:
     for (name, body, says) in not_reviews {
         expect(
             name,
-            &t.raw(&post(&mutate, json_type, &body)).await?,
+            &t.raw(&post(mutate, json_type, &body)).await?,
             Some(400),
             says,
         )?;
     }
+    Ok(())
+}
 
+/// Valid reviews of things the Policies do not expect, and unusual but valid JSON.
+async fn unusual_reviews(c: &Corpus<'_>) -> anyhow::Result<()> {
+    let Corpus {
+        scene,
+        t,
+        mutate,
+        validate,
+        good,
+        ..
+    } = c;
+    let ns = scene.ns();
+    let json_type = JSON;
     // Valid reviews of things the Policies do not expect, and unusual but valid JSON.
     let configmap = review(
         "cm",
@@ -286,7 +395,7 @@ async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow:
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": ns}}),
     );
     let answer = t
-        .raw(&post(&mutate, json_type, configmap.to_string().as_bytes()))
+        .raw(&post(mutate, json_type, configmap.to_string().as_bytes()))
         .await?;
     expect(
         "a ConfigMap to a Pod Policy",
@@ -302,7 +411,7 @@ async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow:
     let duplicated = good.replacen("\"uid\":\"good\"", "\"uid\":\"first\",\"uid\":\"good\"", 1);
     expect(
         "a repeated key (the last wins)",
-        &t.raw(&post(&mutate, json_type, duplicated.as_bytes()))
+        &t.raw(&post(mutate, json_type, duplicated.as_bytes()))
             .await?,
         Some(200),
         "\"uid\":\"good\"",
@@ -312,7 +421,7 @@ async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow:
     huge["spec"]["extra"] = Value::Array(many);
     let answer = t
         .raw(&post(
-            &mutate,
+            mutate,
             json_type,
             review("huge", ns, "Pod", huge).to_string().as_bytes(),
         ))
@@ -327,7 +436,7 @@ async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow:
         (0..3000).map(|i| (format!("a{i}"), json!("v"))).collect();
     let answer = t
         .raw(&post(
-            &validate,
+            validate,
             json_type,
             review("heavy", ns, "Pod", pod(ns, Value::Object(annotations)))
                 .to_string()
@@ -345,7 +454,20 @@ async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow:
         "an over-budget Fail Policy admitted: {}",
         answer.body
     );
+    Ok(())
+}
 
+/// HTTP itself, as raw bytes and from curl: each case its status and message.
+async fn broken_http(c: &Corpus<'_>) -> anyhow::Result<()> {
+    let Corpus {
+        scene,
+        t,
+        mutate,
+        good,
+        ..
+    } = c;
+    let cluster = scene.cluster;
+    let json_type = JSON;
     // HTTP itself, as raw bytes: (case, request, status, message).
     let head = |method: &str, version: &str, headers: &str| {
         format!("{method} {mutate} HTTP/{version}\r\nHost: x\r\n{headers}")
@@ -355,7 +477,7 @@ async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow:
     let http: Vec<(&str, Vec<u8>, u16, &str)> = vec![
         (
             "text/plain",
-            post(&mutate, "text/plain", good.as_bytes()),
+            post(mutate, "text/plain", good.as_bytes()),
             415,
             "application/json",
         ),
@@ -367,7 +489,7 @@ async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow:
         ),
         (
             "PUT",
-            String::from_utf8(post(&mutate, json_type, good.as_bytes()))?
+            String::from_utf8(post(mutate, json_type, good.as_bytes()))?
                 .replacen("POST", "PUT", 1)
                 .into_bytes(),
             405,
@@ -498,7 +620,7 @@ async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow:
             "content-type: application/json",
             "--data-binary",
             &big_arg,
-            &t.url(&mutate),
+            &t.url(mutate),
         ])
         .await?,
         Some(413),
@@ -513,7 +635,7 @@ async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow:
             "transfer-encoding: chunked",
             "--data-binary",
             &big_arg,
-            &t.url(&mutate),
+            &t.url(mutate),
         ])
         .await?,
         Some(413),
@@ -530,8 +652,8 @@ async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow:
                 "-H",
                 "content-type: application/json",
                 "--data-binary",
-                &good,
-                &t.url(&mutate),
+                good,
+                &t.url(mutate),
             ])
             .await?;
         expect(name, &answer, Some(200), "\"allowed\":true")?;
@@ -541,7 +663,15 @@ async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow:
             answer.body
         );
     }
+    Ok(())
+}
 
+/// TLS versions before 1.2 are refused by the server, plain HTTP gets no HTTP answer.
+async fn old_tls_and_plain_http(c: &Corpus<'_>) -> anyhow::Result<()> {
+    let Corpus {
+        t, mutate, good, ..
+    } = c;
+    let json_type = JSON;
     // TLS: versions before 1.2 are refused, plain HTTP gets no answer.
     for (name, flag) in [("TLS 1.0", "-tls1"), ("TLS 1.1", "-tls1_1")] {
         let out = tokio::process::Command::new("openssl")
@@ -573,7 +703,7 @@ async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow:
     }
     let mut plain = TcpStream::connect(("127.0.0.1", t.port)).await?;
     plain
-        .write_all(&post(&mutate, json_type, good.as_bytes()))
+        .write_all(&post(mutate, json_type, good.as_bytes()))
         .await?;
     let mut reply = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(10), plain.read_to_end(&mut reply)).await;
@@ -585,7 +715,15 @@ async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow:
         "ok  plain HTTP to the TLS port: no HTTP answer ({} bytes of TLS alert)",
         reply.len()
     );
+    Ok(())
+}
 
+/// Slow and idle clients are cut off, and others are served meanwhile.
+async fn slow_and_idle_clients(c: &Corpus<'_>) -> anyhow::Result<()> {
+    let Corpus {
+        t, mutate, good, ..
+    } = c;
+    let json_type = JSON;
     // Slow and idle clients: cut off, and others are served meanwhile.
     let mut slow = t.connect().await?;
     slow.write_all(format!("POST {mutate} HTTP/1.1\r\nHost: x\r\n").as_bytes())
@@ -603,7 +741,7 @@ async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow:
     for _ in 0..1000 {
         idle.push(TcpStream::connect(("127.0.0.1", t.port)).await?);
     }
-    let answer = t.raw(&post(&mutate, json_type, good.as_bytes())).await?;
+    let answer = t.raw(&post(mutate, json_type, good.as_bytes())).await?;
     expect(
         "a review beside 1,000 idle connections and a slowloris",
         &answer,
@@ -613,13 +751,27 @@ async fn corpus(scene: &Scene, [inject, limits, heavy]: &[String; 3]) -> anyhow:
     ensure!(slowloris.await?, "the slowloris client was never cut off");
     eprintln!("ok  slowloris: cut off");
     drop(idle);
+    Ok(())
+}
 
+/// After a category: a valid review is still answered correctly, a patch and a denial alike.
+async fn still_answers(c: &Corpus<'_>) -> anyhow::Result<()> {
+    let Corpus {
+        scene,
+        t,
+        mutate,
+        validate,
+        good,
+        ..
+    } = c;
+    let ns = scene.ns();
+    let json_type = JSON;
     // Afterwards: a valid review is answered correctly.
-    let answer = t.raw(&post(&mutate, json_type, good.as_bytes())).await?;
+    let answer = t.raw(&post(mutate, json_type, good.as_bytes())).await?;
     let Some((true, true, _)) = verdict(&answer) else {
         bail!("the valid review after the corpus: {answer:?}");
     };
-    let stored_denial = t.raw(&post(&validate, json_type, review("nolimits", ns, "Pod", json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": ns, "annotations": {}}, "spec": {"containers": [{"name": "c", "image": "i", "resources": {}}]}})).to_string().as_bytes())).await?;
+    let stored_denial = t.raw(&post(validate, json_type, review("nolimits", ns, "Pod", json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": ns, "annotations": {}}, "spec": {"containers": [{"name": "c", "image": "i", "resources": {}}]}})).to_string().as_bytes())).await?;
     expect(
         "a valid denial after the corpus",
         &stored_denial,

@@ -11,6 +11,7 @@
 mod cluster;
 pub mod cpu;
 pub mod instance;
+pub mod kubectl;
 pub mod lease;
 mod namespace;
 pub mod pods;

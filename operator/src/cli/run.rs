@@ -232,33 +232,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
-    let identity = args.identity();
-    let recorder = Recorder::new(
-        client.clone(),
-        Reporter {
-            controller: "gatehouse".into(),
-            instance: Some(identity.clone()),
-        },
-    );
-    let metrics = Arc::new(Metrics::new());
+    let process = Process::new(client, args.identity());
     let policies = Arc::new(PolicyStore::new());
-    let readiness = Arc::new(Readiness::default());
     let shutdown = Shutdown::new();
     let stopped = || shutdown.stopped();
 
     let resolver = CertResolver::new();
     let tls = TlsManager::new(
         args.tls_config(sans),
-        client.clone(),
+        process.client.clone(),
         resolver.clone(),
-        Coordination {
-            identity: identity.clone(),
-            replica_ttl: args.lease_duration,
-            configuration_name: CONFIGURATION_NAME.to_string(),
-            metrics: metrics.clone(),
-            recorder: recorder.clone(),
-            readiness: readiness.clone(),
-        },
+        process.coordination(args.lease_duration),
     );
     let ca_bundle = tls.ca_bundle();
     let tls_task = async move {
@@ -266,41 +250,31 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             error!(error = %chain(&e), "TLS manager stopped");
         }
     };
-
-    let (namespaces, namespaces_watch) = webhook::Namespaces::watch(client.clone());
-    let mut webhook_state = WebhookState::new(policies.clone(), metrics.clone());
-    webhook_state.namespaces = namespaces;
-    let ports = serve::Ports {
-        webhook: args.listen,
-        webhook_handler: webhook::handler(Arc::new(webhook_state)),
-        tls: Arc::new(tls::server_config(resolver)?),
-        drain: args.drain_timeout,
-        handshakes: metrics.tls_handshakes.clone(),
-        admin: args.admin_listen,
-        admin_handler: admin::handler(Arc::new(AdminState {
-            readiness: readiness.clone(),
-            metrics: metrics.clone(),
-        })),
-    };
+    let (namespaces, namespaces_watch) = webhook::Namespaces::watch(process.client.clone());
+    let ports = process.ports(&args, policies.clone(), namespaces, resolver)?;
     let servers = serve::spawn(ports, stopped)?;
 
     let (leader_tx, leader_rx) = watch::channel(Leadership::default());
-    let lease_config = LeaseConfig::new(args.namespace.clone(), identity, args.lease_duration);
+    let lease_config = LeaseConfig::new(
+        args.namespace.clone(),
+        process.identity.clone(),
+        args.lease_duration,
+    );
+    let leader_gauge = process.metrics.leader.clone();
     let lease_task = lease::run(
-        client.clone(),
+        process.client.clone(),
         lease_config,
         leader_tx,
-        metrics.leader.clone(),
+        leader_gauge,
         stopped(),
     );
-    let wiring = args.wiring(endpoint);
     let controller = ControllerContext::new(
-        client.clone(),
-        metrics.clone(),
+        process.client.clone(),
+        process.metrics.clone(),
         policies,
-        wiring,
-        readiness.clone(),
-        recorder.clone(),
+        args.wiring(endpoint),
+        process.readiness.clone(),
+        process.recorder.clone(),
     );
     let controller_task = controller::run(
         Arc::new(controller),
@@ -309,16 +283,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         stopped(),
     );
     let ipam = IpamContext {
-        client,
-        metrics,
-        recorder,
+        client: process.client.clone(),
+        metrics: process.metrics.clone(),
+        recorder: process.recorder.clone(),
         config: args.ipam_config(),
     };
     let ipam_task = ipam::run(Arc::new(ipam), leader_rx, stopped());
 
     info!(listen = %args.listen, admin = %args.admin_listen, "gatehouse running");
     tokio::join!(
-        shutdown.on_signal(&readiness, args.shutdown_delay),
+        shutdown.on_signal(&process.readiness, args.shutdown_delay),
         tls_task,
         servers,
         lease_task,
@@ -328,6 +302,68 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     info!("stopped");
     Ok(())
+}
+
+/// What every component of the process shares.
+struct Process {
+    client: kube::Client,
+    /// This replica's name in the Lease, its rotation records and its Events.
+    identity: String,
+    recorder: Recorder,
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+}
+
+impl Process {
+    fn new(client: kube::Client, identity: String) -> Self {
+        let reporter = Reporter {
+            controller: "gatehouse".into(),
+            instance: Some(identity.clone()),
+        };
+        Process {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            identity,
+            metrics: Arc::new(Metrics::new()),
+            readiness: Arc::new(Readiness::default()),
+        }
+    }
+
+    /// What the TLS manager needs to take part in rotations.
+    fn coordination(&self, replica_ttl: Duration) -> Coordination {
+        Coordination {
+            identity: self.identity.clone(),
+            replica_ttl,
+            configuration_name: CONFIGURATION_NAME.to_string(),
+            metrics: self.metrics.clone(),
+            recorder: self.recorder.clone(),
+            readiness: self.readiness.clone(),
+        }
+    }
+
+    /// The webhook port over the store's Policies, and the admin port.
+    fn ports(
+        &self,
+        args: &RunArgs,
+        policies: Arc<PolicyStore>,
+        namespaces: webhook::Namespaces,
+        resolver: Arc<CertResolver>,
+    ) -> anyhow::Result<serve::Ports> {
+        let mut webhook_state = WebhookState::new(policies, self.metrics.clone());
+        webhook_state.namespaces = namespaces;
+        Ok(serve::Ports {
+            webhook: args.listen,
+            webhook_handler: webhook::handler(Arc::new(webhook_state)),
+            tls: Arc::new(tls::server_config(resolver)?),
+            drain: args.drain_timeout,
+            handshakes: self.metrics.tls_handshakes.clone(),
+            admin: args.admin_listen,
+            admin_handler: admin::handler(Arc::new(AdminState {
+                readiness: self.readiness.clone(),
+                metrics: self.metrics.clone(),
+            })),
+        })
+    }
 }
 
 /// Runs `work` until `stopped`.

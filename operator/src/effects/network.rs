@@ -5,7 +5,7 @@ use std::net::IpAddr;
 
 use gatehouse_ipam::annotation::{Dns, IpamAddress, Route};
 
-use super::allocator::Pool;
+use super::allocator::{Pool, parse_prefix};
 use crate::api::v1alpha1::IPPoolSpec;
 
 /// Why a pool's gateway, routes or DNS are refused; `field` is the path under `spec`.
@@ -67,11 +67,7 @@ impl PoolNetwork {
         let mut routes = Vec::with_capacity(spec.routes.len());
         for (i, route) in spec.routes.iter().enumerate() {
             let field = format!("routes[{i}].dst");
-            let dst_ok = route.dst.split_once('/').is_some_and(|(ip, prefix)| {
-                let max = if v4 { 32 } else { 128 };
-                ip.parse::<IpAddr>().is_ok_and(|ip| ip.is_ipv4() == v4)
-                    && prefix.parse::<u8>().is_ok_and(|p| p <= max)
-            });
+            let dst_ok = parse_prefix(&route.dst).is_ok_and(|(ip, _)| ip.is_ipv4() == v4);
             if !dst_ok {
                 return Err(NetworkError::RouteDestination {
                     field,

@@ -99,6 +99,30 @@ pub enum PoolError {
     },
 }
 
+/// `<address>/<prefix>` as Go's `net.ParseCIDR` (and so anything else reading the same spec)
+/// reads it: an IPv4 or IPv6 address and a prefix length in plain decimal, at most the address's
+/// width; host bits may be set. The error is the reason.
+pub fn parse_prefix(value: &str) -> Result<(IpAddr, u8), String> {
+    let Some((addr, prefix)) = value.split_once('/') else {
+        return Err("no prefix length".to_string());
+    };
+    let addr: IpAddr = addr
+        .parse()
+        .map_err(|_| format!("{addr:?} is not an IPv4 or IPv6 address"))?;
+    let width = width(addr);
+    // `u8::from_str` would also take "+24" and "024".
+    let canonical =
+        prefix.bytes().all(|b| b.is_ascii_digit()) && (prefix == "0" || !prefix.starts_with('0'));
+    let length = prefix
+        .parse::<u8>()
+        .ok()
+        .filter(|&p| canonical && p <= width)
+        .ok_or_else(|| {
+            format!("prefix length {prefix:?} is not a whole number from 0 to {width}")
+        })?;
+    Ok((addr, length))
+}
+
 /// A network address and prefix length, host bits clear.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Cidr {
@@ -108,31 +132,11 @@ struct Cidr {
 
 impl Cidr {
     fn parse(field: &str, value: &str) -> Result<Cidr, PoolError> {
-        let parse_error = |reason: String| PoolError::Parse {
+        let (addr, prefix) = parse_prefix(value).map_err(|reason| PoolError::Parse {
             field: field.to_string(),
             value: value.to_string(),
             reason,
-        };
-        let Some((addr, prefix)) = value.split_once('/') else {
-            return Err(parse_error("no prefix length".to_string()));
-        };
-        let addr: IpAddr = addr
-            .parse()
-            .map_err(|_| parse_error(format!("{addr:?} is not an IPv4 or IPv6 address")))?;
-        let width = width(addr);
-        // `u8::from_str` would also take "+24" and "024", which Go's net.ParseCIDR (and so
-        // anything else reading the same spec) refuses.
-        let canonical = prefix.bytes().all(|b| b.is_ascii_digit())
-            && (prefix == "0" || !prefix.starts_with('0'));
-        let prefix = prefix
-            .parse::<u8>()
-            .ok()
-            .filter(|&p| canonical && p <= width)
-            .ok_or_else(|| {
-                parse_error(format!(
-                    "prefix length {prefix:?} is not a whole number from 0 to {width}"
-                ))
-            })?;
+        })?;
         let network = mask(addr, prefix);
         if network != addr {
             return Err(PoolError::HostBits {

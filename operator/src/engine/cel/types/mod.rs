@@ -11,6 +11,7 @@
 //! expression the API server accepts is refused here.
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::LazyLock;
 
 use ::cel::Program;
 use ::cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue, operators};
@@ -264,7 +265,7 @@ struct Overload {
 /// Policy expression is a condition, so one known to be of another type than `bool` is one.
 pub fn type_errors(program: &Program) -> Vec<String> {
     let mut checker = Checker {
-        overloads: overloads(),
+        overloads: LazyLock::force(&OVERLOADS),
         scope: Vec::new(),
         in_format: 0,
         errors: Vec::new(),
@@ -277,6 +278,9 @@ pub fn type_errors(program: &Program) -> Vec<String> {
     }
     checker.errors
 }
+
+/// The overloads of [`SIGNATURES`], parsed once: the table is a constant.
+static OVERLOADS: LazyLock<HashMap<String, Vec<Overload>>> = LazyLock::new(overloads);
 
 fn overloads() -> HashMap<String, Vec<Overload>> {
     let mut table: HashMap<String, Vec<Overload>> = HashMap::new();
@@ -424,7 +428,7 @@ fn result_of(pattern: &Pattern, bound: &Bindings) -> Ty {
 }
 
 struct Checker {
-    overloads: HashMap<String, Vec<Overload>>,
+    overloads: &'static HashMap<String, Vec<Overload>>,
     /// Comprehension variables in scope, innermost last.
     scope: Vec<(String, Ty)>,
     /// How many `format` calls enclose the expression being inferred: cel-go's strings library
