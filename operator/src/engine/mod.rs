@@ -11,15 +11,13 @@
 //! * [`admission`]: AdmissionReview wire types and [`parse_request`], the decision for one Policy
 //!   ([`decide`]) and its encoding ([`encoded_review`]);
 //! * [`matcher`]: whether a request reaches a Policy: rules, selectors and match conditions;
-//! * [`mark`]: the scheduling gate and label that hand a Pod to the effects loop;
-//! * [`fast`]: the speed layers the end-to-end figures keep, each beside the simple path.
+//! * [`mark`]: the scheduling gate and label that hand a Pod to the effects loop.
 pub mod admission;
 pub mod cel;
 pub mod chain;
 pub mod cost;
 pub mod coverage;
 pub mod entry;
-pub mod fast;
 pub mod group;
 pub mod k8s_names;
 pub mod mark;

@@ -130,7 +130,7 @@ async fn review_entry(
 ) -> Response<Full<Bytes>> {
     let started = Instant::now();
     let lookup = state.policies.lookup(phase, id);
-    let request = match engine::fast::parse_request(body) {
+    let request = match engine::parse_request(body) {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
