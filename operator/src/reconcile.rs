@@ -58,28 +58,59 @@ pub enum Next {
     By(Instant),
 }
 
+/// What a pass is told of this replica's part.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Term {
+    Following,
+    /// Leading, in the term the last pass saw.
+    Continuing,
+    /// Leading in a term the last pass did not see: what an earlier term remembered may be stale.
+    Began,
+}
+
+impl Term {
+    pub fn is_leading(self) -> bool {
+        self != Term::Following
+    }
+}
+
 /// The one reconcile loop of a controller. A pass runs when a watched object changed (`trigger`;
 /// a burst is collected into one pass, [`Pacing::window`]), when this replica starts or stops
-/// leading, when the pass asked for one ([`Next`]), or every [`Pacing::resync`]. A failing pass is
-/// retried after kube's default backoff (0.8 s doubling to 30 s, with jitter), reset by a pass that
-/// succeeds. Renewals of the leader's term wake nothing: only a change of whether it leads does.
-/// `pass` is told whether this replica leads; the loop ends when the leader's channel closes.
+/// leading (or its term lapsed and was taken again), when the pass asked for one ([`Next`]), or
+/// every [`Pacing::resync`]. After a failing pass the next one waits for kube's default backoff
+/// (0.8 s doubling to 30 s, with jitter, reset by a pass that succeeds) unless something changes
+/// first, as kube's `Controller` requeues a failed object but reconciles a changed one at once.
+/// Renewals of the leader's term wake nothing. `pass` is told this replica's [`Term`]; the loop
+/// ends when the leader's channel closes.
 pub async fn run_loop<E: std::error::Error + 'static>(
     controller: &'static str,
     metrics: &Metrics,
     trigger: &Notify,
     leader: &mut watch::Receiver<Leadership>,
     pacing: Pacing,
-    mut pass: impl AsyncFnMut(bool) -> Result<Next, E>,
+    mut pass: impl AsyncFnMut(Term) -> Result<Next, E>,
 ) {
     let labels = ReconcileLabels {
         controller: controller.into(),
     };
     let mut backoff = DefaultBackoff::default();
+    let mut seen = Seen {
+        term: Leadership::default(),
+        leading: false,
+    };
     loop {
         let term = *leader.borrow_and_update();
+        let leading = term.is_leading();
+        // The term the last pass saw (renewed since, as `wait` saw) still lasts: the same one.
+        let continuing = seen.leading && seen.term.is_leading();
+        seen = Seen { term, leading };
         let started = Instant::now();
-        let result = pass(term.is_leading()).await;
+        let result = pass(match (leading, continuing) {
+            (false, _) => Term::Following,
+            (true, true) => Term::Continuing,
+            (true, false) => Term::Began,
+        })
+        .await;
         metrics.reconcile_runs.get_or_create(&labels).inc();
         metrics
             .reconcile_duration
@@ -100,7 +131,7 @@ pub async fn run_loop<E: std::error::Error + 'static>(
                 Instant::now() + delay
             }
         };
-        let next = wait(trigger, leader, term, wake, pacing.window).await;
+        let next = wait(trigger, leader, &mut seen, wake, pacing.window).await;
         if next == Wake::Closed {
             return;
         }
@@ -115,14 +146,23 @@ enum Wake {
     Closed,
 }
 
+/// The leader's term as the last pass was told of it.
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    term: Leadership,
+    /// Whether it led then (a term's `is_leading` changes with the clock).
+    leading: bool,
+}
+
 /// Waits for a reason to run a pass: a trigger (then collects the burst), a change of whether
-/// this replica leads, or `deadline`. `seen` is the term the last pass was told of: a renewal
-/// while it still lasts changes nothing, but a term that lapsed and was taken again is a new
-/// one, and the pass must learn that whatever an earlier term remembered may be stale.
+/// this replica leads from what the last pass was told (`seen`), or `deadline`. A renewal while
+/// the term lasts changes nothing; a step-down (published only once the term ran out) does, and
+/// so does a term that lapsed and was taken again: the pass must learn that whatever an earlier
+/// term remembered may be stale.
 async fn wait(
     trigger: &Notify,
     leader: &mut watch::Receiver<Leadership>,
-    mut seen: Leadership,
+    seen: &mut Seen,
     deadline: Instant,
     window: Window,
 ) -> Wake {
@@ -137,10 +177,11 @@ async fn wait(
                     return Wake::Closed;
                 }
                 let now = *leader.borrow_and_update();
-                if now.is_leading() != seen.is_leading() {
+                let lapsed = seen.leading && !seen.term.is_leading();
+                if now.is_leading() != seen.leading || lapsed {
                     return Wake::Pass;
                 }
-                seen = now;
+                seen.term = now;
             }
             () = tokio::time::sleep_until(deadline) => return Wake::Pass,
         }
@@ -312,20 +353,32 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_renewal_wakes_nothing_and_a_change_of_leader_does() {
-        // Taken again after the term lapsed: a new term, though both say "leading".
-        let lapsed = Leadership {
-            until: Some(Instant::now()),
-        };
-        let (tx, mut rx) = watch::channel(lapsed);
         let trigger = Notify::new();
         let far = Instant::now() + Duration::from_secs(3600);
-        let waiting = wait(&trigger, &mut rx, lapsed, far, WINDOW);
-        tx.send_replace(term(true));
-        assert_eq!(waiting.await, Wake::Pass);
+        let seen = |term: Leadership| Seen {
+            term,
+            leading: term.is_leading(),
+        };
+        // A term that ran out after the pass saw it leading: taken again, it is a new term; let
+        // go, the step-down is published only now. Both wake the loop.
+        let lapsed = Seen {
+            term: Leadership {
+                until: Some(Instant::now()),
+            },
+            leading: true,
+        };
+        for next in [term(true), term(false)] {
+            let (tx, mut rx) = watch::channel(lapsed.term);
+            let mut lapsed = lapsed;
+            let waiting = wait(&trigger, &mut rx, &mut lapsed, far, WINDOW);
+            tx.send_replace(next);
+            assert_eq!(waiting.await, Wake::Pass, "{next:?}");
+        }
 
         let (tx, mut rx) = watch::channel(term(true));
         {
-            let waiting = wait(&trigger, &mut rx, term(true), far, WINDOW);
+            let mut leading = seen(term(true));
+            let waiting = wait(&trigger, &mut rx, &mut leading, far, WINDOW);
             tokio::pin!(waiting);
             // A renewal: still leading.
             tx.send_replace(term(true));
@@ -338,9 +391,22 @@ mod tests {
             tx.send_replace(term(false));
             assert_eq!(waiting.await, Wake::Pass);
         }
+        // A follower told again that it follows: nothing.
+        {
+            let mut following = seen(term(false));
+            let waiting = wait(&trigger, &mut rx, &mut following, far, WINDOW);
+            tokio::pin!(waiting);
+            tx.send_replace(term(false));
+            assert!(
+                tokio::time::timeout(Duration::from_secs(60), &mut waiting)
+                    .await
+                    .is_err(),
+                "a follower woke for nothing"
+            );
+        }
         drop(tx);
         assert_eq!(
-            wait(&trigger, &mut rx, term(false), far, WINDOW).await,
+            wait(&trigger, &mut rx, &mut seen(term(false)), far, WINDOW).await,
             Wake::Closed
         );
     }
@@ -380,6 +446,42 @@ mod tests {
         assert!(
             text.contains(r#"gatehouse_reconcile_failures_total{controller="test"} 4"#),
             "{text}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_is_told_when_a_term_began() {
+        let (tx, mut rx) = watch::channel(term(true));
+        let trigger = std::sync::Arc::new(Notify::new());
+        let metrics = Metrics::new();
+        let pacing = Pacing {
+            window: WINDOW,
+            resync: Duration::from_secs(3600),
+        };
+        let mut told: Vec<Term> = Vec::new();
+        let poke = trigger.clone();
+        let steps = async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            poke.notify_one();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            tx.send_replace(term(true)); // a renewal: no pass
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            tx.send_replace(term(false));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            tx.send_replace(term(true));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        };
+        let run = run_loop("test", &metrics, &trigger, &mut rx, pacing, async |t| {
+            told.push(t);
+            Ok::<_, std::io::Error>(Next::Resync)
+        });
+        tokio::select! {
+            () = run => {}
+            () = steps => {}
+        }
+        assert_eq!(
+            told,
+            [Term::Began, Term::Continuing, Term::Following, Term::Began]
         );
     }
 }

@@ -34,7 +34,7 @@ use crate::api::v1alpha1::{IPPool, Policy};
 use crate::engine;
 use crate::error_chain::chain;
 use crate::lease::Leadership;
-use crate::reconcile::{Next, NotLeading, Pacing, Window, fenced, reflect, run_loop};
+use crate::reconcile::{Next, NotLeading, Pacing, Term, Window, fenced, reflect, run_loop};
 use crate::telemetry::Metrics;
 use crate::webhook::PolicyStore;
 use isolate::{Culprit, DryRun, SearchError, Split};
@@ -246,7 +246,11 @@ pub async fn run(
             &trigger,
             &mut leader,
             pacing,
-            async |_| {
+            async |term| {
+                // A new term must not trust what an earlier one remembered.
+                if term == Term::Began {
+                    applied = Applied::default();
+                }
                 let bundle = ca_bundle_now.borrow().clone().unwrap_or_default();
                 let result = reconcile_all(&ctx, &caches, &bundle, &leader_view, &mut applied)
                     .instrument(info_span!("reconcile", controller = "policy"))

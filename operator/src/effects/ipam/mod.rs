@@ -51,7 +51,7 @@ use crate::api::v1alpha1::{
 use crate::error_chain::chain;
 use crate::lease::Leadership;
 use crate::reconcile::{
-    FIELD_MANAGER, Next, NotLeading, Pacing, Window, fenced, reflect, run_loop, watch_events,
+    FIELD_MANAGER, Next, NotLeading, Pacing, Term, Window, fenced, reflect, run_loop, watch_events,
 };
 use crate::telemetry::Metrics;
 use gatehouse_ipam::annotation::IPAM_ADDRESS_ANNOTATION;
@@ -197,7 +197,7 @@ pub async fn run(
             &trigger,
             &mut leader,
             pacing,
-            async |leading| {
+            async |term| {
                 while let Ok(event) = allocations.try_recv() {
                     index.apply(event);
                 }
@@ -205,14 +205,17 @@ pub async fn run(
                     next_rebuild = Instant::now() + RESYNC;
                     index.rebuild();
                 }
-                if !leading {
-                    // A new term must not trust what an earlier one remembered.
+                // A new term must not trust what an earlier one remembered.
+                if term != Term::Continuing {
                     memory = Memory::default();
+                }
+                if !term.is_leading() {
                     return Ok(Next::By(next_rebuild));
                 }
-                let more = place_and_release(&ctx, &caches, &mut index, &mut memory, &leader_view)
-                    .instrument(info_span!("reconcile", controller = "ipam"))
-                    .await?;
+                let placed =
+                    place_and_release(&ctx, &caches, &mut index, &mut memory, &leader_view)
+                        .instrument(info_span!("reconcile", controller = "ipam"))
+                        .await;
                 if Instant::now() >= next_gc {
                     next_gc = Instant::now() + ctx.config.gc_interval;
                     match collect_orphans(&ctx, &leader_view)
@@ -224,6 +227,15 @@ pub async fn run(
                         Err(e) => warn!(error = %chain(&e), "IPAM garbage collection failed"),
                     }
                 }
+                // Collected whatever the pass did: one write that keeps failing must not stop it.
+                let more = match placed {
+                    Ok(more) => more,
+                    Err(IpamError::NotLeading(e)) => {
+                        info!(what = %e.what, "leadership ended during the pass; stopped writing");
+                        false
+                    }
+                    Err(e) => return Err(e),
+                };
                 Ok::<_, IpamError>(Next::By(if more {
                     Instant::now()
                 } else {
