@@ -248,13 +248,15 @@ pub async fn run(
             pacing,
             async |term| {
                 // A new term must not trust what an earlier one remembered.
-                if term == Term::Began {
+                if term != Term::Continuing {
                     applied = Applied::default();
                 }
                 let bundle = ca_bundle_now.borrow().clone().unwrap_or_default();
-                let result = reconcile_all(&ctx, &caches, &bundle, &leader_view, &mut applied)
-                    .instrument(info_span!("reconcile", controller = "policy"))
-                    .await;
+                let leading = term.is_leading();
+                let result =
+                    reconcile_all(&ctx, &caches, &bundle, leading, &leader_view, &mut applied)
+                        .instrument(info_span!("reconcile", controller = "policy"))
+                        .await;
                 match result {
                     Err(ReconcileError::NotLeading { what }) => {
                         info!(%what, "leadership ended during the pass; stopped writing");
@@ -280,6 +282,7 @@ async fn reconcile_all(
     ctx: &ControllerContext,
     caches: &PolicyCaches,
     bundle: &str,
+    leading: bool,
     leader: &watch::Receiver<Leadership>,
     applied: &mut Applied,
 ) -> Result<(), ReconcileError> {
@@ -294,12 +297,10 @@ async fn reconcile_all(
         judge(&all, |policy| serve(&ctx.policies, policy), pool_exists);
     ctx.readiness.policies_loaded.store(true, Ordering::Release);
 
-    let leading = leader.borrow().is_leading();
+    // Writes are fenced by `leader`'s term; `leading` is what this pass was told.
     let wired = if leading {
         wire(ctx, caches, &valid, bundle, leader, applied).await
     } else {
-        // A new leader must not trust what an earlier term remembered.
-        *applied = Applied::default();
         Ok(())
     };
 

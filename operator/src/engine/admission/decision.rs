@@ -108,7 +108,7 @@ fn prefix(policy: &CompiledPolicy) -> String {
 
 fn mutating(req: &Request, policy: &CompiledPolicy) -> Response {
     // DELETE and CONNECT carry no object to mutate.
-    let Some(object) = req.object.as_ref() else {
+    let Some(object) = req.object.as_ref().filter(|_| policy.is_mutating()) else {
         return Response::allow();
     };
     let mut mutated = object.clone();

@@ -394,9 +394,8 @@ impl TlsManager {
                 &self.config,
                 confirmed,
             )?;
-            known = match (planned, current) {
-                (SecretPlan::Keep { next_check }, Some(secret)) => {
-                    let material = material_of(&secret);
+            known = match (planned, current, material) {
+                (SecretPlan::Keep { next_check }, Some(secret), Some(material)) => {
                     return Ok((material, next_check, secret.metadata.resource_version));
                 }
                 (
@@ -406,15 +405,16 @@ impl TlsManager {
                         restored,
                     },
                     Some(secret),
+                    _,
                 ) => {
                     self.replace_secret(secret, &material, action, restored)
                         .await?
                 }
-                (SecretPlan::Create { material, restored }, _) => {
+                (SecretPlan::Create { material, restored }, _, _) => {
                     self.create_secret(&material, restored).await?
                 }
                 // The plan was made for the Secret as read: this pairing does not occur.
-                (_, _) => None,
+                _ => None,
             };
         }
         Err(TlsError::ReconcileNotSettled {
