@@ -15,7 +15,7 @@
 //! * [`net`]: Kubernetes' `ip()` and `cidr()` and their methods;
 //! * [`quantity`]: Kubernetes' `quantity()` and its methods;
 //! * [`regex`]: Kubernetes' `find` and `findAll`, and constant patterns checked when written;
-//! * [`convert`]: JSON to CEL values ([`to_val`], and [`to_val_pruned`] for what is read);
+//! * [`convert`]: JSON to CEL values ([`to_val`]);
 //! * [`activation`]: the variables of one evaluation ([`Activation`]);
 //! * `scope`: the AST walks, with comprehension scoping for [`check`].
 //!
