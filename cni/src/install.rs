@@ -10,7 +10,7 @@ use std::time::Duration;
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
     #[error(
-        "usage: gatehouse-ipam install --dir DIR [--wait] (as a CNI plugin it takes no arguments)"
+        "usage: gatehouse-ipam install --dir DIR, or gatehouse-ipam sleep (as a CNI plugin it takes no arguments)"
     )]
     Usage,
     #[error("locating this executable")]

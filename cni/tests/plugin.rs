@@ -299,6 +299,16 @@ fn check_verifies_the_address_is_still_the_pods() {
         &conf(Some(moved)).to_string(),
     ));
     assert_eq!(code, 3);
+    // A Pod that is not Gatehouse's is the fallback's to check.
+    let mut fallbacks = conf(Some(json!({})));
+    fallbacks["prevResult"] = json!({"cniVersion": "1.0.0", "ips": [{"address": "10.244.0.9/24"}]});
+    let out = node.run("CHECK", Some(&k8s_args(UID)), &fallbacks.to_string());
+    assert!(out.status.success(), "{out:?}");
+    assert!(node.fallback_env().contains("CNI_COMMAND=CHECK"));
+    assert_eq!(
+        node.fallback_stdin().unwrap()["prevResult"]["ips"][0]["address"],
+        "10.244.0.9/24"
+    );
 }
 
 #[test]
@@ -316,6 +326,14 @@ fn status_answers_and_gc_goes_to_the_fallback() {
         node.fallback_stdin().unwrap()["cni.dev/valid-attachments"][0]["containerID"],
         "c0ffee"
     );
+    // Without a fallback there is nothing to collect: Gatehouse's own addresses are released by
+    // the effects loop.
+    let mut alone = gc.clone();
+    alone["ipam"] = json!({"type": "gatehouse-ipam"});
+    let lone = Node::new();
+    let out = lone.run("GC", None, &alone.to_string());
+    assert!(out.status.success() && out.stdout.is_empty(), "{out:?}");
+    assert_eq!(lone.fallback_stdin(), None);
 }
 
 #[test]
@@ -375,7 +393,12 @@ fn bad_input_gets_an_error_object_with_the_right_code() {
     let (code, msg) = error_of(&node.run("ADD", Some(&k8s_args(UID)), &conf(None).to_string()));
     assert_eq!(code, 7);
     assert!(msg.contains("io.kubernetes.cri.pod-annotations"), "{msg}");
-    // Missing the container's environment.
+    // The other commands refuse an unsupported version the same way.
+    for command in ["DEL", "CHECK"] {
+        let (code, msg) = error_of(&node.run(command, Some(&k8s_args(UID)), &old));
+        assert_eq!(code, 1, "{command}: {msg}");
+    }
+    // No stdin at all.
     let out = Command::new(PLUGIN)
         .env_clear()
         .env("CNI_COMMAND", "ADD")
@@ -384,6 +407,38 @@ fn bad_input_gets_an_error_object_with_the_right_code() {
         .output()
         .unwrap();
     assert_eq!(error_of(&out).0, 6);
+    // A good configuration, but the runtime left out one of the container's variables.
+    for (command, missing) in [
+        ("ADD", "CNI_CONTAINERID"),
+        ("ADD", "CNI_NETNS"),
+        ("ADD", "CNI_IFNAME"),
+        ("CHECK", "CNI_NETNS"),
+        ("DEL", "CNI_IFNAME"),
+    ] {
+        let mut child = Command::new(PLUGIN)
+            .env_clear()
+            .envs([
+                ("CNI_COMMAND", command),
+                ("CNI_CONTAINERID", "c0ffee"),
+                ("CNI_NETNS", "/var/run/netns/cni-1"),
+                ("CNI_IFNAME", "eth0"),
+            ])
+            .env_remove(missing)
+            .env("CNI_ARGS", k8s_args(UID))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(good.as_bytes())
+            .unwrap();
+        let (code, msg) = error_of(&child.wait_with_output().unwrap());
+        assert_eq!(code, 4, "{command} without {missing}: {msg}");
+        assert!(msg.contains(&format!("{missing} is not set")), "{msg}");
+    }
 }
 
 #[test]

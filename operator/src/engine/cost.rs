@@ -49,7 +49,7 @@ const COLLECTION_FUNCTIONS: &[&str] = &[
     "sort",
     "sortBy",
     "distinct",
-    "reverse",
+    crate::engine::cel::extensions::REVERSE,
     "indexOf",
     "lastIndexOf",
     // Kubernetes' regex library: a scan of the string per call.

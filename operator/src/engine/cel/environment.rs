@@ -16,8 +16,7 @@ use crate::engine::cost;
 static ENV: LazyLock<Result<Arc<Env>, CelError>> = LazyLock::new(|| {
     let mut env = Env::stdlib();
     for extension in [
-        ::cel::extensions::strings as fn(&mut Env) -> Result<(), ::cel::DeclarationError>,
-        ::cel::extensions::lists,
+        super::extensions::library as fn(&mut Env) -> Result<(), ::cel::DeclarationError>,
         super::regex::library,
         super::lists::library,
         super::sets::library,

@@ -6,6 +6,7 @@
 //! * [`functions`]: the functions an expression calls that the environment lacks
 //!   ([`unknown_functions`]);
 //! * [`types`]: a type checker for what the API server refuses when written (overloads, literals);
+//! * [`extensions`]: cel-go's strings (version 2) and lists (version 3) extensions;
 //! * [`lists`]: Kubernetes' `isSorted`, `sum`, `min`, `max`, `indexOf` and `lastIndexOf` on lists;
 //! * [`format`]: Kubernetes' `format.<name>()` and `validate()`;
 //! * [`comprehensions`]: cel-go's two-variable comprehensions, as macros;
@@ -14,6 +15,7 @@
 //! * [`sets`]: cel-go's `sets.contains`, `sets.equivalent` and `sets.intersects`;
 //! * [`net`]: Kubernetes' `ip()` and `cidr()` and their methods;
 //! * [`quantity`]: Kubernetes' `quantity()` and its methods;
+//! * [`refusals`]: everything the API server refuses when an expression is written ([`refusals`]);
 //! * [`regex`]: Kubernetes' `find` and `findAll`, and constant patterns checked when written;
 //! * [`convert`]: JSON to CEL values ([`to_val`]);
 //! * [`activation`]: the variables of one evaluation ([`Activation`]);
@@ -29,6 +31,7 @@ pub mod comprehensions;
 pub mod convert;
 pub mod environment;
 pub mod expression;
+pub mod extensions;
 pub mod format;
 pub mod functions;
 pub mod lists;
@@ -37,6 +40,7 @@ mod opaque;
 #[cfg(test)]
 mod parity;
 pub mod quantity;
+pub mod refusals;
 pub mod regex;
 mod scope;
 pub mod semver;
@@ -50,6 +54,7 @@ pub use convert::to_val;
 pub use environment::{compile, eval_bool};
 pub use expression::Expression;
 pub use functions::unknown_functions;
+pub use refusals::refusals;
 
 /// Why an expression could not be compiled or evaluated.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -2,7 +2,7 @@
 //! outcome the corpus states, which the e2e suite checks against kube-apiserver.
 use serde_json::json;
 
-use super::{Activation, CelError, Site, compile, eval_bool, regex, types, unknown_functions};
+use super::{Activation, CelError, Site, compile, eval_bool, refusals};
 
 /// The corpus, shared with the e2e suite.
 const CORPUS: &str = include_str!("../../../testdata/cel/parity.txt");
@@ -10,9 +10,7 @@ const CORPUS: &str = include_str!("../../../testdata/cel/parity.txt");
 /// What Gatehouse makes of `source`: refused when written, or the result of evaluating it.
 fn outcome(source: &str) -> Result<Result<bool, CelError>, String> {
     let program = compile(source).map_err(|e| e.to_string())?;
-    let mut problems = unknown_functions(&program, Site::Validation).map_err(|e| e.to_string())?;
-    problems.extend(regex::invalid_constant_patterns(&program));
-    problems.extend(types::type_errors(&program));
+    let problems = refusals(&program, Site::Validation).map_err(|e| e.to_string())?;
     if !problems.is_empty() {
         return Err(problems.join("; "));
     }

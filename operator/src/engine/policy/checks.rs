@@ -167,24 +167,11 @@ fn check_expression(
                     format!("unknown variable {unknown:?}{hint}"),
                 ));
             }
-            match cel::unknown_functions(&program, site) {
-                Ok(unknown) => {
-                    for name in unknown {
-                        problems.push(Problem::new(
-                            path,
-                            format!(
-                                "unknown function {name:?}: Gatehouse's CEL environment does not declare it, so the expression would fail on every request"
-                            ),
-                        ));
-                    }
+            match cel::refusals(&program, site) {
+                Ok(reasons) => {
+                    problems.extend(reasons.into_iter().map(|reason| Problem::new(path, reason)))
                 }
                 Err(e) => problems.push(Problem::new(path, e.to_string())),
-            }
-            for invalid in cel::regex::invalid_constant_patterns(&program) {
-                problems.push(Problem::new(path, invalid));
-            }
-            for type_error in cel::types::type_errors(&program) {
-                problems.push(Problem::new(path, type_error));
             }
             if let Err(too_costly) = crate::engine::cost::check(&program) {
                 let shown: String = source.chars().take(120).collect();

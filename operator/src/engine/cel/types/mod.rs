@@ -17,6 +17,7 @@ use ::cel::Program;
 use ::cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue, operators};
 
 use super::comprehensions::ENTRIES;
+use super::extensions::REVERSE;
 
 /// A static type; `Dyn` is any.
 #[derive(Clone, Debug, PartialEq)]
@@ -206,6 +207,31 @@ const SIGNATURES: &[&str] = &[
     "timestamp(dyn) google.protobuf.Timestamp",
     "type(dyn) type",
     "dyn(dyn) dyn",
+    // cel-go's strings extension, version 2 (`format` is left to the run time).
+    "[string] charAt(int) string",
+    "[string] indexOf(string) int",
+    "[string] indexOf(string, int) int",
+    "[list(A)] indexOf(A) int",
+    "[string] lastIndexOf(string) int",
+    "[string] lastIndexOf(string, int) int",
+    "[list(A)] lastIndexOf(A) int",
+    "[string] lowerAscii() string",
+    "[string] upperAscii() string",
+    "[string] trim() string",
+    "[string] replace(string, string) string",
+    "[string] replace(string, string, int) string",
+    "[string] split(string) list(string)",
+    "[string] split(string, int) list(string)",
+    "[string] substring(int) string",
+    "[string] substring(int, int) string",
+    "[list(string)] join() string",
+    "[list(string)] join(string) string",
+    "strings.quote(string) string",
+    // cel-go's lists extension, version 3 (what `x.reverse()` expands to is checked as it).
+    "[list(A)] reverse() list(A)",
+    "[list(A)] slice(int, int) list(A)",
+    "[list(A)] distinct() list(A)",
+    "lists.range(int) list(int)",
     // Kubernetes' lists library (version 1).
     "[list(int)] sum() int",
     "[list(uint)] sum() uint",
@@ -476,7 +502,20 @@ impl Checker {
                 }
             }
             Expr::List(list) => {
-                let types: Vec<Ty> = list.elements.iter().map(|e| self.infer(e)).collect();
+                let types: Vec<Ty> = list
+                    .elements
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| {
+                        let ty = self.infer(e);
+                        // An optional element `?x` adds the value it may hold.
+                        if list.optional_indices.contains(&i) {
+                            unwrap_optional(ty)
+                        } else {
+                            ty
+                        }
+                    })
+                    .collect();
                 Ty::List(Box::new(self.common(types, "list")))
             }
             Expr::Map(map) => {
@@ -485,7 +524,13 @@ impl Checker {
                     match &entry.expr {
                         EntryExpr::MapEntry(m) => {
                             keys.push(self.infer(&m.key));
-                            values.push(self.infer(&m.value));
+                            let value = self.infer(&m.value);
+                            // An optional entry `?k: v` adds the value `v` may hold.
+                            values.push(if m.optional {
+                                unwrap_optional(value)
+                            } else {
+                                value
+                            });
                         }
                         EntryExpr::StructField(f) => {
                             self.infer(&f.value);
@@ -586,7 +631,12 @@ impl Checker {
         }
     }
 
-    fn call(&mut self, name: &str, receiver: Option<Ty>, args: Vec<Ty>) -> Ty {
+    fn call(&mut self, name: &str, receiver: Option<Ty>, mut args: Vec<Ty>) -> Ty {
+        if name == REVERSE && receiver.is_none() && args.len() == 1 {
+            // `x.reverse()` as written, before its expansion.
+            let target = args.pop();
+            return self.call("reverse", target, args);
+        }
         if name == ENTRIES {
             let pair = match args.first() {
                 Some(Ty::List(e)) => Ty::Pair(Box::new(Ty::Int), e.clone()),
@@ -656,6 +706,14 @@ impl Checker {
             }
         }
         first.unwrap_or(Ty::Dyn)
+    }
+}
+
+/// The type an optional of `ty` holds (`dyn` when not known to be an optional).
+fn unwrap_optional(ty: Ty) -> Ty {
+    match ty {
+        Ty::Optional(inner) => *inner,
+        _ => Ty::Dyn,
     }
 }
 
