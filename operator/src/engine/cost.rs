@@ -50,6 +50,8 @@ const COLLECTION_FUNCTIONS: &[&str] = &[
     "sortBy",
     "distinct",
     crate::engine::cel::extensions::REVERSE,
+    crate::engine::cel::extensions::INDEX_OF,
+    crate::engine::cel::extensions::LAST_INDEX_OF,
     "indexOf",
     "lastIndexOf",
     // Kubernetes' regex library: a scan of the string per call.

@@ -17,12 +17,15 @@ use ::cel::Program;
 use ::cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue, operators};
 
 use super::comprehensions::ENTRIES;
-use super::extensions::REVERSE;
+use super::extensions::written_as;
 
 /// A static type; `Dyn` is any.
 #[derive(Clone, Debug, PartialEq)]
 enum Ty {
     Dyn,
+    /// A value written as `dyn(x)`: any type to an overload, but a literal's elements must all
+    /// be written so (Kubernetes' homogeneous literals: `[1, dyn(2)]` is refused).
+    DeclaredDyn,
     Null,
     Bool,
     Int,
@@ -45,7 +48,7 @@ enum Ty {
 impl fmt::Display for Ty {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Ty::Dyn => f.write_str("dyn"),
+            Ty::Dyn | Ty::DeclaredDyn => f.write_str("dyn"),
             Ty::Null => f.write_str("null_type"),
             Ty::Bool => f.write_str("bool"),
             Ty::Int => f.write_str("int"),
@@ -70,10 +73,23 @@ impl Ty {
     /// nothing else (`1 == null` and `[1, null]` are refused by the API server).
     fn agrees(&self, other: &Ty) -> bool {
         match (self, other) {
-            (Ty::Dyn | Ty::Pair(..), _) | (_, Ty::Dyn | Ty::Pair(..)) => true,
+            (Ty::Dyn | Ty::DeclaredDyn | Ty::Pair(..), _)
+            | (_, Ty::Dyn | Ty::DeclaredDyn | Ty::Pair(..)) => true,
             (Ty::List(a), Ty::List(b)) | (Ty::Optional(a), Ty::Optional(b)) => a.agrees(b),
             (Ty::Map(ka, va), Ty::Map(kb, vb)) => ka.agrees(kb) && va.agrees(vb),
             (a, b) => a == b,
+        }
+    }
+
+    /// Whether two agreeing element types of one literal are the same type, as Kubernetes'
+    /// homogeneous-literal validator asks: a `dyn(x)` element is `dyn`, unlike an `int`.
+    fn same_in_literal(&self, other: &Ty) -> bool {
+        match (self, other) {
+            (Ty::DeclaredDyn, Ty::DeclaredDyn | Ty::Dyn) | (Ty::Dyn, Ty::DeclaredDyn) => true,
+            (Ty::DeclaredDyn, _) | (_, Ty::DeclaredDyn) => false,
+            (Ty::List(a), Ty::List(b)) | (Ty::Optional(a), Ty::Optional(b)) => a.same_in_literal(b),
+            (Ty::Map(ka, va), Ty::Map(kb, vb)) => ka.same_in_literal(kb) && va.same_in_literal(vb),
+            _ => true,
         }
     }
 
@@ -403,7 +419,7 @@ struct Bindings {
 
 fn matches(pattern: &Pattern, ty: &Ty, bound: &mut Bindings) -> bool {
     match (pattern, ty) {
-        (_, Ty::Dyn) => true,
+        (_, Ty::Dyn | Ty::DeclaredDyn) => true,
         (Pattern::Exactly(Ty::Dyn), _) => true,
         (Pattern::Exactly(Ty::List(e)), Ty::Pair(..)) => **e == Ty::Dyn,
         (Pattern::Exactly(p), t) => p.agrees(t),
@@ -632,10 +648,13 @@ impl Checker {
     }
 
     fn call(&mut self, name: &str, receiver: Option<Ty>, mut args: Vec<Ty>) -> Ty {
-        if name == REVERSE && receiver.is_none() && args.len() == 1 {
-            // `x.reverse()` as written, before its expansion.
-            let target = args.pop();
-            return self.call("reverse", target, args);
+        if let Some(member) = written_as(name)
+            && receiver.is_none()
+            && !args.is_empty()
+        {
+            // An expansion is checked as the member call it was written as.
+            let target = args.remove(0);
+            return self.call(member, Some(target), args);
         }
         if name == ENTRIES {
             let pair = match args.first() {
@@ -644,6 +663,9 @@ impl Checker {
                 _ => Ty::Pair(Box::new(Ty::Dyn), Box::new(Ty::Dyn)),
             };
             return Ty::List(Box::new(pair));
+        }
+        if name == "dyn" && receiver.is_none() && args.len() == 1 {
+            return Ty::DeclaredDyn;
         }
         let Some(overloads) = self.overloads.get(name) else {
             return Ty::Dyn;
@@ -697,7 +719,7 @@ impl Checker {
             match first.take() {
                 None => first = Some(t),
                 Some(_) if self.in_format > 0 => return Ty::Dyn,
-                Some(f) if !f.agrees(&t) => {
+                Some(f) if !f.agrees(&t) || !f.same_in_literal(&t) => {
                     self.errors
                         .push(format!("a {what} literal mixes {f} and {t}"));
                     return Ty::Dyn;
