@@ -21,7 +21,7 @@ use gatehouse::cli::eval::load_policies;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use gatehouse::serve::{Handler, serve_tls};
-use gatehouse::telemetry::{self, Metrics};
+use gatehouse::telemetry;
 use gatehouse::tls::{self, CertResolver};
 use gatehouse::webhook::{self, PolicyStore, WebhookState};
 use http::StatusCode;
@@ -86,10 +86,8 @@ async fn main() -> anyhow::Result<()> {
             for policy in loaded {
                 policies.upsert(Arc::new(policy));
             }
-            webhook::handler(Arc::new(WebhookState::new(
-                policies,
-                Arc::new(Metrics::new()),
-            )))
+            let metrics = webhook::AdmissionMetrics::register(&mut telemetry::registry());
+            webhook::handler(Arc::new(WebhookState::new(policies, Arc::new(metrics))))
         }
         Mode::Baseline => Arc::new(|req| Box::pin(baseline(req))),
     };

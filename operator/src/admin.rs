@@ -8,7 +8,7 @@ use http::StatusCode;
 use http_body_util::Full;
 use hyper::{Request, Response};
 
-use crate::telemetry::Metrics;
+use prometheus_client::registry::Registry;
 
 /// Readiness of the whole process, as `/readyz` reports it.
 #[derive(Default)]
@@ -33,7 +33,8 @@ impl Readiness {
 /// What the admin handler reads.
 pub struct AdminState {
     pub readiness: Arc<Readiness>,
-    pub metrics: Arc<Metrics>,
+    /// Every subsystem's metrics.
+    pub registry: Arc<Registry>,
 }
 
 /// The admin port's [`Handler`](crate::serve::Handler): [`handle`] over `state`.
@@ -59,7 +60,7 @@ pub fn handle<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> 
                 )
             }
         }
-        "/metrics" => match state.metrics.encode() {
+        "/metrics" => match crate::telemetry::encode(&state.registry) {
             Ok(body) => text(
                 StatusCode::OK,
                 body,
@@ -97,7 +98,7 @@ mod tests {
     fn readyz_follows_caches_and_certificate() {
         let state = AdminState {
             readiness: Arc::new(Readiness::default()),
-            metrics: Arc::new(Metrics::new()),
+            registry: Arc::new(crate::telemetry::registry()),
         };
         assert_eq!(status_of(&state, "/livez"), StatusCode::OK);
         let readyz = || status_of(&state, "/readyz");

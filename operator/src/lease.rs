@@ -157,6 +157,17 @@ fn spec_for(
     }
 }
 
+/// Registers the leadership gauge (`gatehouse_reconcile_leader`) in `registry`.
+pub fn leader_gauge(registry: &mut prometheus_client::registry::Registry) -> Gauge {
+    let gauge = Gauge::default();
+    registry.sub_registry_with_prefix("reconcile").register(
+        "leader",
+        "1 while this replica leads (writes configurations and statuses), else 0",
+        gauge.clone(),
+    );
+    gauge
+}
+
 /// Runs the election until `shutdown`, publishing leadership on `leader`. On shutdown a holder
 /// releases the Lease so a successor need not wait for it to expire.
 /// `gauge` mirrors leadership for `/metrics` (1 leading, 0 following).

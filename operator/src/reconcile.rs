@@ -19,7 +19,49 @@ use tracing::{debug, warn};
 
 use crate::error_chain::chain;
 use crate::lease::Leadership;
-use crate::telemetry::{Metrics, ReconcileLabels};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+
+use crate::telemetry::{HistogramFamily, latency_histogram};
+
+/// Labels of a reconcile loop.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReconcileLabels {
+    pub controller: String,
+}
+
+/// The passes of the reconcile loops (`gatehouse_reconcile_*`), by loop.
+pub struct ReconcileMetrics {
+    pub runs: Family<ReconcileLabels, Counter>,
+    pub failures: Family<ReconcileLabels, Counter>,
+    pub duration: HistogramFamily<ReconcileLabels>,
+}
+
+impl ReconcileMetrics {
+    /// Registers the loops' families in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = ReconcileMetrics {
+            runs: Family::default(),
+            failures: Family::default(),
+            duration: Family::new_with_constructor(latency_histogram),
+        };
+        let reconcile = registry.sub_registry_with_prefix("reconcile");
+        reconcile.register("runs", "Reconcile runs", metrics.runs.clone());
+        reconcile.register(
+            "failures",
+            "Failed reconcile runs",
+            metrics.failures.clone(),
+        );
+        reconcile.register(
+            "duration_seconds",
+            "Duration of reconcile runs",
+            metrics.duration.clone(),
+        );
+        metrics
+    }
+}
 
 /// The one field manager of every write Gatehouse makes.
 pub const FIELD_MANAGER: &str = "gatehouse";
@@ -84,7 +126,7 @@ impl Term {
 /// ends when the leader's channel closes.
 pub async fn run_loop<E: std::error::Error + 'static>(
     controller: &'static str,
-    metrics: &Metrics,
+    metrics: &ReconcileMetrics,
     trigger: &Notify,
     leader: &mut watch::Receiver<Leadership>,
     pacing: Pacing,
@@ -111,9 +153,9 @@ pub async fn run_loop<E: std::error::Error + 'static>(
             (true, false) => Term::Began,
         })
         .await;
-        metrics.reconcile_runs.get_or_create(&labels).inc();
+        metrics.runs.get_or_create(&labels).inc();
         metrics
-            .reconcile_duration
+            .duration
             .get_or_create(&labels)
             .observe(started.elapsed().as_secs_f64());
         let wake = match result {
@@ -125,7 +167,7 @@ pub async fn run_loop<E: std::error::Error + 'static>(
                 }
             }
             Err(e) => {
-                metrics.reconcile_failures.get_or_create(&labels).inc();
+                metrics.failures.get_or_create(&labels).inc();
                 let delay = backoff.next().unwrap_or(pacing.resync);
                 warn!(controller, error = %chain(&e), retry_in = ?delay, "pass failed; backing off");
                 Instant::now() + delay
@@ -415,7 +457,8 @@ mod tests {
     async fn a_failing_pass_backs_off_and_a_pass_asked_for_runs_at_once() {
         let (tx, mut rx) = watch::channel(term(true));
         let trigger = Notify::new();
-        let metrics = Metrics::new();
+        let mut registry = crate::telemetry::registry();
+        let metrics = ReconcileMetrics::register(&mut registry);
         let pacing = Pacing {
             window: WINDOW,
             resync: Duration::from_secs(3600),
@@ -442,7 +485,7 @@ mod tests {
             "the asked-for pass waited: {gaps:?}"
         );
         assert!(gaps[5] >= Duration::from_secs(3600), "{gaps:?}");
-        let text = metrics.encode().expect("metrics encode");
+        let text = crate::telemetry::encode(&registry).expect("metrics encode");
         assert!(
             text.contains(r#"gatehouse_reconcile_failures_total{controller="test"} 4"#),
             "{text}"
@@ -453,7 +496,7 @@ mod tests {
     async fn a_pass_is_told_when_a_term_began() {
         let (tx, mut rx) = watch::channel(term(true));
         let trigger = std::sync::Arc::new(Notify::new());
-        let metrics = Metrics::new();
+        let metrics = ReconcileMetrics::register(&mut crate::telemetry::registry());
         let pacing = Pacing {
             window: WINDOW,
             resync: Duration::from_secs(3600),

@@ -13,13 +13,37 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, info, warn};
 
-use crate::telemetry::HandshakeLabels;
+/// Labels of TLS handshakes on the webhook port.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HandshakeLabels {
+    /// ok, failed (the client gave up or refused the certificate, or spoke something else),
+    /// timeout.
+    pub result: &'static str,
+}
+
+/// Registers the webhook port's handshake counter (`gatehouse_tls_handshakes_total`) in
+/// `registry`.
+pub fn handshake_counter(registry: &mut Registry) -> Family<HandshakeLabels, Counter> {
+    let handshakes = Family::default();
+    // The API server speaks HTTP/1.1 to webhooks and keeps a bounded pool of idle connections:
+    // every handshake is a new connection, so a handshake rate that grows with load is that
+    // pool churning (a full handshake costs both sides far more than a review), and failures
+    // are a client that does not trust the serving certificate.
+    registry.sub_registry_with_prefix("tls").register(
+        "handshakes",
+        "TLS handshakes on the webhook port, by result (ok, failed, timeout)",
+        handshakes.clone(),
+    );
+    handshakes
+}
 
 /// A response with `status`, `body` and its `Content-Type`: what both ports answer with.
 pub fn response(

@@ -16,12 +16,12 @@ use gatehouse::admin::{self, AdminState};
 use gatehouse::api::v1alpha1::Policy;
 use gatehouse::engine::cost::{COST_BUDGET, estimate};
 use gatehouse::engine::{cel, compile};
-use gatehouse::telemetry::Metrics;
 use gatehouse::tls::{CertResolver, server_config};
 use gatehouse::webhook::{self, PolicyStore, WebhookState};
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
 
@@ -60,7 +60,7 @@ struct Servers {
     webhook: u16,
     admin: u16,
     ca: rustls::pki_types::CertificateDer<'static>,
-    metrics: Arc<Metrics>,
+    registry: Arc<Registry>,
 }
 
 async fn start() -> Servers {
@@ -85,8 +85,12 @@ async fn start() -> Servers {
         );
         policies.upsert(Arc::new(compile(&p).unwrap()));
     }
-    let metrics = Arc::new(Metrics::new());
-    let state = Arc::new(WebhookState::new(policies, metrics.clone()));
+    let mut registry = gatehouse::telemetry::registry();
+    let metrics = Arc::new(gatehouse::webhook::AdmissionMetrics::register(
+        &mut registry,
+    ));
+    let registry = Arc::new(registry);
+    let state = Arc::new(WebhookState::new(policies, metrics));
     let handler = webhook::handler(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let webhook_port = listener.local_addr().unwrap().port();
@@ -102,7 +106,7 @@ async fn start() -> Servers {
     readiness.certificate_loaded.store(true, Ordering::Release);
     let admin_state = Arc::new(AdminState {
         readiness,
-        metrics: metrics.clone(),
+        registry: registry.clone(),
     });
     let admin_handler = admin::handler(admin_state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -117,7 +121,7 @@ async fn start() -> Servers {
         webhook: webhook_port,
         admin: admin_port,
         ca: cert.der().clone(),
-        metrics,
+        registry,
     }
 }
 
@@ -240,7 +244,7 @@ async fn slow_and_over_budget_reviews_delay_neither_a_cheap_one_nor_readyz() {
         assert_eq!(body["response"]["allowed"], true, "{body}");
     }
     eprintln!("all answered after {:?}", started.elapsed());
-    let text = servers.metrics.encode().unwrap();
+    let text = gatehouse::telemetry::encode(&servers.registry).unwrap();
     let counted: f64 = text
         .lines()
         .filter(|l| l.starts_with("gatehouse_policy_over_budget_total"))

@@ -12,12 +12,12 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use gatehouse::api::v1alpha1::Policy;
 use gatehouse::engine::compile;
-use gatehouse::telemetry::Metrics;
 use gatehouse::tls::{CertResolver, server_config};
 use gatehouse::webhook::{self, MAX_BODY_BYTES, PolicyStore, WebhookState};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper::{Method, Request, StatusCode};
+use prometheus_client::registry::Registry;
 use rustls::pki_types::CertificateDer;
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
@@ -27,7 +27,7 @@ struct Server {
     port: u16,
     ca: CertificateDer<'static>,
     policies: Arc<PolicyStore>,
-    metrics: Arc<Metrics>,
+    registry: Arc<Registry>,
     stop: Option<oneshot::Sender<()>>,
     done: tokio::task::JoinHandle<()>,
 }
@@ -65,8 +65,12 @@ async fn start(body_read_timeout: Duration) -> Server {
         ))
         .unwrap(),
     ));
-    let metrics = Arc::new(Metrics::new());
-    let mut state = WebhookState::new(policies.clone(), metrics.clone());
+    let mut registry = gatehouse::telemetry::registry();
+    let metrics = Arc::new(gatehouse::webhook::AdmissionMetrics::register(
+        &mut registry,
+    ));
+    let handshakes = gatehouse::serve::handshake_counter(&mut registry);
+    let mut state = WebhookState::new(policies.clone(), metrics);
     state.body_read_timeout = body_read_timeout;
     let state = Arc::new(state);
     let handler = webhook::handler(state);
@@ -74,7 +78,6 @@ async fn start(body_read_timeout: Duration) -> Server {
     let port = listener.local_addr().unwrap().port();
     let (stop, stopped) = oneshot::channel::<()>();
     let done = tokio::spawn({
-        let metrics = metrics.clone();
         async move {
             gatehouse::serve::serve_tls_on(
                 None,
@@ -85,7 +88,7 @@ async fn start(body_read_timeout: Duration) -> Server {
                     let _ = stopped.await;
                 },
                 Duration::from_secs(10),
-                &metrics.tls_handshakes,
+                &handshakes,
             )
             .await;
         }
@@ -94,7 +97,7 @@ async fn start(body_read_timeout: Duration) -> Server {
         port,
         ca: cert.der().clone(),
         policies,
-        metrics,
+        registry: Arc::new(registry),
         stop: Some(stop),
         done,
     }
@@ -406,7 +409,7 @@ mod tokio_stream_like {
 
 /// The handshake counter's value for `result`, read from the exposition as a scraper would.
 fn handshakes(server: &Server, result: &str) -> u64 {
-    let text = server.metrics.encode().unwrap();
+    let text = gatehouse::telemetry::encode(&server.registry).unwrap();
     let series = format!("gatehouse_tls_handshakes_total{{result=\"{result}\"}} ");
     text.lines()
         .find_map(|line| line.strip_prefix(&series))

@@ -8,19 +8,21 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use kube::runtime::events::{Recorder, Reporter};
+use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tracing::{error, info};
 
 use crate::admin::{self, AdminState, Readiness};
 use crate::controller::wiring::{CONFIGURATION_NAME, Endpoint, Wiring};
 use crate::controller::{self, ControllerContext};
-use crate::effects::ipam::{self, IpamConfig, IpamContext};
+use crate::effects::ipam::{self, IpamConfig, IpamContext, IpamMetrics};
 use crate::error_chain::chain;
 use crate::lease::{self, Leadership, LeaseConfig};
+use crate::reconcile::ReconcileMetrics;
 use crate::serve;
-use crate::telemetry::{self, Metrics};
-use crate::tls::{self, CertResolver, Coordination, San, TlsConfig, TlsManager};
-use crate::webhook::{self, PolicyStore, WebhookState};
+use crate::telemetry;
+use crate::tls::{self, CertResolver, Coordination, San, TlsConfig, TlsManager, TlsMetrics};
+use crate::webhook::{self, AdmissionMetrics, PolicyStore, WebhookState};
 
 /// Flags of `gatehouse run`; every flag is also an environment variable.
 #[derive(clap::Args, Debug, Clone)]
@@ -233,6 +235,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .await
         .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
     let process = Process::new(client, args.identity());
+    let mut registry = telemetry::registry();
     let policies = Arc::new(PolicyStore::new());
     let shutdown = Shutdown::new();
     let stopped = || shutdown.stopped();
@@ -242,7 +245,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.tls_config(sans),
         process.client.clone(),
         resolver.clone(),
-        process.coordination(args.lease_duration),
+        process.coordination(args.lease_duration, &mut registry),
     );
     let ca_bundle = tls.ca_bundle();
     let tls_task = async move {
@@ -250,9 +253,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             error!(error = %chain(&e), "TLS manager stopped");
         }
     };
-    let (namespaces, namespaces_watch) = webhook::Namespaces::watch(process.client.clone());
-    let ports = process.ports(&args, policies.clone(), namespaces, resolver)?;
-    let servers = serve::spawn(ports, stopped)?;
 
     let (leader_tx, leader_rx) = watch::channel(Leadership::default());
     let lease_config = LeaseConfig::new(
@@ -260,7 +260,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         process.identity.clone(),
         args.lease_duration,
     );
-    let leader_gauge = process.metrics.leader.clone();
+    let leader_gauge = lease::leader_gauge(&mut registry);
     let lease_task = lease::run(
         process.client.clone(),
         lease_config,
@@ -268,10 +268,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         leader_gauge,
         stopped(),
     );
+    let loops = Arc::new(ReconcileMetrics::register(&mut registry));
     let controller = ControllerContext::new(
         process.client.clone(),
-        process.metrics.clone(),
-        policies,
+        &mut registry,
+        loops.clone(),
+        policies.clone(),
         args.wiring(endpoint),
         process.readiness.clone(),
         process.recorder.clone(),
@@ -284,12 +286,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     let ipam = IpamContext {
         client: process.client.clone(),
-        metrics: process.metrics.clone(),
+        loops,
+        metrics: IpamMetrics::register(&mut registry),
         recorder: process.recorder.clone(),
         config: args.ipam_config(),
     };
     let ipam_task = ipam::run(Arc::new(ipam), leader_rx, stopped());
 
+    let (namespaces, namespaces_watch) = webhook::Namespaces::watch(process.client.clone());
+    let ports = process.ports(&args, policies, namespaces, resolver, registry)?;
+    let servers = serve::spawn(ports, stopped)?;
     info!(listen = %args.listen, admin = %args.admin_listen, "gatehouse running");
     tokio::join!(
         shutdown.on_signal(&process.readiness, args.shutdown_delay),
@@ -310,7 +316,6 @@ struct Process {
     /// This replica's name in the Lease, its rotation records and its Events.
     identity: String,
     recorder: Recorder,
-    metrics: Arc<Metrics>,
     readiness: Arc<Readiness>,
 }
 
@@ -324,43 +329,45 @@ impl Process {
             recorder: Recorder::new(client.clone(), reporter),
             client,
             identity,
-            metrics: Arc::new(Metrics::new()),
             readiness: Arc::new(Readiness::default()),
         }
     }
 
-    /// What the TLS manager needs to take part in rotations.
-    fn coordination(&self, replica_ttl: Duration) -> Coordination {
+    /// What the TLS manager needs to take part in rotations; its metrics go to `registry`.
+    fn coordination(&self, replica_ttl: Duration, registry: &mut Registry) -> Coordination {
         Coordination {
             identity: self.identity.clone(),
             replica_ttl,
             configuration_name: CONFIGURATION_NAME.to_string(),
-            metrics: self.metrics.clone(),
+            metrics: TlsMetrics::register(registry),
             recorder: self.recorder.clone(),
             readiness: self.readiness.clone(),
         }
     }
 
-    /// The webhook port over the store's Policies, and the admin port.
+    /// The webhook port over the store's Policies, and the admin port serving `registry` once
+    /// the webhook's own metrics are in it too.
     fn ports(
         &self,
         args: &RunArgs,
         policies: Arc<PolicyStore>,
         namespaces: webhook::Namespaces,
         resolver: Arc<CertResolver>,
+        mut registry: Registry,
     ) -> anyhow::Result<serve::Ports> {
-        let mut webhook_state = WebhookState::new(policies, self.metrics.clone());
+        let admission = Arc::new(AdmissionMetrics::register(&mut registry));
+        let mut webhook_state = WebhookState::new(policies, admission);
         webhook_state.namespaces = namespaces;
         Ok(serve::Ports {
             webhook: args.listen,
             webhook_handler: webhook::handler(Arc::new(webhook_state)),
             tls: Arc::new(tls::server_config(resolver)?),
             drain: args.drain_timeout,
-            handshakes: self.metrics.tls_handshakes.clone(),
+            handshakes: serve::handshake_counter(&mut registry),
             admin: args.admin_listen,
             admin_handler: admin::handler(Arc::new(AdminState {
                 readiness: self.readiness.clone(),
-                metrics: self.metrics.clone(),
+                registry: Arc::new(registry),
             })),
         })
     }

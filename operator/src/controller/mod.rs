@@ -24,6 +24,8 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
@@ -34,8 +36,9 @@ use crate::api::v1alpha1::{IPPool, Policy};
 use crate::engine;
 use crate::error_chain::chain;
 use crate::lease::Leadership;
-use crate::reconcile::{Next, NotLeading, Pacing, Term, Window, fenced, reflect, run_loop};
-use crate::telemetry::Metrics;
+use crate::reconcile::{
+    Next, NotLeading, Pacing, ReconcileMetrics, Term, Window, fenced, reflect, run_loop,
+};
 use crate::webhook::PolicyStore;
 use isolate::{Culprit, DryRun, SearchError, Split};
 use status::Verdict;
@@ -90,7 +93,10 @@ impl From<NotLeading> for ReconcileError {
 /// Everything the controller needs, passed explicitly.
 pub struct ControllerContext {
     pub client: Client,
-    pub metrics: Arc<Metrics>,
+    /// The reconcile loops' metrics, shared with the effects loop.
+    pub loops: Arc<ReconcileMetrics>,
+    /// Server-side applies of the webhook configurations.
+    pub configuration_writes: Counter,
     pub policies: Arc<PolicyStore>,
     pub wiring: Wiring,
     pub readiness: Arc<Readiness>,
@@ -98,17 +104,26 @@ pub struct ControllerContext {
 }
 
 impl ControllerContext {
+    /// The controller's context; its own metric is registered in `registry`.
     pub fn new(
         client: Client,
-        metrics: Arc<Metrics>,
+        registry: &mut Registry,
+        loops: Arc<ReconcileMetrics>,
         policies: Arc<PolicyStore>,
         wiring: Wiring,
         readiness: Arc<Readiness>,
         recorder: Recorder,
     ) -> Self {
+        let configuration_writes = Counter::default();
+        registry.sub_registry_with_prefix("reconcile").register(
+            "webhook_configuration_writes",
+            "Server-side applies of the webhook configurations",
+            configuration_writes.clone(),
+        );
         Self {
             client,
-            metrics,
+            loops,
+            configuration_writes,
             policies,
             wiring,
             readiness,
@@ -242,7 +257,7 @@ pub async fn run(
         };
         let passes = run_loop(
             "policy",
-            &ctx.metrics,
+            &ctx.loops,
             &trigger,
             &mut leader,
             pacing,

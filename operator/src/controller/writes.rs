@@ -133,7 +133,7 @@ where
         name: CONFIGURATION_NAME.to_string(),
         source,
     })?;
-    ctx.metrics.webhook_config_writes.inc();
+    ctx.configuration_writes.inc();
     let rv = result.meta().resource_version.clone();
     debug!(%kind, ?rv, "applied");
     *last = Some(LastWrite {

@@ -29,7 +29,7 @@ pub use config::{
     DEFAULT_BUNDLE_PROPAGATION, DEFAULT_CA_VALIDITY, DEFAULT_CERT_VALIDITY, DEFAULT_SECRET_NAME,
     San, TlsConfig,
 };
-pub use manager::{Coordination, TlsManager};
+pub use manager::{Coordination, TlsManager, TlsMetrics};
 pub use pki::CertKeyPem;
 pub use resolver::{CertResolver, server_config};
 pub use rotation::{

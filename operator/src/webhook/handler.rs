@@ -9,13 +9,13 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use tracing::{Instrument, info_span, warn};
 
+use super::metrics::{AdmissionLabels, AdmissionMetrics};
 use super::namespaces::Namespaces;
 use super::{Lookup, MAX_BODY_BYTES, Members, PolicyStore};
 use crate::engine::chain::{self, Matching};
 use crate::engine::entry::{MUTATE_PREFIX, OWN_PREFIX, VALIDATE_POLICY_PATH, VALIDATE_PREFIX};
 use crate::engine::group::Group;
 use crate::engine::{self, CompiledPolicy, Namespace, Phase};
-use crate::telemetry::{AdmissionLabels, Metrics};
 
 /// How long a client may take to send the whole body once the headers are in.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
@@ -31,7 +31,7 @@ pub fn heavy_evaluations_in_flight() -> usize {
 /// What the webhook server shares between requests.
 pub struct WebhookState {
     pub policies: Arc<PolicyStore>,
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<AdmissionMetrics>,
     /// Labels of the Namespaces, for the members' namespaceSelectors.
     pub namespaces: Namespaces,
     /// See [`BODY_READ_TIMEOUT`].
@@ -41,7 +41,7 @@ pub struct WebhookState {
 }
 
 impl WebhookState {
-    pub fn new(policies: Arc<PolicyStore>, metrics: Arc<Metrics>) -> Self {
+    pub fn new(policies: Arc<PolicyStore>, metrics: Arc<AdmissionMetrics>) -> Self {
         Self {
             policies,
             metrics,
@@ -201,14 +201,10 @@ async fn review_entry(
         phase: phase.as_str(),
         decision,
     };
+    state.metrics.requests.get_or_create(&labels).inc();
     state
         .metrics
-        .admission_requests
-        .get_or_create(&labels)
-        .inc();
-    state
-        .metrics
-        .admission_duration
+        .duration
         .get_or_create(&labels)
         .observe(started.elapsed().as_secs_f64());
     json(StatusCode::OK, body)

@@ -18,12 +18,14 @@
 //!   that parsed it, never on the accepting or admin threads: a hop to the blocking pool costs
 //!   more than such a review (`operator/benches/README.md`).
 mod handler;
+mod metrics;
 mod namespaces;
 mod store;
 
 pub use handler::{
     BODY_READ_TIMEOUT, Route, WebhookState, handle, handler, heavy_evaluations_in_flight,
 };
+pub use metrics::{AdmissionLabels, AdmissionMetrics, DecisionLabels, MemberMeters, PolicyLabels};
 pub use namespaces::Namespaces;
 pub use store::{Lookup, Members, PolicyStore, RETIRED_GRACE};
 

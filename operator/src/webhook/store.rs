@@ -3,11 +3,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use super::metrics::MemberMeters;
 use crate::engine::CompiledPolicy;
 use crate::engine::Phase;
 use crate::engine::entry;
 use crate::engine::group::{self, Group};
-use crate::telemetry::MemberMeters;
 
 /// How long a group (or Policy) that left the configurations is still answered. The API
 /// server's webhook informer lags a configuration write by a moment; during that moment it may

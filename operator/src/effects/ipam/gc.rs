@@ -28,7 +28,7 @@ pub(super) async fn collect_orphan(
     if !delete_allocation(ctx, &a.name_any(), &uid, leader).await? {
         return Ok(false);
     }
-    ctx.metrics.ipam_orphans_collected.inc();
+    ctx.metrics.orphans_collected.inc();
     let event = Event {
         type_: EventType::Normal,
         reason: "OrphanCollected".into(),

@@ -36,6 +36,8 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
 use serde_json::json;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
@@ -51,9 +53,9 @@ use crate::api::v1alpha1::{
 use crate::error_chain::chain;
 use crate::lease::Leadership;
 use crate::reconcile::{
-    FIELD_MANAGER, Next, NotLeading, Pacing, Term, Window, fenced, reflect, run_loop, watch_events,
+    FIELD_MANAGER, Next, NotLeading, Pacing, ReconcileMetrics, Term, Window, fenced, reflect,
+    run_loop, watch_events,
 };
-use crate::telemetry::Metrics;
 use gatehouse_ipam::annotation::IPAM_ADDRESS_ANNOTATION;
 
 mod gc;
@@ -125,9 +127,39 @@ pub enum IpamError {
 /// What the loop needs, passed explicitly.
 pub struct IpamContext {
     pub client: Client,
-    pub metrics: Arc<Metrics>,
+    /// The reconcile loops' metrics, shared with the Policy controller.
+    pub loops: Arc<ReconcileMetrics>,
+    pub metrics: IpamMetrics,
     pub recorder: Recorder,
     pub config: IpamConfig,
+}
+
+/// The effects loop's own metrics (`gatehouse_ipam_*`).
+pub struct IpamMetrics {
+    pub allocations: Counter,
+    pub orphans_collected: Counter,
+}
+
+impl IpamMetrics {
+    /// Registers the loop's counters in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = IpamMetrics {
+            allocations: Counter::default(),
+            orphans_collected: Counter::default(),
+        };
+        let ipam = registry.sub_registry_with_prefix("ipam");
+        ipam.register(
+            "allocations",
+            "IPAllocations created by the effects loop",
+            metrics.allocations.clone(),
+        );
+        ipam.register(
+            "orphans_collected",
+            "IPAllocations deleted by garbage collection because their owner Pod was gone",
+            metrics.orphans_collected.clone(),
+        );
+        metrics
+    }
 }
 
 struct IpamCaches {
@@ -193,7 +225,7 @@ pub async fn run(
         let leader_view = leader.clone();
         run_loop(
             "ipam",
-            &ctx.metrics,
+            &ctx.loops,
             &trigger,
             &mut leader,
             pacing,

@@ -22,7 +22,7 @@ pub(super) async fn record(
     if place.create {
         match create_allocation(ctx, &place, leader).await {
             Ok(Some(created)) => {
-                ctx.metrics.ipam_allocations.inc();
+                ctx.metrics.allocations.inc();
                 debug!(pod = %place.pod.name_any(), address = %place.address, "allocated");
                 recorded.created = Held::of(&created);
             }

@@ -41,9 +41,11 @@ use super::rotation::{
 };
 use crate::admin::Readiness;
 use crate::error_chain::chain;
-use crate::telemetry::{CertLabels, Metrics, RotationLabels};
 
+mod metrics;
 mod secret;
+
+pub use metrics::{CertLabels, RotationLabels, TlsMetrics};
 
 /// Keys owned by the manager; anything else a user adds to the Secret is left alone.
 const MANAGED_KEYS: [&str; 10] = [
@@ -87,7 +89,7 @@ pub struct Coordination {
     /// Name of the Mutating- and ValidatingWebhookConfiguration whose `caBundle` must hold a new
     /// CA before it signs anything.
     pub configuration_name: String,
-    pub metrics: Arc<Metrics>,
+    pub metrics: TlsMetrics,
     pub recorder: Recorder,
     /// Whose `certificate_loaded` bit this manager keeps.
     pub readiness: Arc<Readiness>,
@@ -520,7 +522,7 @@ impl TlsManager {
             let stalled = since.elapsed() > patience;
             self.coordination
                 .metrics
-                .tls_rotation_waiting
+                .rotation_waiting
                 .get_or_create(&RotationLabels {
                     step: step.label().into(),
                 })
@@ -534,7 +536,7 @@ impl TlsManager {
             if !now_waiting.contains(&step) {
                 self.coordination
                     .metrics
-                    .tls_rotation_waiting
+                    .rotation_waiting
                     .get_or_create(&RotationLabels {
                         step: step.label().into(),
                     })
