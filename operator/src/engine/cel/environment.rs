@@ -17,6 +17,7 @@ static ENV: LazyLock<Result<Arc<Env>, CelError>> = LazyLock::new(|| {
     let mut env = Env::stdlib();
     for extension in [
         super::extensions::library as fn(&mut Env) -> Result<(), ::cel::DeclarationError>,
+        super::time::library,
         super::regex::library,
         super::lists::library,
         super::sets::library,

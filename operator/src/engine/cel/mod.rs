@@ -15,7 +15,8 @@
 //! * [`sets`]: cel-go's `sets.contains`, `sets.equivalent` and `sets.intersects`;
 //! * [`net`]: Kubernetes' `ip()` and `cidr()` and their methods;
 //! * [`quantity`]: Kubernetes' `quantity()` and its methods;
-//! * [`refusals`]: everything the API server refuses when an expression is written ([`refusals`]);
+//! * [`refusals`]: everything the API server refuses when an expression is written;
+//! * [`time`]: `duration()` and `timestamp()` with Go's grammars, as cel-go parses them;
 //! * [`regex`]: Kubernetes' `find` and `findAll`, and constant patterns checked when written;
 //! * [`convert`]: JSON to CEL values ([`to_val`]);
 //! * [`activation`]: the variables of one evaluation ([`Activation`]);
@@ -45,6 +46,7 @@ pub mod regex;
 mod scope;
 pub mod semver;
 pub mod sets;
+pub mod time;
 pub mod types;
 pub mod url;
 

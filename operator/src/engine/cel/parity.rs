@@ -14,7 +14,9 @@ fn outcome(source: &str) -> Result<Result<bool, CelError>, String> {
     if !problems.is_empty() {
         return Err(problems.join("; "));
     }
-    let (object, request) = (json!({}), json!({"operation": "CREATE"}));
+    // What the e2e suite creates: a ConfigMap named `probe`.
+    let object = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probe"}});
+    let request = json!({"operation": "CREATE"});
     Ok(eval_bool(
         &program,
         &Activation::new(Some(&object), None, &request),

@@ -23,8 +23,9 @@ use super::extensions::written_as;
 #[derive(Clone, Debug, PartialEq)]
 enum Ty {
     Dyn,
-    /// A value written as `dyn(x)`: any type to an overload, but a literal's elements must all
-    /// be written so (Kubernetes' homogeneous literals: `[1, dyn(2)]` is refused).
+    /// A value the API server's checker types `dyn` (`dyn(x)`, `object` and `oldObject` and what
+    /// is read from them): any type to an overload, but a type of its own in a literal, whose
+    /// elements must all be of one (`[1, dyn(2)]` and `['a', object.metadata.name]` are refused).
     DeclaredDyn,
     Null,
     Bool,
@@ -93,9 +94,11 @@ impl Ty {
         }
     }
 
-    /// Of two agreeing types, the one that says more.
+    /// Of two agreeing types, the one that says more; a declared `dyn` is the most general type,
+    /// as the checker binds a type parameter (`true ? 1 : dyn(2)` is `dyn`).
     fn narrower(self, other: Ty) -> Ty {
         match (self, other) {
+            (Ty::DeclaredDyn, _) | (_, Ty::DeclaredDyn) => Ty::DeclaredDyn,
             (Ty::Dyn, t) | (t, Ty::Dyn) => t,
             (Ty::List(a), Ty::List(b)) => Ty::List(Box::new(a.narrower(*b))),
             (Ty::Map(ka, va), Ty::Map(kb, vb)) => {
@@ -419,10 +422,7 @@ struct Bindings {
 
 fn matches(pattern: &Pattern, ty: &Ty, bound: &mut Bindings) -> bool {
     match (pattern, ty) {
-        (_, Ty::Dyn | Ty::DeclaredDyn) => true,
-        (Pattern::Exactly(Ty::Dyn), _) => true,
-        (Pattern::Exactly(Ty::List(e)), Ty::Pair(..)) => **e == Ty::Dyn,
-        (Pattern::Exactly(p), t) => p.agrees(t),
+        // First, so that a declared `dyn` binds its parameter (and makes it `dyn`).
         (Pattern::Param(name), t) => match bound.params.get(name) {
             Some(previous) if !previous.agrees(t) => false,
             Some(previous) => {
@@ -435,6 +435,10 @@ fn matches(pattern: &Pattern, ty: &Ty, bound: &mut Bindings) -> bool {
                 true
             }
         },
+        (_, Ty::Dyn | Ty::DeclaredDyn) => true,
+        (Pattern::Exactly(Ty::Dyn), _) => true,
+        (Pattern::Exactly(Ty::List(e)), Ty::Pair(..)) => **e == Ty::Dyn,
+        (Pattern::Exactly(p), t) => p.agrees(t),
         (Pattern::Comparable, t) => {
             let ordered = matches!(
                 t,
@@ -495,6 +499,7 @@ impl Checker {
             Expr::Select(select) => {
                 let operand = self.infer(&select.operand);
                 match (select.test, operand) {
+                    (false, Ty::DeclaredDyn) => Ty::DeclaredDyn,
                     (_, Ty::Map(_, value)) if !select.test => *value,
                     (
                         _,
@@ -605,6 +610,7 @@ impl Checker {
                 let element = match range {
                     Ty::List(e) => *e,
                     Ty::Map(k, _) => *k,
+                    Ty::DeclaredDyn => Ty::DeclaredDyn,
                     _ => Ty::Dyn,
                 };
                 let init = match self.infer(&c.accu_init) {
@@ -643,11 +649,16 @@ impl Checker {
         match name {
             "int" | "uint" | "double" | "bool" | "string" | "bytes" | "list" | "map"
             | "null_type" | "type" => Ty::Type,
+            // Kubernetes declares the objects `dyn`; `request` is typed there, unknown here.
+            "object" | "oldObject" => Ty::DeclaredDyn,
             _ => Ty::Dyn,
         }
     }
 
     fn call(&mut self, name: &str, receiver: Option<Ty>, mut args: Vec<Ty>) -> Ty {
+        if let Some(global) = super::time::written_as(name) {
+            return self.call(global, receiver, args);
+        }
         if let Some(member) = written_as(name)
             && receiver.is_none()
             && !args.is_empty()
@@ -660,11 +671,17 @@ impl Checker {
             let pair = match args.first() {
                 Some(Ty::List(e)) => Ty::Pair(Box::new(Ty::Int), e.clone()),
                 Some(Ty::Map(k, v)) => Ty::Pair(k.clone(), v.clone()),
+                Some(Ty::DeclaredDyn) => {
+                    Ty::Pair(Box::new(Ty::DeclaredDyn), Box::new(Ty::DeclaredDyn))
+                }
                 _ => Ty::Pair(Box::new(Ty::Dyn), Box::new(Ty::Dyn)),
             };
             return Ty::List(Box::new(pair));
         }
         if name == "dyn" && receiver.is_none() && args.len() == 1 {
+            return Ty::DeclaredDyn;
+        }
+        if name == operators::INDEX && args.first() == Some(&Ty::DeclaredDyn) {
             return Ty::DeclaredDyn;
         }
         let Some(overloads) = self.overloads.get(name) else {

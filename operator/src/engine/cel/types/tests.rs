@@ -10,10 +10,10 @@ fn literals_of_one_type_pass_and_mixed_ones_are_named() {
     for fine in [
         "[1, 2, 3].sum() == 6",
         "[[1], [2, 3]] == [[1], [2, 3]]",
-        "[object.a, 1, object.b] == []",
+        "[object.a, object.b] == []",
         "{'a': 1, 'b': 2}.size() == 2",
         "[[], [1]].size() == 2",
-        "[object.a, null].size() == 2",
+        "[oldObject, object].size() == 2",
         "object.spec.containers.all(c, c.name in ['a', 'b'])",
         "[1, 'a'.size()].sum() == 2",
         "'%d %s'.format([1, 'a']) == '1 a' && ['a'].all(s, '%s%d'.format([s, [1, 'b'].size()]) != '')",
@@ -24,6 +24,16 @@ fn literals_of_one_type_pass_and_mixed_ones_are_named() {
         errors("[1, 'a'].size() == 2"),
         ["a list literal mixes int and string"]
     );
+    // The objects are `dyn` to the API server, and `dyn` is a type of its own in a literal.
+    for mixed in [
+        "[object.a, 1, object.b] == []",
+        "[object.a, null].size() == 2",
+        "['a', object.metadata.name].size() == 2",
+        "[true ? 1 : dyn(2), 3].size() == 2",
+        "object.spec.containers.all(c, [c.name, 'x'].size() == 2)",
+    ] {
+        assert_eq!(errors(mixed).len(), 1, "{mixed}");
+    }
     assert_eq!(
         errors("sets.contains([1], [1.0, 1])"),
         ["a list literal mixes double and int"]
