@@ -6,7 +6,7 @@ use ::cel::common::value::{CowVal, Val};
 use ::cel::context::VariableResolver;
 use serde_json::Value;
 
-use super::convert::to_val_sized;
+use super::convert::{largest_collection, to_val};
 
 /// The variables of one evaluation: `object`, `oldObject` and `request` (null when absent),
 /// converted to CEL values on first use and then borrowed by every expression of the review, so
@@ -17,11 +17,12 @@ pub struct Activation<'a> {
     request: Lazy<'a>,
 }
 
-/// A JSON value and its CEL conversion, made on first use.
+/// A JSON value, its CEL conversion and the size of its largest collection, each worked out on
+/// first use.
 struct Lazy<'a> {
     json: Option<&'a Value>,
-    /// The value, and the size of the largest collection in it.
-    val: OnceLock<(Box<dyn Val + 'a>, usize)>,
+    val: OnceLock<Box<dyn Val + 'a>>,
+    largest: OnceLock<usize>,
 }
 
 impl<'a> Lazy<'a> {
@@ -29,22 +30,23 @@ impl<'a> Lazy<'a> {
         Lazy {
             json,
             val: OnceLock::new(),
+            largest: OnceLock::new(),
         }
     }
 
-    fn converted(&self) -> &(Box<dyn Val + 'a>, usize) {
-        self.val.get_or_init(|| {
-            let mut largest = 0;
-            let val = match self.json {
-                Some(v) => to_val_sized(v, &mut largest),
+    fn get(&self) -> &(dyn Val + 'a) {
+        self.val
+            .get_or_init(|| match self.json {
+                Some(v) => to_val(v),
                 None => Box::new(CelNull),
-            };
-            (val, largest)
-        })
+            })
+            .as_ref()
     }
 
-    fn get(&self) -> &(dyn Val + 'a) {
-        self.converted().0.as_ref()
+    fn largest(&self) -> usize {
+        *self
+            .largest
+            .get_or_init(|| self.json.map_or(0, largest_collection))
     }
 }
 
@@ -64,20 +66,17 @@ impl<'a> Activation<'a> {
 
     /// These variables plus `element`, for a `forEach` guard.
     pub fn with_element<'b>(&'b self, element: &'b Value) -> ElementActivation<'b, 'a> {
-        let mut largest = 0;
-        let element = to_val_sized(element, &mut largest);
         ElementActivation {
             base: self,
-            element,
-            largest,
+            element: to_val(element),
+            largest: largest_collection(element),
         }
     }
 }
 
 /// The variables of an evaluation, and how large their collections are.
 pub trait Bindings: VariableResolver {
-    /// The size of the largest array or object among the `variables` named (as converted,
-    /// converting them if that has not happened yet).
+    /// The size of the largest array or object among the `variables` named.
     fn largest_collection(&self, variables: &[&str]) -> usize;
 }
 
@@ -90,7 +89,7 @@ impl Bindings for Activation<'_> {
         ]
         .into_iter()
         .filter(|(name, _)| variables.contains(name))
-        .map(|(_, lazy)| lazy.converted().1)
+        .map(|(_, lazy)| lazy.largest())
         .max()
         .unwrap_or(0)
     }
