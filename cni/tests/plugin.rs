@@ -427,6 +427,7 @@ fn bad_input_gets_an_error_object_with_the_right_code() {
             .env("CNI_ARGS", k8s_args(UID))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
         child

@@ -160,7 +160,7 @@ fn main() {
         ratio(times[2], times[0])
     );
     println!(
-        "  one validating Policy, quantity() x20 and a cidr()     {:>9.1?}  {:>5.2}x plain",
+        "  one validating Policy, 40 quantity() and a cidr()      {:>9.1?}  {:>5.2}x plain",
         times[3],
         ratio(times[3], times[2])
     );

@@ -232,18 +232,25 @@ pub fn parse_request(body: &[u8]) -> Result<Request, ReviewError> {
     if kind != KIND {
         return Err(ReviewError::Kind(kind));
     }
-    let request = match review.remove("request") {
-        Some(r @ Value::Object(_)) => r,
-        _ => return Err(ReviewError::MissingRequest),
+    let Some(Value::Object(mut fields)) = review.remove("request") else {
+        return Err(ReviewError::MissingRequest);
     };
-    if request
+    if fields
         .get("uid")
         .and_then(Value::as_str)
         .is_none_or(str::is_empty)
     {
         return Err(ReviewError::MissingUid);
     }
-    let request: Request = serde_json::from_value(request).map_err(ReviewError::Request)?;
+    // The objects move into the request as they are: deserialising them from the parsed value
+    // would build every map of them again.
+    let mut take = |name: &str| fields.remove(name).filter(|v| !v.is_null());
+    let (object, old_object, options) = (take("object"), take("oldObject"), take("options"));
+    let mut request: Request =
+        serde_json::from_value(Value::Object(fields)).map_err(ReviewError::Request)?;
+    request.object = object;
+    request.old_object = old_object;
+    request.options = options;
     if request.operation == Operation::All {
         return Err(ReviewError::Operation);
     }

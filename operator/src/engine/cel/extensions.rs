@@ -48,6 +48,7 @@ pub fn library(env: &mut Env) -> Result<(), DeclarationError> {
             member,
             count,
             move |helper, target, args| {
+                // A receiver macro is only ever called with its receiver.
                 let Some(receiver) = target.take() else {
                     return Err(helper.new_error(0, format!("{member}() needs a receiver")));
                 };
