@@ -4,8 +4,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, StatusCode, header};
-use http_body_util::{BodyExt, Full};
-use hyper::body::Incoming;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use hyper::body::{Body, Incoming};
 use hyper::{Request, Response};
 use tracing::{Instrument, info_span, warn};
 
@@ -321,28 +321,22 @@ async fn read_body(
     req: Request<Incoming>,
     timeout: Duration,
 ) -> Result<Bytes, Response<Full<Bytes>>> {
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
     let mut body = req.into_body();
     let read = async {
-        if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        // hyper knows a declared Content-Length: an oversized body is refused before any of it
+        // is buffered.
+        if body.size_hint().lower() > MAX_BODY_BYTES as u64 {
             return Err(too_large(&mut body).await);
         }
-        let mut collected = Vec::new();
-        while let Some(frame) = body.frame().await {
-            let frame = frame
-                .map_err(|e| error(StatusCode::BAD_REQUEST, format!("reading the body: {e}")))?;
-            if let Some(data) = frame.data_ref() {
-                if collected.len() + data.len() > MAX_BODY_BYTES {
-                    return Err(too_large(&mut body).await);
-                }
-                collected.extend_from_slice(data);
-            }
+        let collected = Limited::new(&mut body, MAX_BODY_BYTES).collect().await;
+        match collected {
+            Ok(collected) => Ok(collected.to_bytes()),
+            Err(e) if e.is::<LengthLimitError>() => Err(too_large(&mut body).await),
+            Err(e) => Err(error(
+                StatusCode::BAD_REQUEST,
+                format!("reading the body: {e}"),
+            )),
         }
-        Ok(Bytes::from(collected))
     };
     match tokio::time::timeout(timeout, read).await {
         Ok(result) => result,
