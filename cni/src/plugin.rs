@@ -84,12 +84,22 @@ fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
             "no network configuration on stdin",
         ));
     }
-    serde_json::from_slice(stdin).map_err(|e| {
+    let invalid = |e: serde_json::Error| {
         CniError::new(
             ErrorCode::Decoding,
             format!("the network configuration on stdin is not valid: {e}"),
         )
-    })
+    };
+    // serde reads a struct from a JSON array too; a network configuration is an object, and
+    // delegation rewrites its "ipam" key.
+    let conf: Value = serde_json::from_slice(stdin).map_err(invalid)?;
+    if !conf.is_object() {
+        return Err(CniError::new(
+            ErrorCode::Decoding,
+            "the network configuration on stdin is not valid: not a JSON object",
+        ));
+    }
+    serde_json::from_value(conf).map_err(invalid)
 }
 
 fn run(

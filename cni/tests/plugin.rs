@@ -352,6 +352,13 @@ fn bad_input_gets_an_error_object_with_the_right_code() {
         ),
         ("ADD", Some(k8s_args(UID)), "{not json", 6, "not valid"),
         (
+            "GC",
+            Some(k8s_args(UID)),
+            r#"["1.1.0", "n", {"type": "gatehouse-ipam", "fallback": {"type": "host-local"}}]"#,
+            6,
+            "not a JSON object",
+        ),
+        (
             "ADD",
             Some(k8s_args(UID)),
             "",
