@@ -499,3 +499,68 @@ fn the_binary_exits_with_the_decision() {
             .contains("spec.validate[0].expression: unknown variable \"objct\"")
     );
 }
+
+#[test]
+fn cel_the_api_server_refuses_exits_2_with_the_field_and_reason() {
+    let policy = Scratch::new(
+        "refused-cel.yaml",
+        r#"apiVersion: gatehouse.dev/v1alpha1
+kind: Policy
+metadata:
+  name: refused-cel
+spec:
+  match:
+    rules:
+      - operations: ["CREATE"]
+        apiGroups: [""]
+        apiVersions: ["v1"]
+        resources: ["pods"]
+  validate:
+    - expression: "foo(object)"
+      message: refused
+    - expression: "object.metadata.name.startsWith(1)"
+      message: refused
+    - expression: "quantity(object.spec.containers[0].resources.limits.cpu).isLessThan(2)"
+      message: refused
+    - expression: "object.metadata.name.matches('[')"
+      message: refused
+    - expression: "[1, 'a'].size() == 2"
+      message: refused
+"#,
+    );
+    let r = eval(&[
+        "--policy",
+        policy.path(),
+        "--object",
+        &data("objects/pod.yaml"),
+    ]);
+    assert_eq!(r.code, 2, "{}", r.err);
+    assert!(r.out.is_empty(), "{}", r.out);
+    for (field, reason) in [
+        ("spec.validate[0].expression", "unknown function \"foo\""),
+        (
+            "spec.validate[1].expression",
+            "found no matching overload for 'startsWith' applied to 'dyn.(int)'",
+        ),
+        (
+            "spec.validate[2].expression",
+            "found no matching overload for 'isLessThan' applied to 'kubernetes.Quantity.(int)'",
+        ),
+        (
+            "spec.validate[3].expression",
+            "invalid regular expression \"[\"",
+        ),
+        (
+            "spec.validate[4].expression",
+            "a list literal mixes int and string",
+        ),
+    ] {
+        assert!(
+            r.err
+                .lines()
+                .any(|l| l.contains(&format!("{field}: ")) && l.contains(reason)),
+            "no {field} refused with {reason:?} in\n{}",
+            r.err
+        );
+    }
+}

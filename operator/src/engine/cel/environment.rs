@@ -27,6 +27,7 @@ static ENV: LazyLock<Result<Arc<Env>, CelError>> = LazyLock::new(|| {
         super::url::library,
         super::format::library,
         super::comprehensions::library,
+        super::optional::library,
     ] {
         env.add_extension(extension)
             .map_err(|e| CelError::Environment(e.to_string()))?;

@@ -38,6 +38,7 @@ pub mod functions;
 pub mod lists;
 pub mod net;
 mod opaque;
+pub mod optional;
 #[cfg(test)]
 mod parity;
 pub mod quantity;

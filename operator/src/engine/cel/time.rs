@@ -71,7 +71,18 @@ pub fn library(env: &mut Env) -> Result<(), DeclarationError> {
         "@timestamp_timestamp",
         vec![TIMESTAMP_TYPE],
         itself,
-    )
+    )?;
+    // cel-go's conversion the crate's `int` lacks: a duration in nanoseconds.
+    env.add_overload("int", "int_duration", vec![DURATION_TYPE], int_of_duration)
+}
+
+fn int_of_duration<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
+    let [duration] = take(args)?;
+    let nanos = duration
+        .downcast_ref::<CelDuration>()
+        .and_then(|d| d.inner().num_nanoseconds())
+        .ok_or_else(|| ExecutionError::function_error("int", "not a duration in range"))?;
+    Ok(CowVal::owned(CelInt::from(nanos)))
 }
 
 fn itself<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {

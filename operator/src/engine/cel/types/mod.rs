@@ -7,9 +7,9 @@
 //! comprehension variables from their ranges. Everything else — the request's variables, fields
 //! read from them, functions not in the table — is `dyn`, which agrees with every type, so a call
 //! is refused only when its argument types are known and no overload of the function takes them.
-//! A function is in the table only with *all* its overloads in Kubernetes' environment, so no
+//! The table holds every function of Kubernetes' environment with all its overloads, so no
 //! expression the API server accepts is refused here.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::LazyLock;
 
@@ -18,6 +18,9 @@ use ::cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue, operators};
 
 use super::comprehensions::ENTRIES;
 use super::extensions::written_as;
+use signatures::SIGNATURES;
+
+mod signatures;
 
 /// A static type; `Dyn` is any.
 #[derive(Clone, Debug, PartialEq)]
@@ -70,6 +73,23 @@ impl fmt::Display for Ty {
 }
 
 impl Ty {
+    /// Whether a value of this type has no fields to select (`'a'.b`, `[1].b`).
+    fn is_scalar(&self) -> bool {
+        matches!(
+            self,
+            Ty::Bool
+                | Ty::Int
+                | Ty::Uint
+                | Ty::Double
+                | Ty::String
+                | Ty::Bytes
+                | Ty::Duration
+                | Ty::Timestamp
+                | Ty::Null
+                | Ty::List(_)
+        )
+    }
+
     /// Types agree when equal, `dyn` agreeing with anything at any depth; `null` agrees with
     /// nothing else (`1 == null` and `[1, null]` are refused by the API server).
     fn agrees(&self, other: &Ty) -> bool {
@@ -109,191 +129,12 @@ impl Ty {
     }
 }
 
-/// The overloads the checker knows, one a line: `name(args) result` for a global function,
-/// `[receiver] name(args) result` for a member one. `A`, `B` are type parameters; the types of
-/// Kubernetes' libraries go by their CEL names. Each function here has all its overloads.
-const SIGNATURES: &[&str] = &[
-    // Operators.
-    "_+_(int, int) int",
-    "_+_(uint, uint) uint",
-    "_+_(double, double) double",
-    "_+_(string, string) string",
-    "_+_(bytes, bytes) bytes",
-    "_+_(list(A), list(A)) list(A)",
-    "_+_(google.protobuf.Timestamp, google.protobuf.Duration) google.protobuf.Timestamp",
-    "_+_(google.protobuf.Duration, google.protobuf.Timestamp) google.protobuf.Timestamp",
-    "_+_(google.protobuf.Duration, google.protobuf.Duration) google.protobuf.Duration",
-    "_-_(int, int) int",
-    "_-_(uint, uint) uint",
-    "_-_(double, double) double",
-    "_-_(google.protobuf.Timestamp, google.protobuf.Timestamp) google.protobuf.Duration",
-    "_-_(google.protobuf.Timestamp, google.protobuf.Duration) google.protobuf.Timestamp",
-    "_-_(google.protobuf.Duration, google.protobuf.Duration) google.protobuf.Duration",
-    "_*_(int, int) int",
-    "_*_(uint, uint) uint",
-    "_*_(double, double) double",
-    "_/_(int, int) int",
-    "_/_(uint, uint) uint",
-    "_/_(double, double) double",
-    "_%_(int, int) int",
-    "_%_(uint, uint) uint",
-    "-_(int) int",
-    "-_(double) double",
-    "!_(bool) bool",
-    "_&&_(bool, bool) bool",
-    "_||_(bool, bool) bool",
-    "_?_:_(bool, A, A) A",
-    "@not_strictly_false(bool) bool",
-    "_==_(A, A) bool",
-    "_!=_(A, A) bool",
-    "@in(A, list(A)) bool",
-    "@in(A, map(A, B)) bool",
-    // Ordering: numbers across their types (Kubernetes enables cross-type comparisons).
-    "_<_(int, int) bool",
-    "_<_(int, uint) bool",
-    "_<_(int, double) bool",
-    "_<_(uint, int) bool",
-    "_<_(uint, uint) bool",
-    "_<_(uint, double) bool",
-    "_<_(double, int) bool",
-    "_<_(double, uint) bool",
-    "_<_(double, double) bool",
-    "_<_(bool, bool) bool",
-    "_<_(string, string) bool",
-    "_<_(bytes, bytes) bool",
-    "_<_(google.protobuf.Duration, google.protobuf.Duration) bool",
-    "_<_(google.protobuf.Timestamp, google.protobuf.Timestamp) bool",
-    "_<=_(int, int) bool",
-    "_<=_(int, uint) bool",
-    "_<=_(int, double) bool",
-    "_<=_(uint, int) bool",
-    "_<=_(uint, uint) bool",
-    "_<=_(uint, double) bool",
-    "_<=_(double, int) bool",
-    "_<=_(double, uint) bool",
-    "_<=_(double, double) bool",
-    "_<=_(bool, bool) bool",
-    "_<=_(string, string) bool",
-    "_<=_(bytes, bytes) bool",
-    "_<=_(google.protobuf.Duration, google.protobuf.Duration) bool",
-    "_<=_(google.protobuf.Timestamp, google.protobuf.Timestamp) bool",
-    "_>_(int, int) bool",
-    "_>_(int, uint) bool",
-    "_>_(int, double) bool",
-    "_>_(uint, int) bool",
-    "_>_(uint, uint) bool",
-    "_>_(uint, double) bool",
-    "_>_(double, int) bool",
-    "_>_(double, uint) bool",
-    "_>_(double, double) bool",
-    "_>_(bool, bool) bool",
-    "_>_(string, string) bool",
-    "_>_(bytes, bytes) bool",
-    "_>_(google.protobuf.Duration, google.protobuf.Duration) bool",
-    "_>_(google.protobuf.Timestamp, google.protobuf.Timestamp) bool",
-    "_>=_(int, int) bool",
-    "_>=_(int, uint) bool",
-    "_>=_(int, double) bool",
-    "_>=_(uint, int) bool",
-    "_>=_(uint, uint) bool",
-    "_>=_(uint, double) bool",
-    "_>=_(double, int) bool",
-    "_>=_(double, uint) bool",
-    "_>=_(double, double) bool",
-    "_>=_(bool, bool) bool",
-    "_>=_(string, string) bool",
-    "_>=_(bytes, bytes) bool",
-    "_>=_(google.protobuf.Duration, google.protobuf.Duration) bool",
-    "_>=_(google.protobuf.Timestamp, google.protobuf.Timestamp) bool",
-    "_[_](list(A), dyn) A",
-    "_[_](map(A, B), dyn) B",
-    "size(string) int",
-    "size(bytes) int",
-    "size(list(A)) int",
-    "size(map(A, B)) int",
-    "[string] size() int",
-    "[bytes] size() int",
-    "[list(A)] size() int",
-    "[map(A, B)] size() int",
-    // Conversions: what they return (their arguments are left to the run time).
-    "int(dyn) int",
-    "uint(dyn) uint",
-    "double(dyn) double",
-    "string(dyn) string",
-    "bytes(dyn) bytes",
-    "bool(dyn) bool",
-    "duration(dyn) google.protobuf.Duration",
-    "timestamp(dyn) google.protobuf.Timestamp",
-    "type(dyn) type",
-    "dyn(dyn) dyn",
-    // cel-go's strings extension, version 2 (`format` is left to the run time).
-    "[string] charAt(int) string",
-    "[string] indexOf(string) int",
-    "[string] indexOf(string, int) int",
-    "[list(A)] indexOf(A) int",
-    "[string] lastIndexOf(string) int",
-    "[string] lastIndexOf(string, int) int",
-    "[list(A)] lastIndexOf(A) int",
-    "[string] lowerAscii() string",
-    "[string] upperAscii() string",
-    "[string] trim() string",
-    "[string] replace(string, string) string",
-    "[string] replace(string, string, int) string",
-    "[string] split(string) list(string)",
-    "[string] split(string, int) list(string)",
-    "[string] substring(int) string",
-    "[string] substring(int, int) string",
-    "[list(string)] join() string",
-    "[list(string)] join(string) string",
-    "strings.quote(string) string",
-    // cel-go's lists extension, version 3 (what `x.reverse()` expands to is checked as it).
-    "[list(A)] reverse() list(A)",
-    "[list(A)] slice(int, int) list(A)",
-    "[list(A)] distinct() list(A)",
-    "lists.range(int) list(int)",
-    // Kubernetes' lists library (version 1).
-    "[list(int)] sum() int",
-    "[list(uint)] sum() uint",
-    "[list(double)] sum() double",
-    "[list(google.protobuf.Duration)] sum() google.protobuf.Duration",
-    "[list(comparable)] min() comparable",
-    "[list(comparable)] max() comparable",
-    "[list(comparable)] isSorted() bool",
-    // Kubernetes' semver library.
-    "semver(string) kubernetes.Semver",
-    "semver(string, bool) kubernetes.Semver",
-    "isSemver(string) bool",
-    "isSemver(string, bool) bool",
-    // Kubernetes' quantity, IP/CIDR, URL and format constructors.
-    "quantity(string) kubernetes.Quantity",
-    "isQuantity(string) bool",
-    "ip(string) net.IP",
-    "isIP(string) bool",
-    "cidr(string) net.CIDR",
-    "isCIDR(string) bool",
-    "url(string) kubernetes.URL",
-    "isURL(string) bool",
-    "format.named(string) optional_type(kubernetes.NamedFormat)",
-    "[kubernetes.NamedFormat] validate(string) optional_type(list(string))",
-    // Optional values.
-    "optional.of(A) optional_type(A)",
-    "optional.ofNonZeroValue(A) optional_type(A)",
-    "optional.none() optional_type(dyn)",
-    "[optional_type(A)] hasValue() bool",
-    "[optional_type(A)] value() A",
-    // What two-variable comprehensions expand to.
-    "@mapInsert(map(A, B), A, B) map(A, B)",
-    "@mapInsert(map(A, B), map(A, B)) map(A, B)",
-];
-
 /// A parameter or result of a signature.
 #[derive(Clone, Debug, PartialEq)]
 enum Pattern {
     Exactly(Ty),
     /// A type parameter, bound by its first use.
     Param(char),
-    /// Any type with an order: Kubernetes' lists library lists them one by one.
-    Comparable,
     List(Box<Pattern>),
     Map(Box<Pattern>, Box<Pattern>),
     Optional(Box<Pattern>),
@@ -380,7 +221,6 @@ fn parse_pattern(text: &str) -> Option<Pattern> {
     }
     Some(match text {
         "A" | "B" | "C" => Pattern::Param(text.chars().next()?),
-        "comparable" => Pattern::Comparable,
         "dyn" => Pattern::Exactly(Ty::Dyn),
         "bool" => Pattern::Exactly(Ty::Bool),
         "int" => Pattern::Exactly(Ty::Int),
@@ -417,11 +257,15 @@ fn split_top(params: &str) -> Vec<&str> {
 #[derive(Default)]
 struct Bindings {
     params: HashMap<char, Ty>,
-    comparable: Option<Ty>,
+    /// Parameters bound by a value of unknown type.
+    unknown: HashSet<char>,
 }
 
 fn matches(pattern: &Pattern, ty: &Ty, bound: &mut Bindings) -> bool {
     match (pattern, ty) {
+        // A parameter inside a pattern that a value of unknown type matched stays unknown:
+        // `x.orValue(1)` on such an `x` is no more an `int` than `x` is an `optional(int)`.
+        (Pattern::Param(name), _) if bound.unknown.contains(name) => true,
         // First, so that a declared `dyn` binds its parameter (and makes it `dyn`).
         (Pattern::Param(name), t) => match bound.params.get(name) {
             Some(previous) if !previous.agrees(t) => false,
@@ -435,25 +279,23 @@ fn matches(pattern: &Pattern, ty: &Ty, bound: &mut Bindings) -> bool {
                 true
             }
         },
-        (_, Ty::Dyn | Ty::DeclaredDyn) => true,
+        (_, Ty::Dyn) => {
+            for name in pattern.params() {
+                bound.unknown.insert(name);
+                bound.params.insert(name, Ty::Dyn);
+            }
+            true
+        }
+        (_, Ty::DeclaredDyn) => {
+            // What the parameters inside the pattern stand for is `dyn` too.
+            for name in pattern.params() {
+                matches(&Pattern::Param(name), ty, bound);
+            }
+            true
+        }
         (Pattern::Exactly(Ty::Dyn), _) => true,
         (Pattern::Exactly(Ty::List(e)), Ty::Pair(..)) => **e == Ty::Dyn,
         (Pattern::Exactly(p), t) => p.agrees(t),
-        (Pattern::Comparable, t) => {
-            let ordered = matches!(
-                t,
-                Ty::Int
-                    | Ty::Uint
-                    | Ty::Double
-                    | Ty::Bool
-                    | Ty::String
-                    | Ty::Bytes
-                    | Ty::Duration
-                    | Ty::Timestamp
-            );
-            bound.comparable = Some(t.clone());
-            ordered
-        }
         (Pattern::List(e), Ty::List(t)) => matches(e, t, bound),
         (Pattern::List(e), Ty::Pair(..)) => matches(e, &Ty::Dyn, bound),
         (Pattern::Optional(e), Ty::Optional(t)) => matches(e, t, bound),
@@ -462,11 +304,22 @@ fn matches(pattern: &Pattern, ty: &Ty, bound: &mut Bindings) -> bool {
     }
 }
 
+impl Pattern {
+    /// The type parameters in the pattern.
+    fn params(&self) -> Vec<char> {
+        match self {
+            Pattern::Exactly(_) => Vec::new(),
+            Pattern::Param(name) => vec![*name],
+            Pattern::List(e) | Pattern::Optional(e) => e.params(),
+            Pattern::Map(k, v) => [k.params(), v.params()].concat(),
+        }
+    }
+}
+
 fn result_of(pattern: &Pattern, bound: &Bindings) -> Ty {
     match pattern {
         Pattern::Exactly(t) => t.clone(),
         Pattern::Param(name) => bound.params.get(name).cloned().unwrap_or(Ty::Dyn),
-        Pattern::Comparable => bound.comparable.clone().unwrap_or(Ty::Dyn),
         Pattern::List(e) => Ty::List(Box::new(result_of(e, bound))),
         Pattern::Map(k, v) => Ty::Map(Box::new(result_of(k, bound)), Box::new(result_of(v, bound))),
         Pattern::Optional(e) => Ty::Optional(Box::new(result_of(e, bound))),
@@ -499,21 +352,10 @@ impl Checker {
             Expr::Select(select) => {
                 let operand = self.infer(&select.operand);
                 match (select.test, operand) {
+                    (false, Ty::Optional(held)) => Ty::Optional(Box::new(field_of(*held))),
                     (false, Ty::DeclaredDyn) => Ty::DeclaredDyn,
                     (_, Ty::Map(_, value)) if !select.test => *value,
-                    (
-                        _,
-                        scalar @ (Ty::Bool
-                        | Ty::Int
-                        | Ty::Uint
-                        | Ty::Double
-                        | Ty::String
-                        | Ty::Bytes
-                        | Ty::Duration
-                        | Ty::Timestamp
-                        | Ty::Null
-                        | Ty::List(_)),
-                    ) => {
+                    (_, scalar) if scalar.is_scalar() => {
                         self.errors
                             .push(format!("type '{scalar}' does not support field selection"));
                         Ty::Dyn
@@ -618,11 +460,18 @@ impl Checker {
                     Ty::List(e) if *e == Ty::Dyn => Ty::List(Box::new(Ty::Dyn)),
                     other => other,
                 };
-                self.scope.push((c.accu_var.clone(), init));
+                self.scope.push((c.accu_var.clone(), init.clone()));
                 self.scope.push((c.iter_var.clone(), element));
                 self.infer(&c.loop_cond);
-                self.infer(&c.loop_step);
+                let step = self.infer(&c.loop_step);
                 self.scope.pop();
+                // The accumulator is what the step makes of it: `[1].map(x, 'a')` is a
+                // `list(string)`, though it starts as an empty list.
+                if init.agrees(&step)
+                    && let Some(accumulator) = self.scope.last_mut()
+                {
+                    accumulator.1 = init.narrower(step);
+                }
                 let result = self.infer(&c.result);
                 self.scope.pop();
                 result
@@ -651,6 +500,7 @@ impl Checker {
             | "null_type" | "type" => Ty::Type,
             // Kubernetes declares the objects `dyn`; `request` is typed there, unknown here.
             "object" | "oldObject" => Ty::DeclaredDyn,
+            "authorizer" => Ty::Opaque("kubernetes.authorization.Authorizer".to_string()),
             _ => Ty::Dyn,
         }
     }
@@ -677,6 +527,19 @@ impl Checker {
                 _ => Ty::Pair(Box::new(Ty::Dyn), Box::new(Ty::Dyn)),
             };
             return Ty::List(Box::new(pair));
+        }
+        if name == operators::OPT_SELECT {
+            // `x.?f`: an optional of what `x.f` would be.
+            return match args.first() {
+                Some(Ty::Dyn) | None => Ty::Dyn,
+                Some(Ty::Optional(held)) => Ty::Optional(Box::new(field_of((**held).clone()))),
+                Some(scalar) if scalar.is_scalar() => {
+                    self.errors
+                        .push(format!("type '{scalar}' does not support field selection"));
+                    Ty::Dyn
+                }
+                Some(operand) => Ty::Optional(Box::new(field_of(operand.clone()))),
+            };
         }
         if name == "dyn" && receiver.is_none() && args.len() == 1 {
             return Ty::DeclaredDyn;
@@ -745,6 +608,15 @@ impl Checker {
             }
         }
         first.unwrap_or(Ty::Dyn)
+    }
+}
+
+/// The type of a field read from a value of type `ty` that supports field selection.
+fn field_of(ty: Ty) -> Ty {
+    match ty {
+        Ty::Map(_, value) => *value,
+        Ty::DeclaredDyn => Ty::DeclaredDyn,
+        _ => Ty::Dyn,
     }
 }
 

@@ -113,6 +113,48 @@ fn calls_no_overload_takes_are_refused() {
             "found no matching overload for '_==_' applied to '(int, string)'",
         ),
         ("1.foo == 1", "type 'int' does not support field selection"),
+        // Every library's methods, with the types Kubernetes declares.
+        (
+            "object.metadata.name.startsWith(1)",
+            "found no matching overload for 'startsWith' applied to 'dyn.(int)'",
+        ),
+        (
+            "quantity('1').isLessThan(1)",
+            "found no matching overload for 'isLessThan' applied to 'kubernetes.Quantity.(int)'",
+        ),
+        (
+            "ip('1.2.3.4').family() == 'x'",
+            "found no matching overload for '_==_' applied to '(int, string)'",
+        ),
+        (
+            "semver('1.0.0').compareTo(quantity('1')) == 0",
+            "found no matching overload for 'compareTo' applied to 'kubernetes.Semver.(kubernetes.Quantity)'",
+        ),
+        (
+            "timestamp('2026-01-01T00:00:00Z').getFullYear(1) == 2026",
+            "found no matching overload for 'getFullYear' applied to 'google.protobuf.Timestamp.(int)'",
+        ),
+        (
+            "int(true) == 1",
+            "found no matching overload for 'int' applied to '(bool)'",
+        ),
+        (
+            "[1, 2][0u] == 1",
+            "found no matching overload for '_[_]' applied to '(list(int), uint)'",
+        ),
+        (
+            "authorizer.group(1).resource('pods').check('get').allowed()",
+            "found no matching overload for 'group' applied to 'kubernetes.authorization.Authorizer.(int)'",
+        ),
+        // What a macro accumulates has the type of its step.
+        (
+            "[1].map(x, 'a') == [1]",
+            "found no matching overload for '_==_' applied to '(list(string), list(int))'",
+        ),
+        (
+            "{'a': 1}.?a.orValue('') == 1",
+            "found no matching overload for 'orValue' applied to 'optional_type(int).(string)'",
+        ),
         ("true ? [] : [1]", "must evaluate to bool but got list(int)"),
     ] {
         assert_eq!(errors(source), [error], "{source}");
@@ -142,6 +184,10 @@ fn what_is_not_known_is_not_refused() {
         "[1, 2][0] + 1 == 2 && {'a': 'b'}['a'] + 'c' == 'bc' && {'a': 'b'}.a + 'c' == 'bc'",
         "'a' in ['a'] && 'a' in {'a': 1} && object.a in [1.0]",
         "{}.a == 1 && optional.none() == optional.of(1) && true < false",
+        // What an optional of a `dyn` holds is `dyn`.
+        "object.?metadata.name.orValue(1) == 'probe'",
+        "authorizer.path('/healthz').check('get').allowed() && authorizer.group('').resource('pods').check('create').reason() == ''",
+        "[1, 2].first().orValue(0) == 1 && [optional.of(1)].unwrapOpt() == [1]",
     ] {
         assert_eq!(errors(fine), Vec::<String>::new(), "{fine}");
     }
