@@ -4,7 +4,9 @@
 //! `all`, `exists`, `exists_one`, `map`, `filter`) costs its range, plus its condition and step
 //! once per element, plus its result; so nested comprehensions multiply. Functions that walk a
 //! whole collection (`in` on a list, `join`, `sum`, `min`, `max`, `flatten`, `sort`, `distinct`,
-//! `reverse`, `indexOf`, `lastIndexOf`) cost its size. A list or map literal has its own size;
+//! `reverse`, `indexOf`, `lastIndexOf`, `isSorted`, `slice`, `find`, `findAll`) cost its size;
+//! functions that read a whole string (regexes, the library parsers) a tenth of a step per
+//! character. A list or map literal has its own size, `lists.range(k)` yields `k` elements;
 //! what `map` or `filter` produce is no larger than their range; any other collection (one read
 //! from the request) is assumed to hold `n` elements.
 //!
@@ -16,7 +18,7 @@
 //! evaluation is what this CEL implementation allows (it has no step counter to interrupt), and
 //! the estimate is an upper bound of the work, so nothing over the budget ever runs.
 use ::cel::Program;
-use ::cel::common::ast::{EntryExpr, Expr, IdedExpr};
+use ::cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
 
 /// Largest estimated cost of one expression. Two comprehensions nested over collections of the
 /// assumed size fit (about 10^5 for a typical body); three do not (about 10^7).
@@ -49,6 +51,8 @@ const COLLECTION_FUNCTIONS: &[&str] = &[
     "sort",
     "sortBy",
     "distinct",
+    "isSorted",
+    "slice",
     crate::engine::cel::extensions::REVERSE,
     crate::engine::cel::extensions::INDEX_OF,
     crate::engine::cel::extensions::LAST_INDEX_OF,
@@ -201,12 +205,29 @@ fn walk(expr: &IdedExpr, n: u64) -> Walked {
                     product = product.saturating_mul(w.size.unwrap_or(n).max(1));
                 }
             }
+            if STRING_SCANS.contains(&call.func_name.as_str()) {
+                cost = cost.saturating_add(scan_cost(call));
+            }
             let on_sets = matches!(call.target.as_deref().map(|t| &t.expr), Some(Expr::Ident(ns)) if ns == "sets");
             if on_sets {
                 // `sets.contains(a, b)` and its kin compare every element of one with the other's.
                 cost = cost.saturating_add(product);
             } else if COLLECTION_FUNCTIONS.contains(&call.func_name.as_str()) {
                 cost = cost.saturating_add(largest);
+            }
+            if is_lists_range(call) {
+                // `lists.range(k)` yields `k` elements: a constant's value, else as many as any
+                // collection of unknown size.
+                let size = match call.args.first().map(|a| &a.expr) {
+                    Some(Expr::Literal(LiteralValue::Int(k))) => {
+                        u64::try_from(*k.inner()).unwrap_or(0).min(MAX_RANGE)
+                    }
+                    _ => n,
+                };
+                return Walked {
+                    cost: cost.saturating_add(size),
+                    size: Some(size),
+                };
             }
             // The pairs a two-variable comprehension iterates are as many as its range's elements.
             if call.func_name == crate::engine::cel::comprehensions::ENTRIES {
@@ -235,6 +256,66 @@ fn walk(expr: &IdedExpr, n: u64) -> Walked {
             }
         }
     }
+}
+
+/// Functions that read a whole string (a regex, a parse into a quantity, IP, CIDR, URL or
+/// version, a format's validation): they cost a tenth of a step per character, as the API
+/// server's estimator charges string traversal.
+const STRING_SCANS: &[&str] = &[
+    "matches",
+    "startsWith",
+    "endsWith",
+    "contains",
+    "lowerAscii",
+    "upperAscii",
+    "trim",
+    "replace",
+    "split",
+    "substring",
+    "format",
+    "quote",
+    "quantity",
+    "isQuantity",
+    "ip",
+    "isIP",
+    "cidr",
+    "isCIDR",
+    "containsIP",
+    "containsCIDR",
+    "url",
+    "isURL",
+    "semver",
+    "isSemver",
+    "validate",
+];
+
+/// Length assumed for a string not known when the Policy is written: object names, images and
+/// label values are shorter.
+const ASSUMED_STRING_LENGTH: u64 = 100;
+
+/// What a [`STRING_SCANS`] call adds: a tenth of a step per character of its longest string
+/// operand, one whose length is not a constant counted at [`ASSUMED_STRING_LENGTH`].
+fn scan_cost(call: &::cel::common::ast::CallExpr) -> u64 {
+    let longest = call
+        .target
+        .iter()
+        .map(|t| t.as_ref())
+        .chain(&call.args)
+        .map(|operand| match &operand.expr {
+            Expr::Literal(LiteralValue::String(s)) => s.inner().chars().count() as u64,
+            _ => ASSUMED_STRING_LENGTH,
+        })
+        .max()
+        .unwrap_or(0);
+    longest.div_ceil(10).max(1)
+}
+
+/// The most elements `lists.range` yields (cel-go's limit, which the `cel` crate keeps).
+const MAX_RANGE: u64 = 1_000_000;
+
+fn is_lists_range(call: &::cel::common::ast::CallExpr) -> bool {
+    call.func_name == "range"
+        && matches!(call.target.as_deref().map(|t| &t.expr), Some(Expr::Ident(ns)) if ns == "lists")
 }
 
 fn entries(entries: &[::cel::common::ast::IdedEntryExpr], n: u64) -> u64 {
@@ -325,6 +406,25 @@ mod tests {
         assert!(!depends_on_input(&p));
         assert!(check(&p).unwrap_err().contains("estimated cost"));
         assert!(at("[1, 2, 3].all(x, x > 0)", 100) < 50);
+        // `lists.range` yields as many elements as its constant, else an unknown number.
+        assert!(at("lists.range(1000).all(i, i >= 0)", 1) > 2_000);
+        assert_eq!(
+            at("lists.range(1000).all(i, i >= 0)", 1),
+            at("lists.range(1000).all(i, i >= 0)", 100)
+        );
+        assert!(!depends_on_input(
+            &compile("lists.range(3).all(i, lists.range(3).all(j, i != j || i == j))").unwrap()
+        ));
+        assert!(depends_on_input(
+            &compile("lists.range(object.spec.replicas).all(i, i >= 0)").unwrap()
+        ));
+        assert!(
+            check(
+                &compile("lists.range(1000).all(i, lists.range(1000).all(j, i != j || i == j))")
+                    .unwrap()
+            )
+            .is_err()
+        );
     }
 
     #[test]
@@ -351,10 +451,18 @@ mod tests {
             "object.metadata.name.startsWith('web-') && object.metadata.name.matches('^[a-z]+$')",
             100,
         );
-        assert!(simple < 20, "string functions are one step each: {simple}");
+        assert!(
+            (20..50).contains(&simple),
+            "a string function costs a tenth of a step per character: {simple}"
+        );
+        assert!(
+            at("quantity('1').isInteger()", 100) < at("quantity(object.spec.cpu).isInteger()", 100),
+            "a constant is as long as it is, another string is assumed long"
+        );
         assert!(!depends_on_input(
             &compile("object.metadata.name.contains('x')").unwrap()
         ));
+        assert!(at("ip(object.a).family() == 4", 100) > at("object.a.size() == 4", 100));
         let joined = at("object.items.join(',') == ''", 100);
         assert!(joined > 100, "join walks the list: {joined}");
         let membership = at("'a' in object.items", 1_000);
