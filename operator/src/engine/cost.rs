@@ -262,7 +262,7 @@ fn walk(expr: &IdedExpr, n: u64) -> Walked {
 /// version, a format's validation): they cost a tenth of a step per character, as the API
 /// server's estimator charges string traversal.
 const STRING_SCANS: &[&str] = &[
-    "matches",
+    crate::engine::cel::regex::MATCHES,
     "startsWith",
     "endsWith",
     "contains",

@@ -509,7 +509,7 @@ impl Checker {
         if let Some(global) = super::time::written_as(name) {
             return self.call(global, receiver, args);
         }
-        if let Some(member) = written_as(name)
+        if let Some(member) = written_as(name).or_else(|| super::regex::written_as(name))
             && receiver.is_none()
             && !args.is_empty()
         {
