@@ -387,6 +387,20 @@ async fn invalid_policies_are_refused_or_marked_not_ready() {
             "a Policy calling an unknown function was not refused with its name: {err}"
         );
         ensure!(get_json(cluster, &["policy", &unknown]).await?.is_none(), "refused policy was stored");
+        // So is a library call no overload takes, as the API server's checker reports it.
+        let overload = format!("no-overload-{id}");
+        let overload_spec = json!({"priority": 100, "validate": [{
+            "expression": "object.spec.containers.all(c, quantity(c.resources.limits.cpu).isLessThan(2))",
+            "message": "never runs",
+        }]});
+        let out = try_apply(cluster, &policy(&overload, scene.ns(), overload_spec)).await?;
+        let err = stderr(&out);
+        ensure!(
+            !out.status.success()
+                && err.contains("spec.validate[0].expression: found no matching overload for 'isLessThan' applied to 'kubernetes.Quantity.(int)'"),
+            "a Policy calling a library function with the wrong types was not refused with the reason: {err}"
+        );
+        ensure!(get_json(cluster, &["policy", &overload]).await?.is_none(), "refused policy was stored");
 
         // With Gatehouse away, an invalid Policy slips in; once back, it is Ready=False with
         // reason InvalidSpec and is not wired.
