@@ -20,6 +20,7 @@ use super::comprehensions::ENTRIES;
 use super::extensions::written_as;
 use signatures::SIGNATURES;
 
+mod request;
 mod signatures;
 
 /// A static type; `Dyn` is any.
@@ -355,6 +356,20 @@ impl Checker {
                     (false, Ty::Optional(held)) => Ty::Optional(Box::new(field_of(*held))),
                     (false, Ty::DeclaredDyn) => Ty::DeclaredDyn,
                     (_, Ty::Map(_, value)) if !select.test => *value,
+                    (test, Ty::Opaque(name)) if request::fields(&name).is_some() => {
+                        let field = request::fields(&name)
+                            .and_then(|fields| fields.iter().find(|(f, _)| *f == select.field))
+                            .and_then(|(_, ty)| parse_pattern(ty));
+                        match field {
+                            None => {
+                                self.errors
+                                    .push(format!("undefined field '{}'", select.field));
+                                Ty::Dyn
+                            }
+                            Some(_) if test => Ty::Bool,
+                            Some(pattern) => result_of(&pattern, &Bindings::default()),
+                        }
+                    }
                     (_, scalar) if scalar.is_scalar() => {
                         self.errors
                             .push(format!("type '{scalar}' does not support field selection"));
@@ -498,8 +513,9 @@ impl Checker {
         match name {
             "int" | "uint" | "double" | "bool" | "string" | "bytes" | "list" | "map"
             | "null_type" | "type" => Ty::Type,
-            // Kubernetes declares the objects `dyn`; `request` is typed there, unknown here.
+            // Kubernetes declares the objects `dyn`, `request` an object type of its own.
             "object" | "oldObject" => Ty::DeclaredDyn,
+            "request" => Ty::Opaque(request::REQUEST.to_string()),
             "authorizer" => Ty::Opaque("kubernetes.authorization.Authorizer".to_string()),
             _ => Ty::Dyn,
         }

@@ -146,6 +146,12 @@ fn calls_no_overload_takes_are_refused() {
             "authorizer.group(1).resource('pods').check('get').allowed()",
             "found no matching overload for 'group' applied to 'kubernetes.authorization.Authorizer.(int)'",
         ),
+        // `request` has the fields Kubernetes declares, with their types.
+        ("request.uid == ''", "undefined field 'uid'"),
+        (
+            "request.userInfo.groups.exists(g, g == 1)",
+            "found no matching overload for '_==_' applied to '(string, int)'",
+        ),
         // What a macro accumulates has the type of its step.
         (
             "[1].map(x, 'a') == [1]",
@@ -184,6 +190,7 @@ fn what_is_not_known_is_not_refused() {
         "[1, 2][0] + 1 == 2 && {'a': 'b'}['a'] + 'c' == 'bc' && {'a': 'b'}.a + 'c' == 'bc'",
         "'a' in ['a'] && 'a' in {'a': 1} && object.a in [1.0]",
         "{}.a == 1 && optional.none() == optional.of(1) && true < false",
+        "request.operation == 'CREATE' && request.userInfo.extra.all(k, v, v.size() > 0) && request.options.x == 1",
         // What an optional of a `dyn` holds is `dyn`.
         "object.?metadata.name.orValue(1) == 'probe'",
         "authorizer.path('/healthz').check('get').allowed() && authorizer.group('').resource('pods').check('create').reason() == ''",
