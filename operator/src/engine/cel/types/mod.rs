@@ -76,6 +76,12 @@ impl fmt::Display for Ty {
 impl Ty {
     /// Whether a value of this type has no fields to select (`'a'.b`, `[1].b`).
     fn is_scalar(&self) -> bool {
+        if let Ty::Opaque(name) = self {
+            // The libraries' values have no fields; `request`'s types and the authorizer's
+            // (`authorizer.requestResource` is read as a field) do.
+            return request::fields(name).is_none()
+                && !name.starts_with("kubernetes.authorization.");
+        }
         matches!(
             self,
             Ty::Bool
@@ -353,7 +359,14 @@ impl Checker {
             Expr::Select(select) => {
                 let operand = self.infer(&select.operand);
                 match (select.test, operand) {
-                    (false, Ty::Optional(held)) => Ty::Optional(Box::new(field_of(*held))),
+                    (false, Ty::Optional(held)) if !held.is_scalar() => {
+                        Ty::Optional(Box::new(field_of(*held)))
+                    }
+                    (_, Ty::Optional(held)) if held.is_scalar() => {
+                        self.errors
+                            .push(format!("type '{held}' does not support field selection"));
+                        Ty::Dyn
+                    }
                     (false, Ty::DeclaredDyn) => Ty::DeclaredDyn,
                     (_, Ty::Map(_, value)) if !select.test => *value,
                     (test, Ty::Opaque(name)) if request::fields(&name).is_some() => {
