@@ -141,6 +141,12 @@ fn as_go_reads(pattern: &str) -> Result<String, String> {
                 repeats.atom();
                 out.push(c);
             }
+            // Go reads these as themselves in a class; the crate would open a nested class or
+            // take `&&` and `~~` for set operations.
+            '[' | '&' | '~' if in_class => {
+                out.push('\\');
+                out.push(c);
+            }
             _ if in_class => out.push(c),
             '(' => {
                 repeats.open();
@@ -282,11 +288,12 @@ fn perl_class(escaped: char, in_class: bool) -> String {
         ('b', false) => "(?-u:\\b)".to_string(),
         ('B', false) => "(?-u:\\B)".to_string(),
         ('d', true) => "0-9".to_string(),
-        ('D', true) => "[:^digit:]".to_string(),
+        // A negated one is a nested class, which the crate unites with the rest.
+        ('D', true) => "[^0-9]".to_string(),
         ('w', true) => "0-9A-Za-z_".to_string(),
-        ('W', true) => "[:^word:]".to_string(),
+        ('W', true) => "[^0-9A-Za-z_]".to_string(),
         ('s', true) => "\\t\\n\\x0C\\r ".to_string(),
-        ('S', true) => "[:^space:]".to_string(),
+        ('S', true) => "[^\\t\\n\\x0C\\r ]".to_string(),
         (other, _) => format!("\\{other}"),
     }
 }
