@@ -347,18 +347,42 @@ async fn a_policy_the_api_server_refuses_blocks_nothing() {
 
         // A Deny Policy wired first.
         apply_ready(cluster, &policy(&deny, scene.ns(), require_limits())).await?;
-        // Gatehouse's type checker takes `request` as dyn; the API server types it as an
-        // AdmissionRequest, whose `operation` is a string, and refuses `string + int`.
+        // What only the API server knows: a ValidatingAdmissionPolicy of the cluster's own
+        // refuses (as Invalid, 422) webhook configurations with a match condition that names
+        // `typed`. Gatehouse's checks accept the Policy; the API server's judgement of its
+        // conditions (the dry-run condition check) refuses it.
+        let message = format!("matchConditions: an expression naming {typed} is refused here");
+        let _guard = (
+            cluster.delete_on_drop("validatingadmissionpolicy", &typed, None),
+            cluster.delete_on_drop("validatingadmissionpolicybinding", &typed, None),
+        );
+        apply(cluster, &refuse_conditions_naming(&typed, &message)).await?;
+        await_condition(
+            "the cluster's policy on webhook configurations in effect",
+            WAIT,
+            || async {
+                let out = cluster
+                    .kubectl_output(
+                        ["create", "--dry-run=server", "-f", "-"],
+                        Some(&configuration_with_condition(&typed).to_string()),
+                    )
+                    .await?;
+                Ok((!out.status.success()).then_some(()))
+            },
+        )
+        .await?;
         apply(
             cluster,
-            &conditional(&typed, "typed", "request.operation + 1 == 2"),
+            &conditional(&typed, "typed", &format!("request.operation != '{typed}'")),
         )
         .await?;
         let cond = await_ready(cluster, &typed, "False").await?;
         ensure!(cond["reason"] == "RejectedByAPIServer", "condition {cond}");
-        let message = cond["message"].as_str().unwrap_or_default();
         ensure!(
-            message.contains("matchConditions") && message.contains("expression"),
+            cond["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(&message),
             "the API server's message is missing: {cond}"
         );
 
@@ -382,6 +406,48 @@ async fn a_policy_the_api_server_refuses_blocks_nothing() {
         Ok(())
     })
     .await;
+}
+
+/// A ValidatingAdmissionPolicy and its binding, named `marker`, that refuse (as Invalid) every
+/// ValidatingWebhookConfiguration with a match condition whose expression names `marker`.
+fn refuse_conditions_naming(marker: &str, message: &str) -> Value {
+    let expression = format!(
+        "!has(object.webhooks) || !object.webhooks.exists(w, has(w.matchConditions) && w.matchConditions.exists(c, c.expression.contains('{marker}')))"
+    );
+    json!({"apiVersion": "v1", "kind": "List", "items": [
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": marker, "labels": {"gatehouse.dev/e2e": "true"}},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {"resourceRules": [{
+                    "apiGroups": ["admissionregistration.k8s.io"], "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"], "resources": ["validatingwebhookconfigurations"],
+                }]},
+                "validations": [{"expression": expression, "message": message, "reason": "Invalid"}],
+            },
+        },
+        {
+            "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": marker, "labels": {"gatehouse.dev/e2e": "true"}},
+            "spec": {"policyName": marker, "validationActions": ["Deny"]},
+        },
+    ]})
+}
+
+/// A configuration (only ever dry-run) with one entry whose match condition names `marker`.
+fn configuration_with_condition(marker: &str) -> Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": format!("{marker}-probe")},
+        "webhooks": [{
+            "name": "probe.gatehouse.dev",
+            "clientConfig": {"url": "https://127.0.0.1:1/probe"},
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "matchConditions": [{"name": "probe", "expression": format!("request.operation != '{marker}'")}],
+        }],
+    })
 }
 
 /// Defect 3: the leader loses the API server behind a frozen proxy (its requests hang, none

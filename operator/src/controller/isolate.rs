@@ -2,7 +2,8 @@
 //! configuration write every other Policy, every deletion and every caBundle update depends on.
 //!
 //! `validate()` applies the API server's rules to everything that ends up in an entry, but the
-//! API server is the judge (its CEL type checker, for one, is stricter than ours). When a write
+//! API server is the judge (it may know what we cannot: an admission policy of the cluster's
+//! own on webhook configurations, for one). When a write
 //! is refused as invalid, the controller bisects with server-side dry runs: groups that the
 //! server accepts together with everything accepted so far are kept whole, refused groups are
 //! split, and a refused single Policy is the culprit. k culprits among n Policies cost about

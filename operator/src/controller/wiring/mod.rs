@@ -163,8 +163,8 @@ fn policy_name(p: &Policy) -> &str {
 
 /// A configuration that gives each of `policies` an entry of its own with every match field, as
 /// the API server would judge them: never stored, only dry-run. Shared entries carry no match
-/// conditions, so without it the API server's CEL type checker (stricter than the one Gatehouse
-/// runs) would never see them, and a condition it refuses would fail on every request instead
+/// conditions, so without it the API server (its CEL checker, and whatever admission policies
+/// the cluster has on webhook configurations) would never judge them, and a condition it refuses would fail on every request instead
 /// of being reported when the Policy is applied.
 pub fn condition_check(
     policies: &[&Policy],
