@@ -386,6 +386,9 @@ fn policy(name: &str, ns: &str, body: Value) -> Value {
     });
     if let (Some(spec), Some(body)) = (spec.as_object_mut(), body.as_object()) {
         spec.extend(body.clone());
+        // The webhook phases measure the webhook path.
+        spec.entry("enforcement")
+            .or_insert_with(|| json!("Webhook"));
     }
     json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": name}, "spec": spec})
 }

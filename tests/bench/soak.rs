@@ -42,6 +42,8 @@ fn policy(name: &str, ns: &str, spec: Value) -> String {
         "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
     });
+    // The soak measures the webhook path.
+    spec["enforcement"] = json!("Webhook");
     json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": name}, "spec": spec})
         .to_string()
 }

@@ -45,8 +45,14 @@ pub(crate) fn pod_policy(name: &str, ns: &str, operations: &[&str], spec: Value)
     policy_object(name, full)
 }
 
-/// The Policy `name` with exactly `spec`.
-pub(crate) fn policy_object(name: &str, spec: Value) -> Value {
+/// The Policy `name` with `spec`: on the webhook unless `spec` says otherwise (the scenarios
+/// written for the webhook path test it; `in_process` tests the default, `Auto`).
+pub(crate) fn policy_object(name: &str, mut spec: Value) -> Value {
+    if let Some(fields) = spec.as_object_mut() {
+        fields
+            .entry("enforcement")
+            .or_insert_with(|| json!("Webhook"));
+    }
     json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": name}, "spec": spec})
 }
 

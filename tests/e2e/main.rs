@@ -4,6 +4,7 @@ mod cel;
 mod faults;
 mod fixtures;
 mod hostile;
+mod in_process;
 mod install;
 mod ipam;
 mod lockout;

@@ -364,6 +364,19 @@ pub async fn remove_configurations(cluster: &Cluster) -> anyhow::Result<()> {
             None,
         )
         .await?;
+    // The admission policies Gatehouse generated, and its probe.
+    cluster
+        .kubectl_ok(
+            [
+                "delete",
+                "validatingadmissionpolicybinding,validatingadmissionpolicy",
+                "-l",
+                "app.kubernetes.io/managed-by=gatehouse",
+                "--ignore-not-found",
+            ],
+            None,
+        )
+        .await?;
     Ok(())
 }
 

@@ -213,6 +213,7 @@ impl RunArgs {
         Wiring {
             endpoint,
             excluded_namespaces: self.excluded_namespaces(),
+            home_namespace: self.namespace.clone(),
             owner_cluster_role: Some(self.owner_cluster_role.clone()).filter(|n| !n.is_empty()),
             owner: None,
         }

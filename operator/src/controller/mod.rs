@@ -1,6 +1,7 @@
 //! The Policy controller: fetch → validate (pure) → build desired configurations (pure) →
 //! server-side apply → status. One coalescing loop owns both webhook configurations, so a burst
 //! of Policy changes costs a handful of writes, not one per Policy.
+mod in_process;
 pub mod isolate;
 pub mod status;
 #[cfg(test)]
@@ -14,7 +15,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    MutatingWebhookConfiguration, ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
@@ -29,6 +31,7 @@ use prometheus_client::registry::Registry;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::admin::Readiness;
@@ -40,6 +43,7 @@ use crate::reconcile::{
     Next, NotLeading, Pacing, ReconcileMetrics, Term, Window, fenced, reflect, run_loop,
 };
 use crate::webhook::PolicyStore;
+use in_process::{GeneratedCaches, InProcessMemory, Placement};
 use isolate::{Culprit, DryRun, SearchError, Split};
 use status::Verdict;
 use wiring::{CONFIGURATION_NAME, Wiring};
@@ -82,6 +86,10 @@ pub enum ReconcileError {
     },
     #[error("not leading any more: {what} not written")]
     NotLeading { what: String },
+    #[error("confirming that the API server enforces the generated admission policies: {reason}")]
+    Probe { reason: String },
+    #[error("asking the API server whether it serves ValidatingAdmissionPolicy")]
+    Discover { source: kube::Error },
 }
 
 impl From<NotLeading> for ReconcileError {
@@ -144,6 +152,8 @@ struct Applied {
     conditions_checked: HashMap<String, SpecVersion>,
     /// The owner of the configurations, once read.
     owner: Option<OwnerReference>,
+    /// In-process enforcement in this term.
+    in_process: InProcessMemory,
 }
 
 /// A configuration as this replica last wrote it.
@@ -184,6 +194,8 @@ struct PolicyCaches {
     validating: Store<ValidatingWebhookConfiguration>,
     /// Only to tell whether the pool an ipam effect names exists.
     pools: Store<IPPool>,
+    /// The generated ValidatingAdmissionPolicies and bindings, when the API server serves them.
+    generated: Option<GeneratedCaches>,
 }
 
 /// Runs the controller until `shutdown` fires. `ca_bundle` carries the PEM bundle the TLS manager
@@ -197,6 +209,7 @@ pub async fn run(
     mut leader: watch::Receiver<Leadership>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
+    tokio::pin!(shutdown);
     let trigger = Arc::new(Notify::new());
     let (policies, policy_watch) = reflect::<Policy>(
         ctx.client.clone(),
@@ -216,14 +229,25 @@ pub async fn run(
         watcher::Config::default(),
         trigger.clone(),
     );
+    let (generated, generated_watch) = tokio::select! {
+        watched = watch_generated(&ctx.client, &trigger) => watched,
+        () = &mut shutdown => return,
+    };
     let caches = PolicyCaches {
         policies,
         mutating,
         validating,
         pools,
+        generated,
     };
     let watches = tokio::spawn(async move {
-        tokio::join!(policy_watch, mutating_watch, validating_watch, pools_watch);
+        tokio::join!(
+            policy_watch,
+            mutating_watch,
+            validating_watch,
+            pools_watch,
+            generated_watch
+        );
     });
 
     let work = async {
@@ -232,7 +256,15 @@ pub async fn run(
                 caches.policies.wait_until_ready(),
                 caches.mutating.wait_until_ready(),
                 caches.validating.wait_until_ready(),
-                caches.pools.wait_until_ready()
+                caches.pools.wait_until_ready(),
+                async {
+                    if let Some(g) = &caches.generated {
+                        let _ = tokio::join!(
+                            g.policies.wait_until_ready(),
+                            g.bindings.wait_until_ready()
+                        );
+                    }
+                }
             );
         };
         synced.await;
@@ -277,7 +309,7 @@ pub async fn run(
                         info!(%what, "leadership ended during the pass; stopped writing");
                         Ok(Next::Resync)
                     }
-                    other => other.map(|()| Next::Resync),
+                    other => other,
                 }
             },
         );
@@ -288,9 +320,49 @@ pub async fn run(
     };
     tokio::select! {
         () = work => {}
-        () = shutdown => {}
+        () = &mut shutdown => {}
     }
     watches.abort();
+}
+
+/// Watches of the generated ValidatingAdmissionPolicies and bindings, when the API server serves
+/// them (asked until it answers).
+async fn watch_generated(
+    client: &Client,
+    trigger: &Arc<Notify>,
+) -> (
+    Option<GeneratedCaches>,
+    futures::future::BoxFuture<'static, ()>,
+) {
+    let served = loop {
+        match in_process::vap_served(client).await {
+            Ok(served) => break served,
+            Err(e) => {
+                let e = ReconcileError::Discover { source: e };
+                warn!(error = %chain(&e), "retrying in 2s");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+    };
+    if !served {
+        info!(
+            "the API server does not serve ValidatingAdmissionPolicy v1: every Policy runs on the webhook"
+        );
+        return (None, Box::pin(std::future::pending()));
+    }
+    let labelled = watcher::Config::default().labels(&format!(
+        "{}={}",
+        wiring::admission_policy::GENERATED_LABEL.0,
+        wiring::admission_policy::GENERATED_LABEL.1
+    ));
+    let (policies, policies_watch) =
+        reflect::<ValidatingAdmissionPolicy>(client.clone(), labelled.clone(), trigger.clone());
+    let (bindings, bindings_watch) =
+        reflect::<ValidatingAdmissionPolicyBinding>(client.clone(), labelled, trigger.clone());
+    let watches = Box::pin(async move {
+        tokio::join!(policies_watch, bindings_watch);
+    });
+    (Some(GeneratedCaches { policies, bindings }), watches)
 }
 
 async fn reconcile_all(
@@ -300,7 +372,7 @@ async fn reconcile_all(
     leading: bool,
     leader: &watch::Receiver<Leadership>,
     applied: &mut Applied,
-) -> Result<(), ReconcileError> {
+) -> Result<Next, ReconcileError> {
     let all = caches.policies.state();
     let pool_exists = |name: &str| {
         caches
@@ -310,13 +382,48 @@ async fn reconcile_all(
     };
     let Judged { valid, verdicts } =
         judge(&all, |policy| serve(&ctx.policies, policy), pool_exists);
+    // Whoever leads: a Policy the API server enforces (its status says so, for its current
+    // spec) is never evaluated by this replica's webhook server too.
+    ctx.policies.set_in_process(
+        valid
+            .iter()
+            .filter(|p| in_process::enforced_in_process(p))
+            .map(|p| p.name_any())
+            .collect(),
+    );
     ctx.readiness.policies_loaded.store(true, Ordering::Release);
 
     // Writes are fenced by `leader`'s term; `leading` is what this pass was told.
-    let wired = if leading {
-        wire(ctx, caches, &valid, bundle, leader, applied).await
+    let wiring = if leading {
+        Some(owned_wiring(ctx, applied).await)
     } else {
-        Ok(())
+        None
+    };
+    let placements: Vec<(&Policy, Placement)> = match &wiring {
+        Some(wiring) => valid
+            .iter()
+            .map(|p| {
+                let placement = in_process::place(p, wiring, caches.generated.is_some());
+                (p.as_ref(), placement)
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let wired = match &wiring {
+        Some(wiring) => {
+            wire(
+                ctx,
+                caches,
+                &valid,
+                &placements,
+                wiring,
+                bundle,
+                leader,
+                applied,
+            )
+            .await
+        }
+        None => Ok(None),
     };
 
     // Entries the API server may still call, as read back: never a 404 for those, whoever
@@ -333,13 +440,14 @@ async fn reconcile_all(
     }
 
     if !leading {
-        return Ok(());
+        return Ok(Next::Resync);
     }
     let now = Time(Timestamp::now());
+    let verdicts = in_process::verdicts(verdicts, &placements, &applied.in_process);
     for (policy, verdict) in statuses(verdicts, &applied.rejected, wired.is_ok()) {
         write_status(ctx, &policy, &verdict, now.clone(), leader).await?;
     }
-    wired
+    wired.map(|wake| wake.map_or(Next::Resync, Next::By))
 }
 
 /// What a pass decides of every Policy before any write.
@@ -371,6 +479,8 @@ fn judge(
             judged.valid.push(policy.clone());
             Verdict::Wired {
                 own_entry: engine::policy::needs_own_entry(&policy.spec),
+                // Said once the pass has placed it.
+                webhook_because: String::new(),
             }
         } else {
             Verdict::Invalid(problems)
@@ -434,65 +544,102 @@ fn missing_pools(policy: &Policy, pool_exists: impl Fn(&str) -> bool) -> Vec<Str
         .collect()
 }
 
-/// The valid Policies the API server has not refused.
-fn not_rejected<'a>(valid: &'a [Arc<Policy>], applied: &Applied) -> Vec<&'a Policy> {
-    valid
+/// The valid Policies the webhook enforces: placed there, or placed in-process and not yet
+/// confirmed enforced by the API server; never one the API server refused.
+fn on_webhook<'a>(placements: &[(&'a Policy, Placement)], applied: &Applied) -> Vec<&'a Policy> {
+    placements
         .iter()
-        .map(|p| p.as_ref())
-        .filter(|p| !applied.rejected.contains_key(&p.name_any()))
+        .filter(|(p, _)| !applied.rejected.contains_key(&p.name_any()))
+        .filter(|(p, placement)| match placement {
+            Placement::Webhook(_) => true,
+            Placement::InProcess(_) => !applied.in_process.confirmed.contains_key(&p.name_any()),
+            Placement::Refused(_) => false,
+        })
+        .map(|(p, _)| *p)
         .collect()
 }
 
-/// Writes both configurations from the valid Policies, leaving out the ones the API server
-/// refuses (found by bisecting with dry runs when a write is refused as invalid).
+/// Moves Policies in-process (confirmed before the webhook lets go of them), writes both
+/// configurations from the Policies left on the webhook, leaving out the ones the API server
+/// refuses (found by bisecting with dry runs when a write is refused as invalid), then removes
+/// generated objects no Policy stands for. Returns when to look again, if sooner than a resync.
+#[allow(clippy::too_many_arguments)]
 async fn wire(
     ctx: &ControllerContext,
     caches: &PolicyCaches,
     valid: &[Arc<Policy>],
+    placements: &[(&Policy, Placement)],
+    wiring: &Wiring,
     bundle: &str,
     leader: &watch::Receiver<Leadership>,
     applied: &mut Applied,
-) -> Result<(), ReconcileError> {
+) -> Result<Option<Instant>, ReconcileError> {
     applied.rejected.retain(|name, refusal| {
         valid
             .iter()
             .any(|p| p.name_any() == *name && SpecVersion::of(p) == refusal.spec)
     });
-    let wiring = owned_wiring(ctx, applied).await;
-    check_conditions(ctx, &wiring, valid, bundle, applied).await?;
-    let candidates = not_rejected(valid, applied);
-    let desired = wiring::desired(&candidates, &wiring, bundle);
+    check_conditions(ctx, wiring, valid, bundle, applied).await?;
+    if let Some(generated) = &caches.generated {
+        in_process::enforce(
+            ctx,
+            wiring,
+            generated,
+            placements,
+            leader,
+            &mut applied.in_process,
+            &mut applied.rejected,
+        )
+        .await?;
+    }
+    let candidates = on_webhook(placements, applied);
+    let desired = wiring::desired(&candidates, wiring, bundle);
     let first = apply_both(ctx, caches, desired, applied, leader).await;
-    if !matches!(&first, Err(ReconcileError::ApplyConfiguration { source: kube::Error::Api(e), .. }) if e.code == 422)
+    if matches!(&first, Err(ReconcileError::ApplyConfiguration { source: kube::Error::Api(e), .. }) if e.code == 422)
     {
-        return first;
+        if let Err(e) = &first {
+            warn!(error = %chain(e), "the API server refused the configurations; finding the Policy to blame");
+        }
+        let split = isolate::refused(candidates, |subset: Vec<&Policy>| {
+            let desired = wiring::desired(&subset, wiring, bundle);
+            dry_run_both(ctx, desired)
+        })
+        .await
+        .map_err(search_failed)?;
+        for Culprit {
+            candidate: policy,
+            reason,
+        } in split.refused
+        {
+            warn!(policy = %policy.name_any(), %reason, "the API server refuses this Policy's entries; leaving it out");
+            applied.rejected.insert(
+                policy.name_any(),
+                Refusal {
+                    spec: SpecVersion::of(policy),
+                    message: reason,
+                },
+            );
+        }
+        let kept = on_webhook(placements, applied);
+        let desired = wiring::desired(&kept, wiring, bundle);
+        apply_both(ctx, caches, desired, applied, leader).await?;
+    } else {
+        first?;
     }
-    if let Err(e) = &first {
-        warn!(error = %chain(e), "the API server refused the configurations; finding the Policy to blame");
+    match &caches.generated {
+        Some(generated) => {
+            in_process::remove_stale(
+                ctx,
+                generated,
+                placements,
+                &applied.rejected,
+                leader,
+                &mut applied.in_process,
+            )
+            .await
+        }
+        None => Ok(None),
     }
-    let split = isolate::refused(candidates, |subset: Vec<&Policy>| {
-        let desired = wiring::desired(&subset, &wiring, bundle);
-        dry_run_both(ctx, desired)
-    })
-    .await
-    .map_err(search_failed)?;
-    for Culprit {
-        candidate: policy,
-        reason,
-    } in split.refused
-    {
-        warn!(policy = %policy.name_any(), %reason, "the API server refuses this Policy's entries; leaving it out");
-        applied.rejected.insert(
-            policy.name_any(),
-            Refusal {
-                spec: SpecVersion::of(policy),
-                message: reason,
-            },
-        );
-    }
-    let kept = not_rejected(valid, applied);
-    let desired = wiring::desired(&kept, &wiring, bundle);
-    apply_both(ctx, caches, desired, applied, leader).await
 }
 
 /// The wiring with its owner: the installation's ClusterRole, read once (and again each pass

@@ -1,7 +1,7 @@
 //! Policy status as a pure function of what the reconcile decided.
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::api::v1alpha1::{Policy, PolicyStatus};
+use crate::api::v1alpha1::{EnforcementPoint, Policy, PolicyStatus};
 
 /// Condition type saying whether the Policy is wired into the webhook configurations.
 pub const READY: &str = "Ready";
@@ -11,6 +11,10 @@ pub const REASON_INVALID: &str = "InvalidSpec";
 pub const REASON_WIRED: &str = "Wired";
 /// Reason of a Policy whose entries the API server refused although `validate()` passed.
 pub const REASON_REJECTED: &str = "RejectedByAPIServer";
+/// Reason of a Policy the API server enforces in-process.
+pub const REASON_IN_PROCESS: &str = "InProcess";
+/// Reason of a Policy that asks to run in-process and cannot.
+pub const REASON_NOT_IN_PROCESS: &str = "CannotRunInProcess";
 
 /// What the reconcile made of one Policy.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,7 +22,16 @@ pub enum Verdict {
     /// Valid and present in the applied configurations: matched by Gatehouse inside a shared
     /// entry, or (`own_entry`, its conditions read `authorizer`) by the API server in an entry of
     /// its own.
-    Wired { own_entry: bool },
+    Wired {
+        own_entry: bool,
+        /// Why it does not run in-process.
+        webhook_because: String,
+    },
+    /// Enforced by the API server itself, as the ValidatingAdmissionPolicy and binding named
+    /// `generated`.
+    InProcess { generated: String },
+    /// `enforcement: InProcess`, and this is why it cannot be: enforced nowhere.
+    NotInProcess(String),
     /// Invalid: every problem, each with its field path.
     Invalid(Vec<String>),
     /// Valid, but the API server refused the configuration with its entries: the API server's
@@ -33,23 +46,44 @@ pub fn desired_status(policy: &Policy, outcome: &Verdict, now: Time) -> Option<P
     let (status, reason, message) = match outcome {
         // Stable texts: naming the shared entry would rewrite every member's status whenever
         // the membership changes.
-        Verdict::Wired { own_entry: false } => (
+        Verdict::Wired {
+            own_entry: false,
+            webhook_because,
+        } => (
             "True",
             REASON_WIRED,
-            "wired into the Gatehouse webhook configurations: Gatehouse matches it inside a \
-             shared webhook entry"
-                .to_string(),
+            format!(
+                "wired into the Gatehouse webhook configurations: Gatehouse matches it inside a \
+                 shared webhook entry (not in-process: {webhook_because})"
+            ),
         ),
-        Verdict::Wired { own_entry: true } => (
+        Verdict::Wired {
+            own_entry: true,
+            webhook_because,
+        } => (
             "True",
             REASON_WIRED,
             format!(
                 "wired into the Gatehouse webhook configurations in its own webhook entry {}: \
-                 its match conditions use authorizer, which only the API server can evaluate",
+                 its match conditions use authorizer, which only the API server can evaluate \
+                 (not in-process: {webhook_because})",
                 crate::engine::entry::entry_name(
                     policy.metadata.name.as_deref().unwrap_or_default()
                 )
             ),
+        ),
+        Verdict::InProcess { generated } => (
+            "True",
+            REASON_IN_PROCESS,
+            format!(
+                "enforced in-process by the API server as ValidatingAdmissionPolicy {generated} \
+                 and its binding"
+            ),
+        ),
+        Verdict::NotInProcess(reason) => (
+            "False",
+            REASON_NOT_IN_PROCESS,
+            format!("spec.enforcement is InProcess, which this Policy cannot be: {reason}"),
         ),
         Verdict::Invalid(problems) => ("False", REASON_INVALID, problems.join("; ")),
         Verdict::Rejected(message) => (
@@ -60,9 +94,15 @@ pub fn desired_status(policy: &Policy, outcome: &Verdict, now: Time) -> Option<P
             ),
         ),
     };
+    let enforcement = match outcome {
+        Verdict::Wired { .. } => Some(EnforcementPoint::Webhook),
+        Verdict::InProcess { .. } => Some(EnforcementPoint::InProcess),
+        _ => None,
+    };
     let current = policy.status.as_ref();
     let previous = current.and_then(|s| s.conditions.iter().find(|c| c.type_ == READY));
     if let Some(prev) = previous
+        && current.and_then(|s| s.enforcement) == enforcement
         && prev.status == status
         && prev.reason == reason
         && prev.message == message
@@ -95,6 +135,7 @@ pub fn desired_status(policy: &Policy, outcome: &Verdict, now: Time) -> Option<P
     Some(PolicyStatus {
         observed_generation: generation,
         conditions,
+        enforcement,
     })
 }
 
@@ -117,7 +158,14 @@ mod tests {
 
     /// The status to write, if any, for `p` wired in a shared entry at `now`.
     fn wired_status(p: Policy, now: Time) -> Option<PolicyStatus> {
-        desired_status(&p, &Verdict::Wired { own_entry: false }, now)
+        desired_status(
+            &p,
+            &Verdict::Wired {
+                own_entry: false,
+                webhook_because: "spec.enforcement is Webhook".into(),
+            },
+            now,
+        )
     }
 
     #[test]

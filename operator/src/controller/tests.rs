@@ -61,14 +61,21 @@ fn a_pass_judges_every_policy_and_serves_only_the_valid_ones() {
     assert_eq!(compiled, 0);
 }
 
+fn wired() -> Verdict {
+    Verdict::Wired {
+        own_entry: false,
+        webhook_because: "spec.enforcement is Webhook".into(),
+    }
+}
+
 #[test]
 fn statuses_report_refusals_and_wired_only_once_written() {
     let a = policy("a", serde_json::json!({"match": pods()}));
     let b = policy("b", serde_json::json!({"match": pods()}));
     let c = policy("c", serde_json::json!({"match": pods()}));
     let verdicts = vec![
-        (a.clone(), Verdict::Wired { own_entry: false }),
-        (b.clone(), Verdict::Wired { own_entry: false }),
+        (a.clone(), wired()),
+        (b.clone(), wired()),
         (c.clone(), Verdict::Invalid(vec!["bad".into()])),
     ];
     let rejected = HashMap::from([(
@@ -87,7 +94,7 @@ fn statuses_report_refusals_and_wired_only_once_written() {
     assert_eq!(
         kinds(statuses(verdicts.clone(), &rejected, true)),
         [
-            "a:Wired { own_entry: false }",
+            "a:Wired { own_entry: false, webhook_because: \"spec.enforcement is Webhook\" }",
             "b:Rejected(\"the API server says no\")",
             "c:Invalid([\"bad\"])"
         ]

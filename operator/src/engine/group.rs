@@ -273,7 +273,7 @@ fn group(
 
 /// FNV-1a, 64 bits: stable across builds and platforms (std's hasher is not), which ids need,
 /// since every replica must derive the same one.
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for b in bytes {
         hash ^= u64::from(*b);

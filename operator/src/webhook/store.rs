@@ -78,6 +78,9 @@ struct State {
     /// Names of Policies removed recently, and when: the API server may still call the own
     /// entry of an earlier configuration.
     retired_policies: HashMap<String, Instant>,
+    /// Policies the API server enforces in-process: never a member of a group here, so a
+    /// stale entry that still names one does not evaluate it a second time.
+    in_process: HashSet<String>,
     /// The active members of every group above, resolved when the state changes rather than
     /// on every request: at 128 members a review looked each name up in `active`.
     members: HashMap<Key, Arc<Members>>,
@@ -127,13 +130,18 @@ impl State {
         let policies = group
             .members
             .iter()
+            .filter(|name| !self.in_process.contains(*name))
             .filter_map(|name| self.active.get(name).cloned())
             .collect();
         Arc::new(Members::new(policies))
     }
 
     fn recompute(&mut self) {
-        let policies: Vec<&Arc<CompiledPolicy>> = self.active.values().collect();
+        let policies: Vec<&Arc<CompiledPolicy>> = self
+            .active
+            .values()
+            .filter(|p| !self.in_process.contains(p.name()))
+            .collect();
         let groups = group::groups(&policies);
         let before: HashMap<Key, Arc<Group>> = self
             .computed
@@ -263,6 +271,17 @@ impl PolicyStore {
                 s.retired_policies.insert(name.to_string(), Instant::now());
                 s.recompute();
             }
+        });
+    }
+
+    /// Records the Policies the API server enforces in-process.
+    pub fn set_in_process(&self, names: HashSet<String>) {
+        if self.state().in_process == names {
+            return;
+        }
+        self.update(|s| {
+            s.in_process = names;
+            s.recompute();
         });
     }
 

@@ -29,6 +29,7 @@ pub const GROUP: &str = "gatehouse.dev";
     printcolumn = r#"{"name":"Priority","type":"integer","jsonPath":".spec.priority"}"#,
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
+    printcolumn = r#"{"name":"Enforcement","type":"string","jsonPath":".status.enforcement"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -84,6 +85,17 @@ pub struct PolicySpec {
     /// with effects gets a mutating entry: admission marks the object for the loop.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub effects: Vec<super::Effect>,
+
+    /// Where the API server enforces this Policy. `Auto` (default): in-process, as a
+    /// ValidatingAdmissionPolicy and its binding that the API server evaluates itself (no
+    /// webhook call, nothing to fail while Gatehouse is unreachable), when the Policy can be
+    /// expressed there exactly and the API server serves admissionregistration.k8s.io/v1
+    /// ValidatingAdmissionPolicy; otherwise Gatehouse's webhook. `Webhook`: always the webhook.
+    /// `InProcess`: in-process, or `Ready=False` with the reason it cannot be.
+    /// `status.enforcement` says where it runs and, on the webhook, the `Ready` condition's
+    /// message says why not in-process.
+    #[serde(default)]
+    pub enforcement: Enforcement,
 }
 
 /// The spec the API server's defaulting produces for an empty object.
@@ -98,6 +110,7 @@ impl Default for PolicySpec {
             mutate: Vec::new(),
             validate: Vec::new(),
             effects: Vec::new(),
+            enforcement: Enforcement::default(),
         }
     }
 }
@@ -306,6 +319,37 @@ pub struct Mutation {
     pub overwrite: bool,
 }
 
+/// Where a Policy asks to be enforced.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+pub enum Enforcement {
+    /// In-process when the Policy can be expressed there exactly, else the webhook.
+    #[default]
+    Auto,
+    /// Always Gatehouse's webhook.
+    Webhook,
+    /// In-process, or not at all (`Ready=False` with the reason).
+    InProcess,
+}
+
+/// Where a Policy is enforced.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum EnforcementPoint {
+    /// Gatehouse's webhook entries.
+    Webhook,
+    /// A ValidatingAdmissionPolicy the API server evaluates itself.
+    InProcess,
+}
+
+impl EnforcementPoint {
+    /// The wire form.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EnforcementPoint::Webhook => "Webhook",
+            EnforcementPoint::InProcess => "InProcess",
+        }
+    }
+}
+
 /// A CEL rule the object must satisfy.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -341,6 +385,10 @@ pub struct PolicyStatus {
     /// configurations.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// Where the Policy is enforced, once it is: `Webhook` or `InProcess`. Webhook servers skip
+    /// a Policy whose status says `InProcess` at its current generation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enforcement: Option<EnforcementPoint>,
 }
 
 fn preserved_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {

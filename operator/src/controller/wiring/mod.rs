@@ -8,6 +8,8 @@
 //! match fields, as every Policy had before. Both configurations carry the membership of every
 //! entry in the annotation [`GROUPS_ANNOTATION`], so every replica can answer every entry the
 //! API server may call.
+pub mod admission_policy;
+
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::ByteString;
@@ -87,6 +89,9 @@ pub struct Wiring {
     pub endpoint: Endpoint,
     /// Namespaces no Policy ever touches: kube-system and friends plus Gatehouse's own.
     pub excluded_namespaces: Vec<String>,
+    /// Gatehouse's own namespace: where the probe of in-process enforcement creates (dry run)
+    /// its Lease.
+    pub home_namespace: String,
     /// Name of the installation's ClusterRole, which owns both configurations: deleting the
     /// installation lets the garbage collector remove them, so an uninstalled Gatehouse leaves
     /// no webhook behind to lock the cluster out.

@@ -30,6 +30,7 @@ fn wiring() -> Wiring {
             "kube-node-lease".into(),
             "gatehouse-system".into(),
         ],
+        home_namespace: "gatehouse-system".into(),
         owner_cluster_role: None,
         owner: None,
     }
@@ -231,6 +232,7 @@ fn url_mode_appends_the_path() {
             base: "https://127.0.0.1:9443/".into(),
         },
         excluded_namespaces: vec![],
+        home_namespace: "gatehouse".into(),
         owner_cluster_role: None,
         owner: None,
     };

@@ -1,0 +1,507 @@
+//! In-process enforcement, the leader's part: where each valid Policy runs (pure), then the
+//! writes that move a Policy between the webhook and the API server with no gap.
+//!
+//! Moving in: the generated ValidatingAdmissionPolicy and binding are applied, the probe
+//! ([`wiring::admission_policy::probe`]) confirms the API server enforces them, and only then
+//! does the webhook write leave the Policy out (and its status say `InProcess`, which makes
+//! every replica's webhook server skip it). Moving back: the webhook write takes the Policy in
+//! first, and its generated objects are deleted [`LEAVE_GRACE`] later, once the API server's
+//! webhook cache has the new entry.
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::status::Verdict;
+use super::wiring::Wiring;
+use super::wiring::admission_policy::{
+    self, InProcess, POLICY_ANNOTATION, PROBE_LABEL, probe_message, validating_admission_policy,
+};
+use super::writes::apply_body;
+use super::{ControllerContext, FIELD_MANAGER, ReconcileError, Refusal, SpecVersion};
+use crate::api::v1alpha1::{Enforcement, EnforcementPoint, Policy};
+use crate::lease::Leadership;
+use crate::reconcile::fenced;
+
+/// How long generated objects outlive the webhook write that took their Policy back: the API
+/// server's webhook cache follows a configuration write within a moment.
+pub const LEAVE_GRACE: Duration = Duration::from_secs(5);
+/// How long the probe may take to be enforced before the pass fails (and backs off).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
+const PROBE_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Where one valid Policy runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Placement {
+    /// In the API server, as these objects.
+    InProcess(Box<InProcess>),
+    /// On the webhook, and why not in-process.
+    Webhook(String),
+    /// Nowhere: `enforcement: InProcess` and this is why it cannot be.
+    Refused(String),
+}
+
+/// Where `p` runs: `vap_served` says whether the API server serves
+/// admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy.
+pub fn place(p: &Policy, wiring: &Wiring, vap_served: bool) -> Placement {
+    let required = match p.spec.enforcement {
+        Enforcement::Webhook => {
+            return Placement::Webhook("spec.enforcement is Webhook".to_string());
+        }
+        Enforcement::Auto => false,
+        Enforcement::InProcess => true,
+    };
+    let generated = if vap_served {
+        validating_admission_policy(p, wiring)
+    } else {
+        Err(
+            "the API server does not serve admissionregistration.k8s.io/v1 \
+             ValidatingAdmissionPolicy"
+                .to_string(),
+        )
+    };
+    match generated {
+        Ok(objects) => Placement::InProcess(Box::new(objects)),
+        Err(reason) if required => Placement::Refused(reason),
+        Err(reason) => Placement::Webhook(reason),
+    }
+}
+
+/// Whether `p`'s status says the API server enforces it, for its current spec.
+pub fn enforced_in_process(p: &Policy) -> bool {
+    p.status.as_ref().is_some_and(|s| {
+        s.enforcement == Some(EnforcementPoint::InProcess)
+            && s.observed_generation == p.metadata.generation
+    })
+}
+
+/// The verdicts of the wired Policies once placed: in-process where the API server was seen to
+/// enforce them, on the webhook with the reason, or nowhere when they must run in-process and
+/// cannot.
+pub fn verdicts(
+    verdicts: Vec<(Arc<Policy>, Verdict)>,
+    placements: &[(&Policy, Placement)],
+    memory: &InProcessMemory,
+) -> Vec<(Arc<Policy>, Verdict)> {
+    verdicts
+        .into_iter()
+        .map(|(policy, verdict)| {
+            let Verdict::Wired { own_entry, .. } = verdict else {
+                return (policy, verdict);
+            };
+            let name = policy.name_any();
+            let placement = placements
+                .iter()
+                .find(|(p, _)| p.name_any() == name)
+                .map(|(_, placement)| placement);
+            let verdict = match placement {
+                Some(Placement::InProcess(objects)) if memory.confirmed.contains_key(&name) => {
+                    Verdict::InProcess {
+                        generated: objects.policy.name_any(),
+                    }
+                }
+                Some(Placement::Refused(reason)) => Verdict::NotInProcess(reason.clone()),
+                Some(Placement::Webhook(reason)) => Verdict::Wired {
+                    own_entry,
+                    webhook_because: reason.clone(),
+                },
+                _ => Verdict::Wired {
+                    own_entry,
+                    webhook_because: "not yet confirmed in-process".to_string(),
+                },
+            };
+            (policy, verdict)
+        })
+        .collect()
+}
+
+/// What the leader remembers of in-process enforcement in its term.
+#[derive(Default)]
+pub struct InProcessMemory {
+    /// Policies whose generated objects, as given, the API server was seen to enforce.
+    pub confirmed: HashMap<String, InProcess>,
+    /// Generated objects whose Policy went back to the webhook, by name, and since when.
+    leaving: HashMap<String, Instant>,
+}
+
+/// The generated objects as the watches see them.
+pub struct GeneratedCaches {
+    pub policies: Store<ValidatingAdmissionPolicy>,
+    pub bindings: Store<ValidatingAdmissionPolicyBinding>,
+}
+
+/// Whether the API server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy.
+pub async fn vap_served(client: &Client) -> Result<bool, kube::Error> {
+    let resources = client
+        .list_api_group_resources("admissionregistration.k8s.io/v1")
+        .await?;
+    Ok(resources
+        .resources
+        .iter()
+        .any(|r| r.name == "validatingadmissionpolicies"))
+}
+
+/// Applies the generated objects of every Policy placed in-process that the API server does not
+/// hold as generated, or whose enforcement this term has not confirmed, then confirms them with
+/// one probe. Policies whose objects the API server refuses join `rejected`.
+pub async fn enforce(
+    ctx: &ControllerContext,
+    wiring: &Wiring,
+    caches: &GeneratedCaches,
+    placements: &[(&Policy, Placement)],
+    leader: &watch::Receiver<Leadership>,
+    memory: &mut InProcessMemory,
+    rejected: &mut HashMap<String, Refusal>,
+) -> Result<(), ReconcileError> {
+    let mut to_confirm = Vec::new();
+    for (p, placement) in placements {
+        let Placement::InProcess(objects) = placement else {
+            continue;
+        };
+        let name = p.name_any();
+        let stored =
+            holds(&caches.policies, &objects.policy) && holds(&caches.bindings, &objects.binding);
+        if stored && memory.confirmed.get(&name) == Some(objects) {
+            continue;
+        }
+        if !stored {
+            let applied = match apply(ctx, &objects.policy, leader).await? {
+                Ok(()) => apply(ctx, &objects.binding, leader).await?,
+                refused => refused,
+            };
+            if let Err(message) = applied {
+                warn!(policy = %name, %message, "the API server refuses this Policy's generated ValidatingAdmissionPolicy; leaving it out");
+                rejected.insert(
+                    name,
+                    Refusal {
+                        spec: SpecVersion::of(p),
+                        message,
+                    },
+                );
+                continue;
+            }
+        }
+        to_confirm.push((name, objects.as_ref().clone()));
+    }
+    if to_confirm.is_empty() {
+        return Ok(());
+    }
+    confirm_enforced(ctx, wiring, leader).await?;
+    for (name, objects) in to_confirm {
+        info!(policy = %name, "enforced in-process");
+        memory.confirmed.insert(name, objects);
+    }
+    Ok(())
+}
+
+/// Deletes the generated objects no Policy placed in-process stands for: at once when their
+/// Policy is gone, invalid or refused, [`LEAVE_GRACE`] after the webhook took it back when it
+/// moved there. Call only after the webhook write. Returns when to look again, if ever.
+pub async fn remove_stale(
+    ctx: &ControllerContext,
+    caches: &GeneratedCaches,
+    placements: &[(&Policy, Placement)],
+    rejected: &HashMap<String, Refusal>,
+    leader: &watch::Receiver<Leadership>,
+    memory: &mut InProcessMemory,
+) -> Result<Option<Instant>, ReconcileError> {
+    let keep: HashMap<String, String> = placements
+        .iter()
+        .filter(|(p, _)| !rejected.contains_key(&p.name_any()))
+        .filter_map(|(p, placement)| match placement {
+            Placement::InProcess(objects) => Some((p.name_any(), objects.policy.name_any())),
+            _ => None,
+        })
+        .collect();
+    let on_webhook: Vec<String> = placements
+        .iter()
+        .filter(|(_, placement)| matches!(placement, Placement::Webhook(_)))
+        .map(|(p, _)| p.name_any())
+        .collect();
+    memory.confirmed.retain(|name, _| keep.contains_key(name));
+    let now = Instant::now();
+    let mut wake: Option<Instant> = None;
+    let mut stale: Vec<String> = Vec::new();
+    let names = caches
+        .policies
+        .state()
+        .iter()
+        .map(|o| {
+            (
+                o.name_any(),
+                o.annotations().get(POLICY_ANNOTATION).cloned(),
+            )
+        })
+        .chain(caches.bindings.state().iter().map(|o| {
+            (
+                o.name_any(),
+                o.annotations().get(POLICY_ANNOTATION).cloned(),
+            )
+        }))
+        .collect::<Vec<_>>();
+    for (generated, policy) in names {
+        let policy = policy.unwrap_or_default();
+        if keep.get(&policy) == Some(&generated) || stale.contains(&generated) {
+            continue;
+        }
+        if on_webhook.contains(&policy) {
+            let since = *memory.leaving.entry(generated.clone()).or_insert(now);
+            if now < since + LEAVE_GRACE {
+                let at = since + LEAVE_GRACE;
+                wake = Some(wake.map_or(at, |w| w.min(at)));
+                continue;
+            }
+        }
+        stale.push(generated);
+    }
+    for name in &stale {
+        delete::<ValidatingAdmissionPolicyBinding>(ctx, name, leader).await?;
+        delete::<ValidatingAdmissionPolicy>(ctx, name, leader).await?;
+        memory.leaving.remove(name);
+        info!(generated = %name, "removed generated ValidatingAdmissionPolicy and binding");
+    }
+    memory
+        .leaving
+        .retain(|name, _| !keep.values().any(|k| k == name));
+    Ok(wake)
+}
+
+/// Whether `cache` holds an object named like `desired` with everything `desired` says (the
+/// API server adds defaults, which are no drift).
+fn holds<K>(cache: &Store<K>, desired: &K) -> bool
+where
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned,
+{
+    let Some(stored) = cache
+        .state()
+        .into_iter()
+        .find(|o| o.meta().name == desired.meta().name)
+    else {
+        return false;
+    };
+    match (
+        serde_json::to_value(stored.as_ref()),
+        serde_json::to_value(desired),
+    ) {
+        (Ok(stored), Ok(desired)) => contains(&stored, &desired),
+        _ => false,
+    }
+}
+
+/// Whether `outer` says everything `inner` says: objects field by field, lists element by
+/// element (same length), anything else equal.
+fn contains(outer: &serde_json::Value, inner: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (outer, inner) {
+        (Value::Object(o), Value::Object(i)) => i
+            .iter()
+            .all(|(k, v)| o.get(k).is_some_and(|ov| contains(ov, v))),
+        (Value::Array(o), Value::Array(i)) => {
+            o.len() == i.len() && o.iter().zip(i).all(|(a, b)| contains(a, b))
+        }
+        _ => outer == inner,
+    }
+}
+
+/// Server-side applies `desired`; `Err(message)` when the API server refuses it as invalid.
+async fn apply<K>(
+    ctx: &ControllerContext,
+    desired: &K,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<Result<(), String>, ReconcileError>
+where
+    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
+{
+    let kind = K::kind(&()).to_string();
+    let name = desired.meta().name.clone().unwrap_or_default();
+    let body = apply_body(desired, None)?;
+    let api: Api<K> = Api::all(ctx.client.clone());
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let written = fenced(
+        leader,
+        || format!("{kind}/{name}"),
+        api.patch(&name, &params, &Patch::Apply(&body)),
+    )
+    .await?;
+    match written {
+        Ok(_) => Ok(Ok(())),
+        Err(kube::Error::Api(e)) if e.code == 422 => Ok(Err(e.message)),
+        Err(source) => Err(ReconcileError::ApplyConfiguration { kind, name, source }),
+    }
+}
+
+async fn delete<K>(
+    ctx: &ControllerContext,
+    name: &str,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<(), ReconcileError>
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let kind = K::kind(&()).to_string();
+    let api: Api<K> = Api::all(ctx.client.clone());
+    let deleted = fenced(
+        leader,
+        || format!("deletion of {kind}/{name}"),
+        api.delete(name, &DeleteParams::default()),
+    )
+    .await?;
+    match deleted {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(source) => Err(ReconcileError::ApplyConfiguration {
+            kind,
+            name: name.to_string(),
+            source,
+        }),
+    }
+}
+
+/// Writes the probe with a new token and waits until the API server denies its Lease: then
+/// every generated object written before it is enforced.
+async fn confirm_enforced(
+    ctx: &ControllerContext,
+    wiring: &Wiring,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<(), ReconcileError> {
+    let token = format!(
+        "gatehouse-probe-{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default()
+    );
+    let probe = admission_policy::probe(&token, &wiring.home_namespace, wiring);
+    for refused in [
+        apply(ctx, &probe.policy, leader).await?,
+        apply(ctx, &probe.binding, leader).await?,
+    ] {
+        if let Err(reason) = refused {
+            return Err(ReconcileError::Probe { reason });
+        }
+    }
+    let lease = Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some(token.clone()),
+            labels: Some([(PROBE_LABEL.to_string(), token.clone())].into()),
+            ..Default::default()
+        },
+        spec: None,
+    };
+    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &wiring.home_namespace);
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let expected = probe_message(&token);
+    let deadline = Instant::now() + PROBE_TIMEOUT;
+    loop {
+        match leases.create(&dry_run, &lease).await {
+            Err(kube::Error::Api(e)) if e.message.contains(&expected) => return Ok(()),
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code < 500 && e.code != 429 => {
+                return Err(ReconcileError::Probe { reason: e.message });
+            }
+            Err(_) => {}
+        }
+        if Instant::now() >= deadline {
+            return Err(ReconcileError::Probe {
+                reason: format!(
+                    "the API server did not enforce the probe within {}s",
+                    PROBE_TIMEOUT.as_secs()
+                ),
+            });
+        }
+        tokio::time::sleep(PROBE_INTERVAL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::controller::wiring::Endpoint;
+
+    fn wiring() -> Wiring {
+        Wiring {
+            endpoint: Endpoint::Url {
+                base: "https://127.0.0.1:8443".into(),
+            },
+            excluded_namespaces: vec!["kube-system".into()],
+            home_namespace: "gatehouse-system".into(),
+            owner_cluster_role: None,
+            owner: None,
+        }
+    }
+
+    fn policy(enforcement: &str, validate: serde_json::Value) -> Policy {
+        serde_json::from_value(json!({
+            "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": "p"},
+            "spec": {
+                "enforcement": enforcement,
+                "match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]},
+                "validate": validate,
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn auto_runs_in_process_where_it_can_and_says_why_not_elsewhere() {
+        let deny = json!([{"expression": "true", "message": "m"}]);
+        let warn_fail = json!([{"expression": "true", "message": "m", "action": "Warn"}]);
+        let w = wiring();
+        assert!(matches!(
+            place(&policy("Auto", deny.clone()), &w, true),
+            Placement::InProcess(_)
+        ));
+        assert!(matches!(
+            place(&policy("Auto", warn_fail.clone()), &w, true),
+            Placement::Webhook(r) if r.starts_with("spec.failurePolicy")
+        ));
+        assert!(matches!(
+            place(&policy("Auto", deny.clone()), &w, false),
+            Placement::Webhook(r) if r.contains("does not serve")
+        ));
+        assert!(matches!(
+            place(&policy("Webhook", deny.clone()), &w, true),
+            Placement::Webhook(r) if r == "spec.enforcement is Webhook"
+        ));
+        assert!(matches!(
+            place(&policy("InProcess", deny.clone()), &w, true),
+            Placement::InProcess(_)
+        ));
+        assert!(matches!(
+            place(&policy("InProcess", warn_fail), &w, true),
+            Placement::Refused(r) if r.starts_with("spec.failurePolicy")
+        ));
+        assert!(matches!(
+            place(&policy("InProcess", deny), &w, false),
+            Placement::Refused(r) if r.contains("does not serve")
+        ));
+    }
+
+    #[test]
+    fn stored_objects_with_server_defaults_hold_what_was_applied() {
+        let desired = json!({"spec": {"a": 1, "list": [{"x": 1}], "sel": {}}});
+        let stored = json!({"spec": {"a": 1, "b": 2, "list": [{"x": 1, "y": 2}], "sel": {"matchLabels": {}}}, "status": {}});
+        assert!(contains(&stored, &desired));
+        let edited = json!({"spec": {"a": 2, "list": [{"x": 1}], "sel": {}}});
+        assert!(!contains(&edited, &desired));
+        let longer = json!({"spec": {"a": 1, "list": [{"x": 1}, {"x": 2}], "sel": {}}});
+        assert!(!contains(&longer, &desired));
+    }
+}

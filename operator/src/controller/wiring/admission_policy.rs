@@ -1,0 +1,278 @@
+//! Policies → the ValidatingAdmissionPolicy and binding the API server runs in-process, when
+//! that gives exactly the webhook's answer; otherwise the reason it would not.
+//!
+//! What the API server does differently, and so what keeps a Policy on the webhook:
+//! - a binding has one set of actions for all of a policy's validations, and Deny with Warn
+//!   together is refused: a Policy mixing Deny and Warn rules stays on the webhook;
+//! - under a Warn binding, an expression that fails at run time only warns, where Gatehouse's
+//!   `failurePolicy: Fail` denies: a Warn Policy runs in-process only with `Ignore`;
+//! - a validation's message may not hold a line break (nor be blank);
+//! - mutations, and the marking for effects, are not validations.
+//!
+//! Everything else maps one to one: rules (with `matchPolicy: Equivalent`), the namespaceSelector
+//! with the system exclusion ANDed in, the objectSelector, `match.conditions` (with `authorizer`),
+//! `failurePolicy`, and each rule (in order) as a validation whose denial is `Forbidden` (403),
+//! as the webhook's is.
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
+    ValidatingAdmissionPolicySpec, Validation,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+
+use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, match_conditions, namespace_selector, rules};
+use crate::api::v1alpha1::{Policy, ValidationAction};
+use crate::engine::group::fnv1a;
+
+/// Prefix of every generated object's name.
+pub const GENERATED_PREFIX: &str = "gatehouse-";
+/// Annotation on a generated object: the Policy it was generated from.
+pub const POLICY_ANNOTATION: &str = "gatehouse.dev/policy";
+/// Label on every generated object (beside [`MANAGED_BY_LABEL`]), so a watch can select them.
+pub const GENERATED_LABEL: (&str, &str) = ("gatehouse.dev/generated", "validating");
+/// Longest name the API server accepts (a DNS subdomain).
+const MAX_NAME: usize = 253;
+
+/// The objects that enforce one Policy in-process.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InProcess {
+    pub policy: ValidatingAdmissionPolicy,
+    pub binding: ValidatingAdmissionPolicyBinding,
+}
+
+/// The name of the objects generated for the Policy `policy`: `gatehouse-<policy>`, or, past
+/// the API server's length limit, a prefix of that and a hash of the whole name.
+pub fn generated_name(policy: &str) -> String {
+    let full = format!("{GENERATED_PREFIX}{policy}");
+    if full.len() <= MAX_NAME {
+        return full;
+    }
+    let hash = format!("{:08x}", fnv1a(policy.as_bytes()) as u32);
+    // Policy names are DNS subdomains (ASCII), so any byte index is a character boundary.
+    let mut head = full[..MAX_NAME - hash.len() - 1].to_string();
+    while head.ends_with(['-', '.']) {
+        head.pop();
+    }
+    format!("{head}-{hash}")
+}
+
+/// The ValidatingAdmissionPolicy and binding that enforce `p` in the API server, or why they
+/// would not give exactly the webhook's answers.
+pub fn validating_admission_policy(p: &Policy, wiring: &Wiring) -> Result<InProcess, String> {
+    let spec = &p.spec;
+    if !spec.mutate.is_empty() {
+        return Err(
+            "spec.mutate: a Policy with mutations runs on the webhook (in-process enforcement \
+             covers validation only)"
+                .to_string(),
+        );
+    }
+    if !spec.effects.is_empty() {
+        return Err(
+            "spec.effects: marking objects for effects is a mutation, which runs on the webhook"
+                .to_string(),
+        );
+    }
+    let Some(first) = spec.validate.first() else {
+        return Err("spec.validate: no validation rules to run in-process".to_string());
+    };
+    let action = first.action;
+    if let Some(i) = spec.validate.iter().position(|r| r.action != action) {
+        return Err(format!(
+            "spec.validate[{i}].action: the Policy mixes Deny and Warn rules, and the API server \
+             binds all of a policy's validations to one action"
+        ));
+    }
+    if action == ValidationAction::Warn
+        && spec.failure_policy == crate::api::v1alpha1::FailurePolicy::Fail
+    {
+        return Err(
+            "spec.failurePolicy: with Fail, a Warn rule that fails at run time denies on the \
+             webhook, where the API server would only warn (Ignore runs in-process)"
+                .to_string(),
+        );
+    }
+    if let Some(i) = spec
+        .validate
+        .iter()
+        .position(|r| r.message.contains(['\n', '\r']) || r.message.trim().is_empty())
+    {
+        return Err(format!(
+            "spec.validate[{i}].message: a ValidatingAdmissionPolicy's message may not be blank \
+             or hold a line break"
+        ));
+    }
+    let name = generated_name(p.metadata.name.as_deref().unwrap_or_default());
+    let metadata = generated_meta(&name, p, wiring);
+    let validations = spec
+        .validate
+        .iter()
+        .map(|rule| Validation {
+            expression: rule.expression.clone(),
+            message: Some(rule.message.clone()),
+            message_expression: None,
+            reason: Some("Forbidden".to_string()),
+        })
+        .collect();
+    let policy = ValidatingAdmissionPolicy {
+        metadata: metadata.clone(),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some(spec.failure_policy.as_str().to_string()),
+            match_conditions: match_conditions(p),
+            match_constraints: Some(MatchResources {
+                exclude_resource_rules: None,
+                match_policy: Some(MATCH_POLICY.to_string()),
+                namespace_selector: Some(namespace_selector(
+                    spec.match_.namespace_selector.as_ref(),
+                    &wiring.excluded_namespaces,
+                )),
+                object_selector: Some(spec.match_.object_selector.clone().unwrap_or_default()),
+                resource_rules: Some(
+                    rules(&spec.match_.rules)
+                        .into_iter()
+                        .map(|r| NamedRuleWithOperations {
+                            api_groups: r.api_groups,
+                            api_versions: r.api_versions,
+                            operations: r.operations,
+                            resource_names: None,
+                            resources: r.resources,
+                            scope: r.scope,
+                        })
+                        .collect(),
+                ),
+            }),
+            validations: Some(validations),
+            ..ValidatingAdmissionPolicySpec::default()
+        }),
+        status: None,
+    };
+    let actions = match action {
+        ValidationAction::Deny => "Deny",
+        ValidationAction::Warn => "Warn",
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata,
+        spec: ValidatingAdmissionPolicyBindingSpec {
+            match_resources: None,
+            param_ref: None,
+            policy_name: name,
+            validation_actions: vec![actions.to_string()],
+        },
+    };
+    Ok(InProcess { policy, binding })
+}
+
+fn generated_meta(name: &str, p: &Policy, wiring: &Wiring) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        owner_references: wiring.owner.as_ref().map(|o| vec![o.clone()]),
+        labels: Some(BTreeMap::from([
+            (
+                MANAGED_BY_LABEL.0.to_string(),
+                MANAGED_BY_LABEL.1.to_string(),
+            ),
+            (GENERATED_LABEL.0.to_string(), GENERATED_LABEL.1.to_string()),
+        ])),
+        annotations: Some(BTreeMap::from([(
+            POLICY_ANNOTATION.to_string(),
+            p.metadata.name.clone().unwrap_or_default(),
+        )])),
+        ..ObjectMeta::default()
+    }
+}
+
+/// Name of the probe policy and binding ([`probe`]).
+pub const PROBE_NAME: &str = "gatehouse-probe";
+/// Label a probe Lease carries: its token.
+pub const PROBE_LABEL: &str = "gatehouse.dev/probe";
+
+/// The probe: a policy and binding that deny only the dry-run create of a Lease named `token`
+/// (labelled with it) in `namespace`. The API server compiles its policies from two caches,
+/// one of policies and one of bindings, each filled in write order; once a probe written
+/// after some generated objects denies its Lease, both caches hold those objects, so the API
+/// server enforces them.
+pub fn probe(token: &str, namespace: &str, wiring: &Wiring) -> InProcess {
+    let metadata = ObjectMeta {
+        name: Some(PROBE_NAME.to_string()),
+        owner_references: wiring.owner.as_ref().map(|o| vec![o.clone()]),
+        labels: Some(BTreeMap::from([(
+            MANAGED_BY_LABEL.0.to_string(),
+            MANAGED_BY_LABEL.1.to_string(),
+        )])),
+        ..ObjectMeta::default()
+    };
+    let message = probe_message(token);
+    let policy = ValidatingAdmissionPolicy {
+        metadata: metadata.clone(),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some("Ignore".to_string()),
+            match_conditions: Some(vec![
+                k8s_openapi::api::admissionregistration::v1::MatchCondition {
+                    name: "token".to_string(),
+                    expression: format!("object.metadata.name == '{token}'"),
+                },
+            ]),
+            match_constraints: Some(MatchResources {
+                match_policy: Some(MATCH_POLICY.to_string()),
+                namespace_selector: Some(namespace_named(namespace)),
+                resource_rules: Some(vec![NamedRuleWithOperations {
+                    api_groups: Some(vec!["coordination.k8s.io".to_string()]),
+                    api_versions: Some(vec!["v1".to_string()]),
+                    operations: Some(vec!["CREATE".to_string()]),
+                    resources: Some(vec!["leases".to_string()]),
+                    resource_names: None,
+                    scope: Some("Namespaced".to_string()),
+                }]),
+                ..MatchResources::default()
+            }),
+            validations: Some(vec![Validation {
+                expression: "false".to_string(),
+                message: Some(message),
+                message_expression: None,
+                reason: None,
+            }]),
+            ..ValidatingAdmissionPolicySpec::default()
+        }),
+        status: None,
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata,
+        spec: ValidatingAdmissionPolicyBindingSpec {
+            match_resources: Some(MatchResources {
+                object_selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([(
+                        PROBE_LABEL.to_string(),
+                        token.to_string(),
+                    )])),
+                    match_expressions: None,
+                }),
+                ..MatchResources::default()
+            }),
+            param_ref: None,
+            policy_name: PROBE_NAME.to_string(),
+            validation_actions: vec!["Deny".to_string()],
+        },
+    };
+    InProcess { policy, binding }
+}
+
+/// The message the probe denies its Lease with.
+pub fn probe_message(token: &str) -> String {
+    format!("gatehouse probe {token}")
+}
+
+fn namespace_named(namespace: &str) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(BTreeMap::from([(
+            super::NAMESPACE_NAME_LABEL.to_string(),
+            namespace.to_string(),
+        )])),
+        match_expressions: None,
+    }
+}
+
+#[cfg(test)]
+#[path = "admission_policy_tests.rs"]
+mod tests;
