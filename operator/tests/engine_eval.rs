@@ -564,3 +564,46 @@ spec:
         );
     }
 }
+
+#[test]
+fn explain_says_where_each_policy_would_run() {
+    let run = eval(&[
+        "--policy",
+        &data("policies/require-limits.yaml"),
+        "--policy",
+        &data("policies/inject-proxy.yaml"),
+        "--policy",
+        &data("policies/warn-latest.yaml"),
+        "--object",
+        &data("objects/pod.yaml"),
+        "--explain",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.err);
+    assert!(
+        run.err.contains(
+            "policy \"require-limits\" runs in-process, as ValidatingAdmissionPolicy gatehouse-require-limits"
+        ),
+        "{}",
+        run.err
+    );
+    assert!(
+        run.err
+            .contains("policy \"inject-proxy\" runs webhook: spec.mutate"),
+        "{}",
+        run.err
+    );
+    assert!(
+        run.err
+            .contains("policy \"warn-latest\" runs webhook: spec.failurePolicy"),
+        "{}",
+        run.err
+    );
+    // Without the flag, nothing of the kind.
+    let quiet = eval(&[
+        "--policy",
+        &data("policies/require-limits.yaml"),
+        "--object",
+        &data("objects/pod.yaml"),
+    ]);
+    assert!(!quiet.err.contains("runs"), "{}", quiet.err);
+}

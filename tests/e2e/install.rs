@@ -1,7 +1,8 @@
 //! The installation's RBAC and uninstall, on the plain control plane: Gatehouse runs under the
 //! ServiceAccount of `config/rbac` (a TokenRequest token, so the API server enforces exactly the
 //! manifests' rules), does everything it does, is refused what it should not do, and deleting
-//! the installation's ClusterRole removes its webhook configurations.
+//! the installation's ClusterRole removes its webhook configurations and generated admission
+//! policies.
 
 use std::time::Duration;
 
@@ -43,6 +44,7 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
         let options = Options::url().kubeconfig(kubeconfig.clone());
         stage.start(options).await?.run(async |scene| {
             let (inject, ipam, pool) = (scene.policy("inject"), scene.policy("ipam"), format!("pool-{id}"));
+            let limits = scene.policy("limits");
             scene.track_pool(&pool, &ipam);
             let (home, ns) = (scene.home().to_string(), scene.ns().to_string());
             let gh = &mut scene.gh;
@@ -54,17 +56,24 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
                 json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "IPPool", "metadata": {"name": pool}, "spec": {"cidr": "10.77.0.0/24"}}),
                 json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": inject}, "spec": {
                     "match": {"rules": rules, "namespaceSelector": selector},
-                    "mutate": [{"merge": {"spec": {"containers": [{"name": "proxy", "image": "example.com/proxy:1"}]}}}],
+                    "mutate": [{"merge": {"spec": {"containers": [{"name": "proxy", "image": "example.com/proxy:1", "resources": {"limits": {"cpu": "10m", "memory": "16Mi"}}}]}}}],
                 }}),
                 json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": ipam}, "spec": {
                     "match": {"rules": rules, "namespaceSelector": selector},
                     "effects": [{"ipam": {"pool": pool}}],
+                }}),
+                // Validation only, enforcement Auto: in-process.
+                json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": limits}, "spec": {
+                    "match": {"rules": rules, "namespaceSelector": selector},
+                    "validate": [{"expression": "object.spec.containers.all(c, has(c.resources) && has(c.resources.limits))", "message": "every container must declare resource limits"}],
                 }}),
             ] {
                 apply(cluster, &doc).await?;
             }
             await_ready(cluster, &inject, "True").await?;
             await_ready(cluster, &ipam, "True").await?;
+            let in_process = await_ready(cluster, &limits, "True").await?;
+            ensure!(in_process["reason"] == "InProcess", "{in_process}");
             let placed = await_condition("a mutated Pod with an address", WAIT, || async {
                 let _ = cluster.kubectl_output(["create", "-f", "-"], Some(&pod("web", &ns))).await?;
                 let p = get_json(cluster, &["pod", "web", "-n", &ns]).await?;
@@ -80,8 +89,14 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
 
             // Owned by the installation's ClusterRole.
             let role = get_json(cluster, &["clusterrole", "gatehouse"]).await?.context("role")?;
-            for kind in ["mutatingwebhookconfiguration", "validatingwebhookconfiguration"] {
-                let cfg = get_json(cluster, &[kind, "gatehouse"]).await?.context("configuration")?;
+            let generated = format!("gatehouse-{limits}");
+            for (kind, name) in [
+                ("mutatingwebhookconfiguration", "gatehouse"),
+                ("validatingwebhookconfiguration", "gatehouse"),
+                ("validatingadmissionpolicy", generated.as_str()),
+                ("validatingadmissionpolicybinding", generated.as_str()),
+            ] {
+                let cfg = get_json(cluster, &[kind, name]).await?.context("configuration")?;
                 let owner = &cfg["metadata"]["ownerReferences"][0];
                 ensure!(
                     owner["kind"] == "ClusterRole" && owner["uid"] == role["metadata"]["uid"],
@@ -120,9 +135,18 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
             await_condition("configurations collected", Duration::from_secs(60), || async {
                 let m = get_json(cluster, &["mutatingwebhookconfiguration", "gatehouse"]).await?;
                 let v = get_json(cluster, &["validatingwebhookconfiguration", "gatehouse"]).await?;
-                Ok((m.is_none() && v.is_none()).then_some(()))
+                let generated = cluster
+                    .kubectl_ok(
+                        ["get", "validatingadmissionpolicy,validatingadmissionpolicybinding", "-l", "app.kubernetes.io/managed-by=gatehouse", "-o", "name"],
+                        None,
+                    )
+                    .await?;
+                Ok((m.is_none() && v.is_none() && generated.trim().is_empty()).then_some(()))
             })
             .await?;
+            let unlimited = pod("bare", &ns).replace("    resources: {limits: {cpu: 100m, memory: 64Mi}}\n", "");
+            let out = cluster.kubectl_output(["create", "--dry-run=server", "-f", "-"], Some(&unlimited)).await?;
+            ensure!(out.status.success(), "a Pod without limits after uninstalling: {}", stderr(&out));
             let out = cluster.kubectl_output(["create", "-f", "-", "-o", "json"], Some(&pod("after", &ns))).await?;
             ensure!(out.status.success(), "a Pod after uninstalling: {}", stderr(&out));
             let after: Value = serde_json::from_slice(&out.stdout)?;

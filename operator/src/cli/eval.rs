@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use crate::api::v1alpha1::{Operation, Policy};
+use crate::controller::wiring::admission_policy::{self, Placement};
+use crate::controller::wiring::{Endpoint, Wiring};
 use crate::engine::admission::{GroupVersionKind, GroupVersionResource, UserInfo, review_value};
 use crate::engine::chain;
 use crate::engine::{
@@ -74,6 +76,11 @@ pub struct EvalArgs {
     /// What to print: the AdmissionReview response, or the final object.
     #[arg(long, value_enum, default_value_t = Output::Review)]
     pub output: Output,
+
+    /// Also say, on standard error, where each Policy would run in a cluster whose API server
+    /// serves ValidatingAdmissionPolicy v1: in-process, on the webhook (and why), or nowhere.
+    #[arg(long)]
+    pub explain: bool,
 }
 
 /// `--output`.
@@ -154,7 +161,14 @@ pub struct Admission {
 /// Runs `gatehouse eval`, printing to `out` and diagnostics to `err`; returns the exit status.
 pub fn run(args: &EvalArgs, out: &mut impl Write, err: &mut impl Write) -> i32 {
     let admission = match load(args) {
-        Ok((request, policies)) => admit(&request, &policies),
+        Ok((request, policies)) => {
+            if args.explain {
+                for line in explain(&policies) {
+                    let _ = writeln!(err, "{line}");
+                }
+            }
+            admit(&request, &policies)
+        }
         Err(e) => {
             // Nothing useful is left to do if stderr itself fails.
             let _ = writeln!(err, "gatehouse eval: {}", chain(&e));
@@ -181,6 +195,36 @@ pub fn run(args: &EvalArgs, out: &mut impl Write, err: &mut impl Write) -> i32 {
     let message = admission.response.message().unwrap_or("no reason given");
     let _ = writeln!(err, "denied: {message}");
     DENIED
+}
+
+/// Where each Policy would run, one line each, as the controller would place it.
+pub fn explain(policies: &[CompiledPolicy]) -> Vec<String> {
+    let wiring = Wiring {
+        endpoint: Endpoint::Url {
+            base: String::new(),
+        },
+        excluded_namespaces: Vec::new(),
+        home_namespace: String::new(),
+        owner_cluster_role: None,
+        owner: None,
+    };
+    policies
+        .iter()
+        .map(|p| {
+            let policy = Policy::new(p.name(), p.spec().clone());
+            let placed = match admission_policy::place(&policy, &wiring, true) {
+                Placement::InProcess(objects) => format!(
+                    "in-process, as ValidatingAdmissionPolicy {}",
+                    objects.policy.metadata.name.unwrap_or_default()
+                ),
+                Placement::Webhook(reason) => format!("webhook: {reason}"),
+                Placement::Refused(reason) => {
+                    format!("nowhere (enforcement is InProcess): {reason}")
+                }
+            };
+            format!("policy {:?} runs {placed}", p.name())
+        })
+        .collect()
 }
 
 /// Reads and compiles the Policies and reads or synthesises the request.

@@ -17,23 +17,26 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};
+
+use crate::error_chain::chain;
 
 use super::status::Verdict;
 use super::wiring::Wiring;
 use super::wiring::admission_policy::{
-    self, InProcess, POLICY_ANNOTATION, PROBE_LABEL, probe_message, validating_admission_policy,
+    self, InProcess, POLICY_ANNOTATION, PROBE_LABEL, Placement, probe_message,
 };
 use super::writes::apply_body;
 use super::{ControllerContext, FIELD_MANAGER, ReconcileError, Refusal, SpecVersion};
-use crate::api::v1alpha1::{Enforcement, EnforcementPoint, Policy};
+use crate::api::v1alpha1::{EnforcementPoint, Policy};
 use crate::lease::Leadership;
-use crate::reconcile::fenced;
+use crate::reconcile::{fenced, reflect};
 
 /// How long generated objects outlive the webhook write that took their Policy back: the API
 /// server's webhook cache follows a configuration write within a moment.
@@ -41,43 +44,6 @@ pub const LEAVE_GRACE: Duration = Duration::from_secs(5);
 /// How long the probe may take to be enforced before the pass fails (and backs off).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
 const PROBE_INTERVAL: Duration = Duration::from_millis(200);
-
-/// Where one valid Policy runs.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Placement {
-    /// In the API server, as these objects.
-    InProcess(Box<InProcess>),
-    /// On the webhook, and why not in-process.
-    Webhook(String),
-    /// Nowhere: `enforcement: InProcess` and this is why it cannot be.
-    Refused(String),
-}
-
-/// Where `p` runs: `vap_served` says whether the API server serves
-/// admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy.
-pub fn place(p: &Policy, wiring: &Wiring, vap_served: bool) -> Placement {
-    let required = match p.spec.enforcement {
-        Enforcement::Webhook => {
-            return Placement::Webhook("spec.enforcement is Webhook".to_string());
-        }
-        Enforcement::Auto => false,
-        Enforcement::InProcess => true,
-    };
-    let generated = if vap_served {
-        validating_admission_policy(p, wiring)
-    } else {
-        Err(
-            "the API server does not serve admissionregistration.k8s.io/v1 \
-             ValidatingAdmissionPolicy"
-                .to_string(),
-        )
-    };
-    match generated {
-        Ok(objects) => Placement::InProcess(Box::new(objects)),
-        Err(reason) if required => Placement::Refused(reason),
-        Err(reason) => Placement::Webhook(reason),
-    }
-}
 
 /// Whether `p`'s status says the API server enforces it, for its current spec.
 pub fn enforced_in_process(p: &Policy) -> bool {
@@ -140,6 +106,46 @@ pub struct InProcessMemory {
 pub struct GeneratedCaches {
     pub policies: Store<ValidatingAdmissionPolicy>,
     pub bindings: Store<ValidatingAdmissionPolicyBinding>,
+}
+
+/// Watches of the generated ValidatingAdmissionPolicies and bindings, when the API server serves
+/// them (asked until it answers).
+pub async fn watch(
+    client: &Client,
+    trigger: &Arc<Notify>,
+) -> (
+    Option<GeneratedCaches>,
+    futures::future::BoxFuture<'static, ()>,
+) {
+    let served = loop {
+        match vap_served(client).await {
+            Ok(served) => break served,
+            Err(e) => {
+                let e = ReconcileError::Discover { source: e };
+                warn!(error = %chain(&e), "retrying in 2s");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+    };
+    if !served {
+        info!(
+            "the API server does not serve ValidatingAdmissionPolicy v1: every Policy runs on the webhook"
+        );
+        return (None, Box::pin(std::future::pending()));
+    }
+    let labelled = watcher::Config::default().labels(&format!(
+        "{}={}",
+        admission_policy::GENERATED_LABEL.0,
+        admission_policy::GENERATED_LABEL.1
+    ));
+    let (policies, policies_watch) =
+        reflect::<ValidatingAdmissionPolicy>(client.clone(), labelled.clone(), trigger.clone());
+    let (bindings, bindings_watch) =
+        reflect::<ValidatingAdmissionPolicyBinding>(client.clone(), labelled, trigger.clone());
+    let watches = Box::pin(async move {
+        tokio::join!(policies_watch, bindings_watch);
+    });
+    (Some(GeneratedCaches { policies, bindings }), watches)
 }
 
 /// Whether the API server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy.
@@ -433,66 +439,6 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::controller::wiring::Endpoint;
-
-    fn wiring() -> Wiring {
-        Wiring {
-            endpoint: Endpoint::Url {
-                base: "https://127.0.0.1:8443".into(),
-            },
-            excluded_namespaces: vec!["kube-system".into()],
-            home_namespace: "gatehouse-system".into(),
-            owner_cluster_role: None,
-            owner: None,
-        }
-    }
-
-    fn policy(enforcement: &str, validate: serde_json::Value) -> Policy {
-        serde_json::from_value(json!({
-            "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": "p"},
-            "spec": {
-                "enforcement": enforcement,
-                "match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]},
-                "validate": validate,
-            },
-        }))
-        .unwrap()
-    }
-
-    #[test]
-    fn auto_runs_in_process_where_it_can_and_says_why_not_elsewhere() {
-        let deny = json!([{"expression": "true", "message": "m"}]);
-        let warn_fail = json!([{"expression": "true", "message": "m", "action": "Warn"}]);
-        let w = wiring();
-        assert!(matches!(
-            place(&policy("Auto", deny.clone()), &w, true),
-            Placement::InProcess(_)
-        ));
-        assert!(matches!(
-            place(&policy("Auto", warn_fail.clone()), &w, true),
-            Placement::Webhook(r) if r.starts_with("spec.failurePolicy")
-        ));
-        assert!(matches!(
-            place(&policy("Auto", deny.clone()), &w, false),
-            Placement::Webhook(r) if r.contains("does not serve")
-        ));
-        assert!(matches!(
-            place(&policy("Webhook", deny.clone()), &w, true),
-            Placement::Webhook(r) if r == "spec.enforcement is Webhook"
-        ));
-        assert!(matches!(
-            place(&policy("InProcess", deny.clone()), &w, true),
-            Placement::InProcess(_)
-        ));
-        assert!(matches!(
-            place(&policy("InProcess", warn_fail), &w, true),
-            Placement::Refused(r) if r.starts_with("spec.failurePolicy")
-        ));
-        assert!(matches!(
-            place(&policy("InProcess", deny), &w, false),
-            Placement::Refused(r) if r.contains("does not serve")
-        ));
-    }
 
     #[test]
     fn stored_objects_with_server_defaults_hold_what_was_applied() {

@@ -23,7 +23,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, match_conditions, namespace_selector, rules};
-use crate::api::v1alpha1::{Policy, ValidationAction};
+use crate::api::v1alpha1::{Enforcement, Policy, ValidationAction};
 use crate::engine::group::fnv1a;
 
 /// Prefix of every generated object's name.
@@ -180,6 +180,43 @@ fn generated_meta(name: &str, p: &Policy, wiring: &Wiring) -> ObjectMeta {
             p.metadata.name.clone().unwrap_or_default(),
         )])),
         ..ObjectMeta::default()
+    }
+}
+
+/// Where one valid Policy runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Placement {
+    /// In the API server, as these objects.
+    InProcess(Box<InProcess>),
+    /// On the webhook, and why not in-process.
+    Webhook(String),
+    /// Nowhere: `enforcement: InProcess` and this is why it cannot be.
+    Refused(String),
+}
+
+/// Where `p` runs: `vap_served` says whether the API server serves
+/// admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy.
+pub fn place(p: &Policy, wiring: &Wiring, vap_served: bool) -> Placement {
+    let required = match p.spec.enforcement {
+        Enforcement::Webhook => {
+            return Placement::Webhook("spec.enforcement is Webhook".to_string());
+        }
+        Enforcement::Auto => false,
+        Enforcement::InProcess => true,
+    };
+    let generated = if vap_served {
+        validating_admission_policy(p, wiring)
+    } else {
+        Err(
+            "the API server does not serve admissionregistration.k8s.io/v1 \
+             ValidatingAdmissionPolicy"
+                .to_string(),
+        )
+    };
+    match generated {
+        Ok(objects) => Placement::InProcess(Box::new(objects)),
+        Err(reason) if required => Placement::Refused(reason),
+        Err(reason) => Placement::Webhook(reason),
     }
 }
 

@@ -181,3 +181,44 @@ fn the_probe_denies_only_its_own_lease() {
     );
     assert_eq!(binding["validationActions"], json!(["Deny"]));
 }
+
+#[test]
+fn auto_runs_in_process_where_it_can_and_says_why_not_elsewhere() {
+    let deny = json!([{"expression": "true", "message": "m"}]);
+    let warn_fail = json!([{"expression": "true", "message": "m", "action": "Warn"}]);
+    let w = wiring();
+    let policy = |enforcement: &str, validate: serde_json::Value| {
+        policy(
+            "p",
+            json!({"enforcement": enforcement, "validate": validate}),
+        )
+    };
+    assert!(matches!(
+        place(&policy("Auto", deny.clone()), &w, true),
+        Placement::InProcess(_)
+    ));
+    assert!(matches!(
+        place(&policy("Auto", warn_fail.clone()), &w, true),
+        Placement::Webhook(r) if r.starts_with("spec.failurePolicy")
+    ));
+    assert!(matches!(
+        place(&policy("Auto", deny.clone()), &w, false),
+        Placement::Webhook(r) if r.contains("does not serve")
+    ));
+    assert!(matches!(
+        place(&policy("Webhook", deny.clone()), &w, true),
+        Placement::Webhook(r) if r == "spec.enforcement is Webhook"
+    ));
+    assert!(matches!(
+        place(&policy("InProcess", deny.clone()), &w, true),
+        Placement::InProcess(_)
+    ));
+    assert!(matches!(
+        place(&policy("InProcess", warn_fail), &w, true),
+        Placement::Refused(r) if r.starts_with("spec.failurePolicy")
+    ));
+    assert!(matches!(
+        place(&policy("InProcess", deny), &w, false),
+        Placement::Refused(r) if r.contains("does not serve")
+    ));
+}
