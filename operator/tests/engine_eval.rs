@@ -578,7 +578,8 @@ fn explain_says_where_each_policy_would_run() {
         &data("objects/pod.yaml"),
         "--explain",
     ]);
-    assert_eq!(run.code, 0, "{}", run.err);
+    // The injected sidecar has no limits: denied, and explained all the same.
+    assert_eq!(run.code, 1, "{}", run.err);
     assert!(
         run.err.contains(
             "policy \"require-limits\" runs in-process, as ValidatingAdmissionPolicy gatehouse-require-limits"
