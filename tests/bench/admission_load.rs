@@ -44,6 +44,13 @@
 //! `<dir>/<phase>.pprof`, with the number of creates it covers printed beside it (compare per
 //! create: `go tool pprof -top -unit ms <file>`).
 //!
+//! Beside the 16-Policy block's phases, in the same rounds: the same 16 validating Policies with
+//! `enforcement: InProcess`, in a namespace of their own, which the API server evaluates as
+//! ValidatingAdmissionPolicies with no webhook call (the in-process goal: p99 within 1.05x of no
+//! webhooks).
+//!
+//! `POLICIES=16` measures only the first step (`POLICIES=16,64` the first two).
+//!
 //! `tests/bench/admission-load` runs it (control plane, release build, environment).
 
 use std::collections::BTreeMap;
@@ -582,6 +589,8 @@ struct Block {
     floor: Phase,
     patching: Phase,
     with: Phase,
+    /// The same validating Policies enforced in-process (the 16-Policy block only).
+    in_process: Option<Phase>,
     /// The API server's p99 bucket for Gatehouse's entries.
     bucket: Option<String>,
     /// Gatehouse's RSS (KiB) after the block.
@@ -629,6 +638,50 @@ fn scoped_policies(scope: usize, j: usize) -> anyhow::Result<(String, [String; 2
     Ok((docs, [m, v]))
 }
 
+/// Applies `count` validating Policies (the benchmark's validating ones) enforced in-process for
+/// the Pods of `ns`, and waits until every one reports it.
+async fn install_in_process(
+    cluster: &'static Cluster,
+    ns: &str,
+    count: usize,
+) -> anyhow::Result<Vec<String>> {
+    let names: Vec<String> = (0..count)
+        .map(|i| format!("bench-inproc-validate-{i}"))
+        .collect();
+    let mut docs = String::new();
+    for name in &names {
+        let p = policy(
+            name,
+            ns,
+            json!({
+                "enforcement": "InProcess",
+                "validate": [{"expression": "object.spec.containers.all(c, has(c.resources) && has(c.resources.limits))", "message": "limits required"}],
+            }),
+        );
+        docs.push_str(&format!("---\n{}\n", serde_json::to_string(&p)?));
+    }
+    cluster
+        .kubectl_ok(["apply", "-f", "-"], Some(&docs))
+        .await?;
+    let listing = "jsonpath={range .items[*]}{.metadata.name}={.status.enforcement}{\"\\n\"}{end}";
+    await_condition(
+        "the in-process Policies enforced",
+        Duration::from_secs(120),
+        || async {
+            let out = cluster
+                .kubectl_ok(["get", "policies", "-o", listing], None)
+                .await?;
+            let enforced = out
+                .lines()
+                .filter(|l| l.starts_with("bench-inproc-") && l.ends_with("=InProcess"))
+                .count();
+            Ok((enforced == count).then_some(()))
+        },
+    )
+    .await?;
+    Ok(names)
+}
+
 /// What every block shares: the Policy-free phases and how many rounds they take turns for.
 struct Bench<'a> {
     cluster: &'static Cluster,
@@ -643,6 +696,7 @@ impl Bench<'_> {
     /// Waits until `names` are in effect for `with`'s creates (a server dry run reaches each
     /// of them and shows every one of `labels`), then measures the phases and `with` in turns;
     /// with `profile`, also the API server's CPU profile of each phase, into that directory.
+    #[allow(clippy::too_many_arguments)]
     async fn block(
         &self,
         label: &str,
@@ -651,6 +705,7 @@ impl Bench<'_> {
         names: &[String],
         labels: Vec<String>,
         profile: Option<String>,
+        in_process: Option<&Load<'_>>,
     ) -> anyhow::Result<Block> {
         let probe = pod("probe")?;
         await_condition(
@@ -681,7 +736,7 @@ impl Bench<'_> {
         )
         .await?;
         let [none, floor, patching] = self.phases;
-        for load in [none, floor, patching, with] {
+        for load in [none, floor, patching, with].into_iter().chain(in_process) {
             load.warm("warm").await?;
         }
         let mut block = Block {
@@ -692,6 +747,7 @@ impl Bench<'_> {
             floor: Phase::default(),
             patching: Phase::default(),
             with: Phase::default(),
+            in_process: None,
             bucket: None,
             rss: None,
         };
@@ -702,6 +758,13 @@ impl Bench<'_> {
             block.floor.extend(floor.measure("floor", 1).await?);
             block.patching.extend(patching.measure("patch", 1).await?);
             block.with.extend(with.measure("pol", 1).await?);
+            if let Some(load) = in_process {
+                let measured = load.measure("inproc", 1).await?;
+                block
+                    .in_process
+                    .get_or_insert_with(Phase::default)
+                    .extend(measured);
+            }
         }
         let after = webhook_durations(self.client, ENTRY_SUFFIX).await?.buckets;
         if let Some(dir) = profile {
@@ -766,6 +829,9 @@ async fn main() -> anyhow::Result<()> {
     let quiet = TestNamespace::new(cluster, "bench-none").await?;
     let allow_ns = TestNamespace::new(cluster, "bench-floor").await?;
     let patch_ns = TestNamespace::new(cluster, "bench-patch").await?;
+    // The in-process phase's namespace: selected by the in-process Policies only (not excluded,
+    // or their generated policies would leave it out too).
+    let inproc_ns = TestNamespace::new(cluster, "bench-inproc").await?;
     let excluded = format!(
         "kube-system,kube-node-lease,{},{},{}",
         quiet.name(),
@@ -785,6 +851,7 @@ async fn main() -> anyhow::Result<()> {
     let (api_policies, api_none, api_floor, api_patch) =
         (api(&ns), api(&quiet), api(&allow_ns), api(&patch_ns));
     let api_scoped = api(&scoped_ns);
+    let api_inproc = api(&inproc_ns);
     // The floor: as many entries as Gatehouse's shared ones, answered by a server that does no
     // work (a fixed allow, no patch). What they add is the API server's own cost of calling 2
     // webhooks per create on this machine, which no webhook implementation can get under.
@@ -816,6 +883,8 @@ async fn main() -> anyhow::Result<()> {
         load(&api_floor, hooks, Some(&suffixes[0])),
         load(&api_patch, hooks, Some(&suffixes[1])),
     );
+    let in_process = load(&api_inproc, Servers::None, None);
+    let inproc_names = install_in_process(cluster, inproc_ns.name(), 16).await?;
 
     install_floor(
         cluster,
@@ -880,7 +949,7 @@ async fn main() -> anyhow::Result<()> {
         let label = format!("16 Policies over {SCOPES} namespace scopes (creates in one scope)");
         blocks.push(
             bench
-                .block(&label, 16, &scoped, &applying, labels, None)
+                .block(&label, 16, &scoped, &applying, labels, None, None)
                 .await?,
         );
         let mut delete = vec!["delete", "policies", "--wait=false"];
@@ -898,7 +967,13 @@ async fn main() -> anyhow::Result<()> {
     // the four phases take turns, round by round, so that a slow stretch of this shared
     // machine falls on all of them.
     let mut names: Vec<String> = Vec::new();
-    for total in [16, 64, 256] {
+    // `POLICIES` (comma-separated, default 16,64,256) chooses the steps.
+    let steps: Vec<usize> = std::env::var("POLICIES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| vec![16, 64, 256]);
+    for total in steps {
         let mut docs = String::new();
         for i in names.len() / 2..total / 2 {
             let (d, pair) = bench_policies(i, ns.name(), distinct)?;
@@ -912,9 +987,10 @@ async fn main() -> anyhow::Result<()> {
         let profiled = env_usize("PROFILE_POLICIES", 16);
         let profile = std::env::var("PROFILE").ok().filter(|_| total == profiled);
         let label = format!("{total} Policies");
+        let beside = (total == 16).then_some(&in_process);
         blocks.push(
             bench
-                .block(&label, total, &policies, &names, labels, profile)
+                .block(&label, total, &policies, &names, labels, profile, beside)
                 .await?,
         );
     }
@@ -924,7 +1000,7 @@ async fn main() -> anyhow::Result<()> {
     report(&blocks, &procs, count, concurrency, rounds, distinct);
 
     let mut delete = vec!["delete", "policies", "--wait=false"];
-    delete.extend(names.iter().map(String::as_str));
+    delete.extend(names.iter().chain(&inproc_names).map(String::as_str));
     cluster.kubectl_ok(delete, None).await?;
     for name in FLOORS {
         cluster
@@ -939,7 +1015,7 @@ async fn main() -> anyhow::Result<()> {
             .await?;
     }
     gh.shutdown().await?;
-    for namespace in [ns, scoped_ns, quiet, allow_ns, patch_ns, home] {
+    for namespace in [ns, scoped_ns, quiet, allow_ns, patch_ns, inproc_ns, home] {
         namespace.cleanup().await?;
     }
     if blocks.iter().any(|b| b.with.p99().is_zero()) {
@@ -993,6 +1069,9 @@ fn report(
             &b.patching,
         );
         row(&b.label, &b.with);
+        if let Some(p) = &b.in_process {
+            row("16 validating Policies in-process", p);
+        }
         let per_create = |p: &Phase| p.calls / (p.rounds.len() * count).max(1) as f64;
         println!(
             "Gatehouse entries: {} mutating, {} validating; webhook calls per create: floor {:.2}, patching floor {:.2}, Policies {:.2}",
@@ -1008,8 +1087,13 @@ fn report(
         );
         println!("CPU seconds per round of {count} creates (2-core machine, everything on it):");
         for (i, (name, _)) in procs.iter().enumerate() {
+            let in_process = b
+                .in_process
+                .as_ref()
+                .map(|p| format!(", 16 in-process {:.2} s", p.cpu_per_round(i)))
+                .unwrap_or_default();
             println!(
-                "  {:<16} none {:.2} s, floor {:.2} s, patching floor {:.2} s, {} Policies {:.2} s",
+                "  {:<16} none {:.2} s, floor {:.2} s, patching floor {:.2} s, {} Policies {:.2} s{in_process}",
                 name,
                 b.none.cpu_per_round(i),
                 b.floor.cpu_per_round(i),
@@ -1049,5 +1133,11 @@ fn report(
             ratio(&b256.with, &b256.floor) / ratio(&b16.with, &b16.floor),
             ratio(&b16.with, &b16.patching),
         );
+        if let Some(p) = &b16.in_process {
+            println!(
+                "in-process goal: p99(16 validating Policies in-process) / none = {:.2}x (<= 1.05)",
+                ratio(p, &b16.none)
+            );
+        }
     }
 }

@@ -43,7 +43,7 @@ use crate::webhook::PolicyStore;
 use in_process::{GeneratedCaches, InProcessMemory};
 use isolate::{DryRun, SearchError};
 use status::Verdict;
-use wire::{owned_wiring, wire};
+use wire::{Decided, owned_wiring, wire};
 use wiring::admission_policy::Placement;
 use wiring::{CONFIGURATION_NAME, Wiring};
 use writes::*;
@@ -371,17 +371,13 @@ async fn reconcile_all(
     };
     let wired = match &wiring {
         Some(wiring) => {
-            wire(
-                ctx,
-                caches,
-                &valid,
-                &placements,
+            let decided = Decided {
+                valid: &valid,
+                placements: &placements,
                 wiring,
                 bundle,
-                leader,
-                applied,
-            )
-            .await
+            };
+            wire(ctx, caches, &decided, leader, applied).await
         }
         None => Ok(None),
     };

@@ -34,21 +34,36 @@ fn on_webhook<'a>(placements: &[(&'a Policy, Placement)], applied: &Applied) -> 
         .collect()
 }
 
+/// What a leader's pass decided before its writes.
+pub(super) struct Decided<'a> {
+    /// The valid Policies.
+    pub valid: &'a [Arc<Policy>],
+    /// Where each of them runs.
+    pub placements: &'a [(&'a Policy, Placement)],
+    /// The wiring, with its owner.
+    pub wiring: &'a Wiring,
+    /// The CA bundle the entries carry.
+    pub bundle: &'a str,
+}
+
 /// Moves Policies in-process (confirmed before the webhook lets go of them), writes both
 /// configurations from the Policies left on the webhook, leaving out the ones the API server
 /// refuses (found by bisecting with dry runs when a write is refused as invalid), then removes
 /// generated objects no Policy stands for. Returns when to look again, if sooner than a resync.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn wire(
     ctx: &ControllerContext,
     caches: &PolicyCaches,
-    valid: &[Arc<Policy>],
-    placements: &[(&Policy, Placement)],
-    wiring: &Wiring,
-    bundle: &str,
+    decided: &Decided<'_>,
     leader: &watch::Receiver<Leadership>,
     applied: &mut Applied,
 ) -> Result<Option<Instant>, ReconcileError> {
+    let Decided {
+        valid,
+        placements,
+        wiring,
+        bundle,
+    } = decided;
+    let (valid, placements, wiring, bundle) = (*valid, *placements, *wiring, *bundle);
     applied.rejected.retain(|name, refusal| {
         valid
             .iter()
