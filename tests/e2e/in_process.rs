@@ -319,3 +319,31 @@ async fn moving_between_the_webhook_and_the_api_server_leaves_no_gap() {
     })
     .await;
 }
+
+/// What the API server's type checking warns of a generated policy (a field Pods do not have,
+/// read under a guard) is reported in the Policy's status; the Policy stays in-process and is
+/// enforced, since the API server enforces it whatever its type checking says.
+#[tokio::test]
+async fn type_checking_warnings_are_reported_and_the_policy_enforced() {
+    scenario("gh-inproc-typed", Options::url(), async |scene| {
+        let cluster = scene.cluster;
+        let ns = scene.ns().to_string();
+        let typed = scene.policy("inproc-typed");
+        let rule = json!([{"expression": "!has(object.spec.nope) || object.spec.nope == 'x'", "message": "nope must be x"}]);
+        apply(cluster, &policy(&typed, &ns, json!({"enforcement": "Auto", "validate": rule}))).await?;
+        let ready = await_condition("the type checking's warning reported", WAIT, || async {
+            let ready = await_ready(cluster, &typed, "True").await?;
+            let warned = ready["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("spec.validations[0].expression") && m.contains("undefined field 'nope'"));
+            Ok(warned.then_some(ready))
+        })
+        .await?;
+        ensure!(ready["reason"] == "InProcess", "{ready}");
+        await_enforcement(cluster, &typed, "InProcess").await?;
+        let (admitted, said) = dry_run_create(cluster, &pod("plain", &ns)).await?;
+        ensure!(admitted, "{said}");
+        Ok(())
+    })
+    .await;
+}

@@ -76,6 +76,7 @@ pub fn verdicts(
                 Some(Placement::InProcess(objects)) if memory.confirmed.contains_key(&name) => {
                     Verdict::InProcess {
                         generated: objects.policy.name_any(),
+                        type_warnings: memory.type_warnings.get(&name).cloned(),
                     }
                 }
                 Some(Placement::Refused(reason)) => Verdict::NotInProcess(reason.clone()),
@@ -100,6 +101,8 @@ pub struct InProcessMemory {
     pub confirmed: HashMap<String, InProcess>,
     /// Generated objects whose Policy went back to the webhook, by name, and since when.
     leaving: HashMap<String, Instant>,
+    /// What the API server's type checking says of a Policy's generated policy, by Policy.
+    type_warnings: HashMap<String, String>,
 }
 
 /// The generated objects as the watches see them.
@@ -177,8 +180,25 @@ pub async fn enforce(
             continue;
         };
         let name = p.name_any();
+        if rejected.contains_key(&name) {
+            continue;
+        }
         let stored =
             holds(&caches.policies, &objects.policy) && holds(&caches.bindings, &objects.binding);
+        // Reported, not refused: the type checking warns of fields it cannot resolve that the
+        // objects do have (it warns `undefined field 'limits'` of a container's resources), and
+        // the API server enforces the policy whatever it says.
+        let type_checked = caches
+            .policies
+            .state()
+            .into_iter()
+            .find(|o| o.metadata.name == objects.policy.metadata.name)
+            .filter(|_| stored)
+            .and_then(|o| admission_policy::type_check_warnings(&o));
+        match type_checked {
+            Some(warning) => memory.type_warnings.insert(name.clone(), warning),
+            None => memory.type_warnings.remove(&name),
+        };
         if stored && memory.confirmed.get(&name) == Some(objects) {
             continue;
         }
@@ -237,6 +257,9 @@ pub async fn remove_stale(
         .map(|(p, _)| p.name_any())
         .collect();
     memory.confirmed.retain(|name, _| keep.contains_key(name));
+    memory
+        .type_warnings
+        .retain(|name, _| keep.contains_key(name));
     let now = Instant::now();
     let mut wake: Option<Instant> = None;
     let mut stale: Vec<String> = Vec::new();

@@ -28,8 +28,11 @@ pub enum Verdict {
         webhook_because: String,
     },
     /// Enforced by the API server itself, as the ValidatingAdmissionPolicy and binding named
-    /// `generated`.
-    InProcess { generated: String },
+    /// `generated`; `type_warnings`: what the API server's type checking says of it.
+    InProcess {
+        generated: String,
+        type_warnings: Option<String>,
+    },
     /// `enforcement: InProcess`, and this is why it cannot be: enforced nowhere.
     NotInProcess(String),
     /// Invalid: every problem, each with its field path.
@@ -72,12 +75,19 @@ pub fn desired_status(policy: &Policy, outcome: &Verdict, now: Time) -> Option<P
                 )
             ),
         ),
-        Verdict::InProcess { generated } => (
+        Verdict::InProcess {
+            generated,
+            type_warnings,
+        } => (
             "True",
             REASON_IN_PROCESS,
             format!(
                 "enforced in-process by the API server as ValidatingAdmissionPolicy {generated} \
-                 and its binding"
+                 and its binding{}",
+                type_warnings
+                    .as_ref()
+                    .map(|w| format!(" ({w}; a warning: the API server enforces it all the same)"))
+                    .unwrap_or_default()
             ),
         ),
         Verdict::NotInProcess(reason) => (
@@ -90,7 +100,8 @@ pub fn desired_status(policy: &Policy, outcome: &Verdict, now: Time) -> Option<P
             "False",
             REASON_REJECTED,
             format!(
-                "the API server refused this Policy's webhook entries, so they are left out: {message}"
+                "the API server refused this Policy's webhook entries or generated admission \
+                 policy, so they are left out: {message}"
             ),
         ),
     };

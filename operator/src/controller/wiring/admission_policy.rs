@@ -220,6 +220,32 @@ pub fn place(p: &Policy, wiring: &Wiring, vap_served: bool) -> Placement {
     }
 }
 
+/// What the API server's type checking (kube-controller-manager's
+/// validatingadmissionpolicy-status controller) warns of a stored generated policy at its
+/// current generation, if anything: each expression's warning with its field.
+pub fn type_check_warnings(stored: &ValidatingAdmissionPolicy) -> Option<String> {
+    let status = stored.status.as_ref()?;
+    if status.observed_generation != stored.metadata.generation {
+        return None;
+    }
+    let warnings = status
+        .type_checking
+        .as_ref()?
+        .expression_warnings
+        .as_ref()?;
+    let text: Vec<String> = warnings
+        .iter()
+        .map(|w| format!("{}: {}", w.field_ref, w.warning))
+        .collect();
+    (!text.is_empty()).then(|| {
+        format!(
+            "the API server's type checking of ValidatingAdmissionPolicy {}: {}",
+            stored.metadata.name.as_deref().unwrap_or_default(),
+            text.join("; ")
+        )
+    })
+}
+
 /// Name of the probe policy and binding ([`probe`]).
 pub const PROBE_NAME: &str = "gatehouse-probe";
 /// Label a probe Lease carries: its token.

@@ -222,3 +222,44 @@ fn auto_runs_in_process_where_it_can_and_says_why_not_elsewhere() {
         Placement::Refused(r) if r.contains("does not serve")
     ));
 }
+
+#[test]
+fn type_checking_warnings_count_only_at_the_current_generation() {
+    let p = policy(
+        "typed",
+        json!({"validate": [{"expression": "object.spec.nope == 1", "message": "m"}]}),
+    );
+    let mut stored = validating_admission_policy(&p, &wiring()).unwrap().policy;
+    stored.metadata.generation = Some(2);
+    assert_eq!(type_check_warnings(&stored), None);
+    let status = |generation: i64| {
+        serde_json::from_value(json!({
+            "observedGeneration": generation,
+            "typeChecking": {"expressionWarnings": [
+                {"fieldRef": "spec.validations[0].expression", "warning": "apps/v1, Kind=Pod: ERROR: undefined field 'nope'"},
+            ]},
+        }))
+        .unwrap()
+    };
+    stored.status = Some(status(1));
+    assert_eq!(
+        type_check_warnings(&stored),
+        None,
+        "an earlier generation's"
+    );
+    stored.status = Some(status(2));
+    assert_eq!(
+        type_check_warnings(&stored).as_deref(),
+        Some(
+            "the API server's type checking of ValidatingAdmissionPolicy gatehouse-typed: \
+             spec.validations[0].expression: apps/v1, Kind=Pod: ERROR: undefined field 'nope'"
+        )
+    );
+    stored.status =
+        Some(serde_json::from_value(json!({"observedGeneration": 2, "typeChecking": {}})).unwrap());
+    assert_eq!(
+        type_check_warnings(&stored),
+        None,
+        "checked, and nothing found"
+    );
+}
