@@ -219,7 +219,7 @@ async fn what_cannot_run_in_process_stays_on_the_webhook_or_is_not_ready() {
 /// Tests 3 and 5: a hand-deleted generated object is restored; flipping `enforcement` between
 /// `Webhook` and `InProcess` ten times while violating Pods are created denies every one (no
 /// gap), the webhook reviews none of them while the Policy is in-process, and a Policy moved
-/// back or deleted leaves no generated object behind.
+/// back, or deleted, leaves no generated object behind.
 #[tokio::test]
 async fn moving_between_the_webhook_and_the_api_server_leaves_no_gap() {
     scenario("gh-inproc-flip", Options::url(), async |scene| {
@@ -315,6 +315,16 @@ async fn moving_between_the_webhook_and_the_api_server_leaves_no_gap() {
             !ok && said.contains("every container must declare resource limits"),
             "on the webhook again: {said}"
         );
+
+        // In-process once more, then deleted: its generated objects go with it.
+        apply(cluster, &limits_policy(&name, &ns, "InProcess")).await?;
+        await_enforcement(cluster, &name, "InProcess").await?;
+        cluster
+            .kubectl_ok(["delete", "policy", &name], None)
+            .await?;
+        await_generated_gone(cluster, &generated).await?;
+        let (ok, said) = dry_run_create(cluster, &unlimited("gone", &ns)).await?;
+        ensure!(ok, "the deleted Policy still denies: {said}");
         Ok(())
     })
     .await;

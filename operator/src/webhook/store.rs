@@ -408,6 +408,24 @@ mod tests {
     }
 
     #[test]
+    fn a_policy_the_api_server_enforces_is_in_no_group_and_skipped_in_stale_ones() {
+        let store = PolicyStore::new();
+        store.upsert(compiled("a"));
+        store.upsert(compiled("b"));
+        let both = only_group(&store);
+        store.set_in_process(HashSet::from(["b".to_string()]));
+        let alone = only_group(&store);
+        assert_ne!(both, alone, "the groups leave it out");
+        assert_eq!(members(store.lookup(V, &alone)).unwrap().1, ["a"]);
+        // A stale entry that still names it (the API server's cache lags a configuration
+        // write) is answered without it: never evaluated twice.
+        assert_eq!(members(store.lookup(V, &both)).unwrap().1, ["a"]);
+        // Back on the webhook: evaluated again at once.
+        store.set_in_process(HashSet::new());
+        assert_eq!(members(store.lookup(V, &both)).unwrap().1, ["a", "b"]);
+    }
+
+    #[test]
     fn groups_of_the_live_configurations_are_answered_without_a_timer() {
         // A follower whose view lags: the leader wired {a, c}, this replica only knows a.
         let store = PolicyStore::new();
