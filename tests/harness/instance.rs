@@ -139,19 +139,34 @@ pub async fn ensure_crds(cluster: &Cluster) -> anyhow::Result<()> {
                     None,
                 )
                 .await?;
-            cluster
-                .kubectl_ok(
-                    [
-                        "wait",
-                        "--for=condition=Established",
-                        "crd/policies.gatehouse.dev",
-                        "crd/ippools.gatehouse.dev",
-                        "crd/ipallocations.gatehouse.dev",
-                        "--timeout=60s",
-                    ],
-                    None,
+            // Polled rather than `kubectl wait`: that fails outright on a CRD whose status has
+            // no conditions yet, as one just applied may not.
+            for crd in [
+                "policies.gatehouse.dev",
+                "ippools.gatehouse.dev",
+                "ipallocations.gatehouse.dev",
+            ] {
+                await_condition(
+                    &format!("CRD {crd} established"),
+                    Duration::from_secs(60),
+                    || async {
+                        let established = cluster
+                            .kubectl_ok(
+                                [
+                                    "get",
+                                    "crd",
+                                    crd,
+                                    "-o",
+                                    "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+                                ],
+                                None,
+                            )
+                            .await?;
+                        Ok((established.trim() == "True").then_some(()))
+                    },
                 )
                 .await?;
+            }
             Ok::<(), anyhow::Error>(())
         })
         .await?;
