@@ -12,6 +12,10 @@ pub struct CrdsArgs {
     /// every CRD to standard output.
     #[arg(long, env = "GATEHOUSE_CRDS_DIR")]
     pub dir: Option<PathBuf>,
+    /// With --dir: write a Helm chart's crds/ directory (charts/gatehouse/crds), the CRD files
+    /// only; Helm would read a kustomization.yaml there as a manifest.
+    #[arg(long, requires = "dir")]
+    pub chart: bool,
 }
 
 /// Errors of CRD generation.
@@ -68,6 +72,9 @@ pub fn run(args: &CrdsArgs, out: &mut impl std::io::Write) -> Result<(), CrdsErr
     match &args.dir {
         Some(dir) => {
             for (name, contents) in &files {
+                if args.chart && name == "kustomization.yaml" {
+                    continue;
+                }
                 write_file(&dir.join(name), contents)?;
             }
         }
@@ -108,6 +115,37 @@ mod tests {
             assert_eq!(
                 committed, contents,
                 "crds/{name} drifted from the Rust types; run `gatehouse crds --dir crds`"
+            );
+        }
+    }
+
+    /// The Helm chart installs the same CRDs, and only them: its crds/ holds exactly the
+    /// generated CRD files (Helm reads every file there as a manifest).
+    #[test]
+    fn the_charts_crds_are_the_generated_ones() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/gatehouse/crds");
+        let fix = "run `gatehouse crds --dir charts/gatehouse/crds --chart`";
+        let expected: Vec<(String, String)> = generate()
+            .unwrap()
+            .into_iter()
+            .filter(|(name, _)| name != "kustomization.yaml")
+            .collect();
+        let mut present: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("charts/gatehouse/crds: {e}; {fix}"))
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        present.sort();
+        let mut names: Vec<String> = expected.iter().map(|(name, _)| name.clone()).collect();
+        names.sort();
+        assert_eq!(
+            present, names,
+            "charts/gatehouse/crds holds other files; {fix}"
+        );
+        for (name, contents) in expected {
+            let committed = std::fs::read_to_string(dir.join(&name)).unwrap();
+            assert_eq!(
+                committed, contents,
+                "charts/gatehouse/crds/{name} drifted from the Rust types; {fix}"
             );
         }
     }
