@@ -5,7 +5,8 @@
 //! two replicas running as the ServiceAccount of `config/rbac` on the node, the API server calling
 //! them through the `gatehouse-webhook` Service, the samples admitting and rejecting Pods that then
 //! run, a replica deleted under load without a failed review, and `kubectl delete -k` leaving no
-//! webhook behind.
+//! webhook behind; then the same with Helm (`helm.rs`). The tests install into the same namespace,
+//! so `tests/run` runs them one at a time (`--test-threads=1`).
 //!
 //! Not part of plain `cargo test` (it needs the node); `tests/run` runs it as
 //! `cargo test -p gatehouse-e2e --test node` against the node cluster.
@@ -19,6 +20,7 @@ use anyhow::{Context, bail, ensure};
 use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
 use serde_json::{Value, json};
 
+mod helm;
 mod ipam;
 
 const NAMESPACE: &str = "gatehouse-system";
