@@ -10,6 +10,7 @@ mod in_process_parity;
 mod install;
 mod ipam;
 mod lockout;
+mod mutation_translation;
 mod operator;
 mod outage;
 mod scene;

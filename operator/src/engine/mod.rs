@@ -19,6 +19,7 @@ pub mod cost;
 pub mod coverage;
 pub mod entry;
 pub mod group;
+pub mod jsonpatch_cel;
 pub mod k8s_names;
 pub mod mark;
 pub mod matcher;

@@ -1,0 +1,505 @@
+//! The translation of merges into the API server's JSONPatch mutations
+//! (`engine::jsonpatch_cel`), against the engine, on the real API server: for every case (a
+//! Policy's `mutate` list and an object), the object the API server stores when the translated
+//! mutations run in a MutatingAdmissionPolicy equals the one it stores when the engine's result
+//! comes back as a webhook's patch would (the engine applied to the defaulted object, the API
+//! server defaulting again). Both by server dry run; nothing is stored.
+//!
+//! This proves the translation only; which Policies Gatehouse compiles in-process, and the
+//! ordering across Policies, are the controller's, which does not compile mutating Policies
+//! in-process yet.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail, ensure};
+use futures::{StreamExt, TryStreamExt};
+use gatehouse::api::v1alpha1::Policy;
+use gatehouse::engine::{jsonpatch_cel, mutate, policy};
+use gatehouse_e2e::{TestNamespace, run_test};
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use serde_json::{Value, json};
+
+const CASE_LABEL: &str = "gatehouse-e2e/case";
+const ADMISSION: &str = "admissionregistration.k8s.io";
+/// The API server loads policies about a second after they are written; a difference must
+/// persist this long to count.
+const SETTLE: Duration = Duration::from_secs(8);
+
+struct Case {
+    mutate: Value,
+    ignore: bool,
+    object: Value,
+}
+
+/// Pods whose dry-run creates are deterministic (no ServiceAccount token volume).
+fn pod(containers: Value, extra: Value) -> Value {
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "p"},
+        "spec": {"automountServiceAccountToken": false, "containers": containers},
+    });
+    if let (Some(p), Some(e)) = (pod.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            match (p.get_mut(k), v) {
+                (Some(Value::Object(existing)), Value::Object(add)) => {
+                    existing.extend(add.clone());
+                }
+                _ => {
+                    p.insert(k.clone(), v.clone());
+                }
+            }
+        }
+    }
+    pod
+}
+
+fn pods() -> Vec<Value> {
+    vec![
+        pod(json!([{"name": "app", "image": "nginx"}]), json!({})),
+        pod(
+            json!([
+                {"name": "app", "image": "registry.internal/app", "env": [{"name": "A", "value": "orig"}],
+                 "securityContext": {"capabilities": {"drop": ["NET_RAW"]}}},
+                {"name": "side", "image": "busybox", "args": ["--y"]},
+            ]),
+            json!({"metadata": {"labels": {"tier": "web"}, "annotations": {"old": "1"}}}),
+        ),
+        pod(
+            json!([{"name": "proxy", "image": "envoy", "resources": {"limits": {"memory": "64Mi"}}},
+                   {"name": "app", "image": "nginx", "env": [{"name": "B", "value": "b"}, {"name": "A", "value": "x"}]}]),
+            json!({"spec": {"volumes": [{"name": "cache", "emptyDir": {"medium": "Memory"}}],
+                            "securityContext": {"runAsUser": 1000}}}),
+        ),
+        pod(
+            json!([{"name": "app", "image": "nginx", "imagePullPolicy": "Always", "args": ["--x", "--y"],
+                    "securityContext": {"capabilities": {"add": ["NET_ADMIN"], "drop": ["BPF"]}}}]),
+            json!({"metadata": {"labels": {"tier": "db", "team": "t"}}}),
+        ),
+    ]
+}
+
+/// Mutate lists over Pods: the samples, merges of maps, named lists and scalars, overwrite,
+/// removal, forEach with and without `when`, chains that take more than one pass.
+fn pod_mutations() -> Vec<(Value, bool)> {
+    vec![
+        // drop-bpf (the sample).
+        (
+            json!([{"forEach": "spec.containers", "when": "!element.image.startsWith('registry.internal/')",
+                 "merge": {"securityContext": {"capabilities": {"drop": ["BPF"]}}}}]),
+            false,
+        ),
+        // inject-proxy (the sample).
+        (
+            json!([{"merge": {"spec": {"containers": [{"name": "proxy", "image": "example.com/proxy:1.0"}]}}}]),
+            false,
+        ),
+        (
+            json!([{"merge": {"metadata": {"labels": {"team": "platform", "app.kubernetes.io/managed-by": "gatehouse"}}}}]),
+            false,
+        ),
+        (
+            json!([{"merge": {"metadata": {"labels": {"team": "platform"}}}, "overwrite": true}]),
+            false,
+        ),
+        (
+            json!([{"merge": {"metadata": {"annotations": {"old": null, "new": "2"}}}, "overwrite": true}]),
+            false,
+        ),
+        (
+            json!([{"forEach": "spec.containers", "merge": {"env": [{"name": "A", "value": "set"}, {"name": "C", "value": "c"}]}}]),
+            false,
+        ),
+        (
+            json!([{"forEach": "spec.containers", "merge": {"env": [{"name": "A", "value": "set"}]}, "overwrite": true}]),
+            false,
+        ),
+        (
+            json!([{"forEach": "spec.containers", "merge": {"args": ["--x", "--z", "--x"]}}]),
+            false,
+        ),
+        (
+            json!([{"merge": {"spec": {"volumes": [{"name": "cache", "emptyDir": {}}, {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]}}}]),
+            false,
+        ),
+        (
+            json!([{"forEach": "spec.containers", "merge": {"resources": {"limits": {"memory": "128Mi", "cpu": "1"}}}}]),
+            false,
+        ),
+        (
+            json!([{"merge": {"spec": {"securityContext": {"runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": {"type": "RuntimeDefault"}}}}}]),
+            false,
+        ),
+        (
+            json!([{"merge": {"spec": {"securityContext": {"runAsUser": 65532}}}, "overwrite": true}]),
+            false,
+        ),
+        // A chain: the forEach runs before the sidecar exists; the second pass reaches it.
+        (
+            json!([
+                {"forEach": "spec.containers", "merge": {"securityContext": {"allowPrivilegeEscalation": false}}},
+                {"merge": {"spec": {"containers": [{"name": "sidecar", "image": "busybox"}]}}},
+            ]),
+            false,
+        ),
+        (
+            json!([{"when": "has(object.metadata.labels) && 'tier' in object.metadata.labels && object.metadata.labels.tier == 'web'",
+                 "merge": {"metadata": {"annotations": {"tiered": "web"}}}}]),
+            false,
+        ),
+        (
+            json!([{"forEach": "spec.containers", "when": "element.name == 'app'",
+                 "merge": {"imagePullPolicy": "IfNotPresent", "securityContext": {"readOnlyRootFilesystem": true}}, "overwrite": true}]),
+            false,
+        ),
+        // Named elements merged into an existing element, nested.
+        (
+            json!([{"merge": {"spec": {"containers": [{"name": "app", "env": [{"name": "A", "value": "z"}, {"name": "D", "value": "d"}]}]}}}]),
+            false,
+        ),
+        (
+            json!([{"merge": {"spec": {"containers": [{"name": "app", "securityContext": {"capabilities": {"drop": ["ALL"]}}}]}}, "overwrite": true}]),
+            false,
+        ),
+        // Under Ignore, a guard that fails skips its mutation only.
+        (
+            json!([
+                {"when": "object.metadata.labels.tier == 'web'", "merge": {"metadata": {"annotations": {"guarded": "yes"}}}},
+                {"merge": {"metadata": {"annotations": {"always": "yes"}}}},
+            ]),
+            true,
+        ),
+    ]
+}
+
+fn config_maps() -> Vec<Value> {
+    vec![
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "labels": {"a": "1"}}, "data": {"x": "1", "y": "2"}}),
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "annotations": {"k/v": "q"}}, "data": {"z": ""}}),
+    ]
+}
+
+fn config_map_mutations() -> Vec<(Value, bool)> {
+    vec![
+        (
+            json!([{"merge": {"data": {"x": "default", "w": "w"}}}]),
+            false,
+        ),
+        (
+            json!([{"merge": {"data": {"x": "forced", "y": null}}, "overwrite": true}]),
+            false,
+        ),
+        (
+            json!([{"merge": {"metadata": {"annotations": {"k/v": "r", "a~b": "s"}, "labels": {"a": "2"}}}}]),
+            false,
+        ),
+        (
+            json!([{"when": "has(object.data) && 'x' in object.data", "merge": {"data": {"seen": "x"}}},
+                {"merge": {"data": {"x": "later"}}}]),
+            false,
+        ),
+    ]
+}
+
+fn corpus() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (mutate, ignore) in pod_mutations() {
+        for object in pods() {
+            cases.push(Case {
+                mutate: mutate.clone(),
+                ignore,
+                object,
+            });
+        }
+    }
+    for (mutate, ignore) in config_map_mutations() {
+        for object in config_maps() {
+            cases.push(Case {
+                mutate: mutate.clone(),
+                ignore,
+                object,
+            });
+        }
+    }
+    cases
+}
+
+fn gatehouse_policy(n: usize, case: &Case) -> anyhow::Result<Policy> {
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy",
+        "metadata": {"name": format!("case-{n}")},
+        "spec": {
+            "match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods", "configmaps"], "scope": "Namespaced"}]},
+            "failurePolicy": if case.ignore { "Ignore" } else { "Fail" },
+            "mutate": case.mutate,
+        },
+    }))?)
+}
+
+/// A case's mutations: the translated list, repeated as many passes as the engine makes at most
+/// (a pass that changes nothing is a no-op), each guarded by the case's label: the guard is the
+/// condition of a conditional, so the other cases' expressions are never evaluated.
+fn case_mutations(n: usize, case: &Case) -> anyhow::Result<Vec<Value>> {
+    let policy = gatehouse_policy(n, case)?;
+    let compiled = policy::compile(&policy).map_err(|e| anyhow::anyhow!("case {n}: {e:?}"))?;
+    let guard = format!(
+        "has(object.metadata.labels) && {CASE_LABEL:?} in object.metadata.labels && object.metadata.labels[{CASE_LABEL:?}] == \"{n}\""
+    );
+    let mut mutations = Vec::new();
+    for _ in 0..mutate::max_passes(&compiled) {
+        for m in &compiled.spec().mutate {
+            if let Some(expression) = jsonpatch_cel::mutation_expression(m, case.ignore)
+                .with_context(|| format!("case {n} has no exact translation"))?
+            {
+                let expression = format!("{guard} ? ({expression}) : []");
+                mutations.push(
+                    json!({"patchType": "JSONPatch", "jsonPatch": {"expression": expression}}),
+                );
+            }
+        }
+    }
+    Ok(mutations)
+}
+
+/// Cases per MutatingAdmissionPolicy. The API server compiles a policy's expressions when it is
+/// written and recompiles its policies after every write, so neither one policy per case nor one
+/// for all (its create outlasts the request timeout) is workable.
+const CASES_PER_POLICY: usize = 8;
+
+/// MutatingAdmissionPolicies and bindings holding the cases' mutations, one failurePolicy each.
+fn admission_policies(cases: &[Case], namespace: &str) -> anyhow::Result<Vec<Value>> {
+    let mut objects = Vec::new();
+    for (ignore, failure_policy) in [(false, "Fail"), (true, "Ignore")] {
+        let numbered: Vec<(usize, &Case)> = cases
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.ignore == ignore)
+            .collect();
+        for (chunk, members) in numbered.chunks(CASES_PER_POLICY).enumerate() {
+            let mut mutations = Vec::new();
+            for (n, case) in members {
+                mutations.extend(case_mutations(*n, case)?);
+            }
+            let name = format!(
+                "gatehouse-e2e-translation-{}-{chunk}",
+                failure_policy.to_lowercase()
+            );
+            objects.push(json!({
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
+                "metadata": {"name": name},
+                "spec": {
+                    "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods", "configmaps"]}]},
+                    "failurePolicy": failure_policy,
+                    "reinvocationPolicy": "Never",
+                    "mutations": mutations,
+                },
+            }));
+            objects.push(json!({
+                "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicyBinding",
+                "metadata": {"name": name},
+                "spec": {
+                    "policyName": name,
+                    "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}},
+                },
+            }));
+        }
+    }
+    Ok(objects)
+}
+
+fn labelled(object: &Value, n: usize, namespace: &str) -> Value {
+    let mut o = object.clone();
+    o["metadata"]["namespace"] = json!(namespace);
+    if !o["metadata"]["labels"].is_object() {
+        o["metadata"]["labels"] = json!({});
+    }
+    o["metadata"]["labels"][CASE_LABEL] = json!(n.to_string());
+    o
+}
+
+/// The kinds the test writes, as the client addresses them.
+fn resource(object: &Value) -> anyhow::Result<ApiResource> {
+    let (group, version, kind, plural) = match object["kind"].as_str().unwrap_or_default() {
+        "Pod" => ("", "v1", "Pod", "pods"),
+        "ConfigMap" => ("", "v1", "ConfigMap", "configmaps"),
+        "MutatingAdmissionPolicy" => (
+            ADMISSION,
+            "v1",
+            "MutatingAdmissionPolicy",
+            "mutatingadmissionpolicies",
+        ),
+        "MutatingAdmissionPolicyBinding" => (
+            ADMISSION,
+            "v1",
+            "MutatingAdmissionPolicyBinding",
+            "mutatingadmissionpolicybindings",
+        ),
+        other => bail!("no resource for kind {other:?}"),
+    };
+    Ok(ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(group, version, kind),
+        plural,
+    ))
+}
+
+/// A create (a server dry run if `dry_run`): the stored object, or the API server's refusal.
+async fn create(
+    client: &Client,
+    object: &Value,
+    dry_run: bool,
+) -> anyhow::Result<Result<Value, String>> {
+    let ar = resource(object)?;
+    let api: Api<DynamicObject> = match object["metadata"]["namespace"].as_str() {
+        Some(ns) => Api::namespaced_with(client.clone(), ns, &ar),
+        None => Api::all_with(client.clone(), &ar),
+    };
+    let params = PostParams {
+        dry_run,
+        ..PostParams::default()
+    };
+    match api
+        .create(&params, &serde_json::from_value(object.clone())?)
+        .await
+    {
+        Ok(stored) => Ok(Ok(serde_json::to_value(stored)?)),
+        Err(kube::Error::Api(status)) => Ok(Err(status.message)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What two creates in different namespaces may differ in.
+fn comparable(mut stored: Value) -> Value {
+    if let Some(meta) = stored["metadata"].as_object_mut() {
+        meta.retain(|k, _| matches!(k.as_str(), "name" | "labels" | "annotations"));
+    }
+    stored
+}
+
+/// What the webhook path stores: the engine's result on the defaulted object, defaulted again.
+async fn through_the_engine(
+    client: &Client,
+    n: usize,
+    case: &Case,
+    object: &Value,
+) -> anyhow::Result<Result<Value, String>> {
+    let defaulted = match create(client, object, true).await? {
+        Ok(d) => d,
+        Err(e) => bail!("case {n}: the object itself is refused: {e}"),
+    };
+    let compiled = policy::compile(&gatehouse_policy(n, case)?)
+        .map_err(|e| anyhow::anyhow!("case {n}: {e:?}"))?;
+    let mut mutated = defaulted;
+    let request = json!({"operation": "CREATE", "namespace": object["metadata"]["namespace"], "name": object["metadata"]["name"]});
+    match mutate::apply(&compiled, &mut mutated, None, &request) {
+        Ok(_) => {}
+        Err(e) => return Ok(Err(format!("engine: {e}"))),
+    }
+    for key in [
+        "uid",
+        "creationTimestamp",
+        "resourceVersion",
+        "managedFields",
+        "generation",
+    ] {
+        if let Some(meta) = mutated["metadata"].as_object_mut() {
+            meta.remove(key);
+        }
+    }
+    create(client, &mutated, true).await
+}
+
+/// One case: the engine's path and the API server's agree, within [`SETTLE`] of the policies
+/// being written. Returns whether the case changed its object.
+async fn check(
+    client: &Client,
+    n: usize,
+    case: &Case,
+    engine_ns: &str,
+    api_ns: &str,
+    written: Instant,
+) -> anyhow::Result<bool> {
+    let plain = labelled(&case.object, n, engine_ns);
+    let expected = through_the_engine(client, n, case, &plain)
+        .await?
+        .map(comparable);
+    let object = labelled(&case.object, n, api_ns);
+    loop {
+        let actual = create(client, &object, true).await?.map(comparable);
+        let agree = match (&expected, &actual) {
+            (Ok(e), Ok(a)) => e == a,
+            (Err(_), Err(_)) => true,
+            _ => false,
+        };
+        if agree {
+            let unmutated = create(client, &plain, true).await?.map(comparable);
+            return Ok(expected.as_ref().ok() != unmutated.as_ref().ok());
+        }
+        if written.elapsed() > SETTLE {
+            let show = |r: &Result<Value, String>| match r {
+                Ok(v) => serde_json::to_string_pretty(v).unwrap_or_default(),
+                Err(e) => format!("refused: {e}"),
+            };
+            bail!(
+                "case {n} ({}) on {}: the API server stores\n{}\nthe engine's path\n{}",
+                case.mutate,
+                case.object,
+                show(&actual),
+                show(&expected)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test]
+async fn translated_mutations_store_what_the_engine_stores() {
+    run_test(|cluster| async move {
+        let engine_ns = TestNamespace::new(cluster, "translation-engine").await?;
+        let api_ns = TestNamespace::new(cluster, "translation-api").await?;
+        let cases = corpus();
+        ensure!(cases.len() >= 60, "the corpus has {} cases", cases.len());
+        let client = cluster.client().await?;
+        let started = Instant::now();
+        let mut guards = Vec::new();
+        for object in admission_policies(&cases, api_ns.name())? {
+            let kind = object["kind"].as_str().unwrap_or_default().to_lowercase();
+            let name = object["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            guards.push(cluster.delete_on_drop(&kind, &name, None));
+            if let Err(refused) = create(&client, &object, false).await? {
+                bail!("the API server refuses {kind} {name}: {refused}");
+            }
+        }
+        let written = Instant::now();
+        eprintln!(
+            "the admission policies of {} cases written in {:?}",
+            cases.len(),
+            started.elapsed()
+        );
+        let (engine, api) = (engine_ns.name(), api_ns.name());
+        let changed: Vec<bool> = futures::stream::iter(cases.iter().enumerate())
+            .map(|(n, case)| check(&client, n, case, engine, api, written))
+            .buffer_unordered(8)
+            .try_collect()
+            .await?;
+        let changed = changed.into_iter().filter(|c| *c).count();
+        // The corpus is only worth something if it mutates.
+        ensure!(
+            changed * 2 > cases.len(),
+            "only {changed} of {} cases changed their object",
+            cases.len()
+        );
+        eprintln!(
+            "{} cases agree ({changed} mutated their object)",
+            cases.len()
+        );
+        drop(guards);
+        engine_ns.cleanup().await?;
+        api_ns.cleanup().await?;
+        Ok(())
+    })
+    .await;
+}
