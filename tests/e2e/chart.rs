@@ -224,6 +224,17 @@ async fn the_chart_renders_what_kustomize_installs() {
             "samples.enabled=true against config/samples",
         )?;
 
+        // The chart's appVersion is Gatehouse's version.
+        let chart_yaml: Value = serde_saphyr::from_str(&std::fs::read_to_string(
+            root.join("charts/gatehouse/Chart.yaml"),
+        )?)?;
+        ensure!(
+            chart_yaml["appVersion"] == env!("CARGO_PKG_VERSION"),
+            "Chart.yaml's appVersion {} is not the workspace version {}",
+            chart_yaml["appVersion"],
+            env!("CARGO_PKG_VERSION")
+        );
+
         // The CRDs Helm installs are the generated ones in crds/ (read as written: kustomize
         // would print 1.0 as 1).
         let crds = objects(&run_ok(cluster, "helm", &["show", "crds", &chart(cluster)]).await?)?;
@@ -251,7 +262,7 @@ async fn values_reach_the_objects() {
             "image.pullPolicy=Always",
             "resources.requests.cpu=250m",
             "resources.limits.memory=512Mi",
-            "podDisruptionBudget.minAvailable=2",
+            "podDisruptionBudget.minAvailable=50%",
             "excludeNamespaces={team-a,kube-system}",
             "leaseDuration=30s",
             "certificates.caValidity=2y",
@@ -306,7 +317,7 @@ async fn values_reach_the_objects() {
         ensure!(pod["priorityClassName"] == "system-cluster-critical", "priorityClassName: {}", pod["priorityClassName"]);
         ensure!(pod["imagePullSecrets"] == json!([{"name": "regcred"}]), "imagePullSecrets: {}", pod["imagePullSecrets"]);
         let pdb = objects.get("PodDisruptionBudget platform/gatehouse").context("no PodDisruptionBudget")?;
-        ensure!(pdb["spec"]["minAvailable"] == 2, "minAvailable: {}", pdb["spec"]["minAvailable"]);
+        ensure!(pdb["spec"]["minAvailable"] == "50%", "minAvailable: {}", pdb["spec"]["minAvailable"]);
         let binding = objects.get("ClusterRoleBinding /gatehouse").context("no ClusterRoleBinding")?;
         ensure!(binding["subjects"][0]["namespace"] == "platform", "the binding's subject: {}", binding["subjects"]);
         let cni = objects.get("DaemonSet kube-system/gatehouse-cni").context("no CNI DaemonSet")?;
@@ -318,6 +329,10 @@ async fn values_reach_the_objects() {
         ensure!(
             cni["spec"]["template"]["spec"]["initContainers"][0]["image"] == "registry.example/platform/gatehouse:0.1.0",
             "the DaemonSet runs another image"
+        );
+        ensure!(
+            cni["spec"]["template"]["spec"]["imagePullSecrets"] == json!([{"name": "regcred"}]),
+            "the DaemonSet pulls without the secrets"
         );
 
         // Turned off: no PodDisruptionBudget, no DaemonSet (cni.enabled defaults to false).
@@ -422,6 +437,8 @@ async fn a_wrong_value_is_refused_by_the_schema_with_the_field_name() {
                 "metrics.serviceMonitor.enabled=1",
                 "/metrics/serviceMonitor/enabled",
             ),
+            ("leaseDuration=0s", "/leaseDuration"),
+            ("leaseDuration=null", "leaseDuration"),
             ("replicas=3", "'replicas'"),
         ] {
             let out = run(

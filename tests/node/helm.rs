@@ -4,7 +4,7 @@
 //! `helm uninstall` leaving no webhook configuration or generated admission policy behind.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
@@ -12,30 +12,103 @@ use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
 use serde_json::Value;
 
 use super::{
-    NAMESPACE, NODE, SAMPLE_POLICIES, WAIT, dropped_capabilities, gatehouse_pods, get_json,
-    is_ready, pod, stderr, steady_creates,
+    NAMESPACE, NODE, SAMPLE_POLICIES, WAIT, creates_until, dropped_capabilities, gatehouse_pods,
+    get_json, is_ready, pod, stderr,
 };
 
 const RELEASE: &str = "gatehouse";
-/// A validating Policy of the user's, applied with kubectl beside the release.
+/// Policies of the user's, applied with kubectl beside the release.
 const OWN_POLICY: &str = "helm-e2e-labelled";
+const OWN_MUTATING_POLICY: &str = "helm-e2e-annotate";
+const OWN_ANNOTATION: &str = "helm-e2e/annotated";
 /// Labels of what Gatehouse generates (admission policies and their bindings).
 const GENERATED: &str = "app.kubernetes.io/managed-by=gatehouse";
 
-/// Pods in namespaces labelled `helm-e2e=strict` must carry an `app` label: runs in-process.
-fn own_policy() -> String {
+/// The user's own Policies, for Pods in namespaces labelled `helm-e2e=strict`: one requires an
+/// `app` label (in-process), one annotates Pods (on the webhook).
+fn own_policies() -> String {
+    let rules = serde_json::json!([{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}]);
+    let selector = serde_json::json!({"matchLabels": {"helm-e2e": "strict"}});
     serde_json::json!({
-        "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy",
-        "metadata": {"name": OWN_POLICY},
-        "spec": {
-            "match": {
-                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
-                "namespaceSelector": {"matchLabels": {"helm-e2e": "strict"}},
+        "apiVersion": "v1", "kind": "List",
+        "items": [
+            {
+                "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy",
+                "metadata": {"name": OWN_POLICY},
+                "spec": {
+                    "match": {"rules": rules, "namespaceSelector": selector},
+                    "validate": [{"expression": "has(object.metadata.labels) && 'app' in object.metadata.labels", "message": "Pods need an app label"}],
+                },
             },
-            "validate": [{"expression": "has(object.metadata.labels) && 'app' in object.metadata.labels", "message": "Pods need an app label"}],
-        },
+            {
+                "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy",
+                "metadata": {"name": OWN_MUTATING_POLICY},
+                "spec": {
+                    "match": {"rules": rules, "namespaceSelector": selector},
+                    "mutate": [{"merge": {"metadata": {"annotations": {OWN_ANNOTATION: "yes"}}}}],
+                },
+            },
+        ],
     })
     .to_string()
+}
+
+/// A server dry-run create of a Pod in `namespace`, labelled `app: <app>` if given: the Pod as it
+/// would be stored, or the refusal.
+async fn dry_run_pod(
+    cluster: &Cluster,
+    namespace: &str,
+    app: Option<&str>,
+) -> anyhow::Result<Result<Value, String>> {
+    let mut p: Value = serde_json::from_str(&pod("probe", namespace, true))?;
+    if let Some(app) = app {
+        p["metadata"]["labels"] = serde_json::json!({"app": app});
+    }
+    let out = cluster
+        .kubectl_output(
+            ["create", "--dry-run=server", "-o", "json", "-f", "-"],
+            Some(&p.to_string()),
+        )
+        .await?;
+    if out.status.success() {
+        Ok(Ok(serde_json::from_slice(&out.stdout)?))
+    } else {
+        Ok(Err(stderr(&out)))
+    }
+}
+
+/// Uninstalls the release if the test ends before it does (so the kustomize test after it finds
+/// the node clean).
+struct ReleaseGuard {
+    helm: std::path::PathBuf,
+    kubeconfig: std::path::PathBuf,
+    armed: bool,
+}
+
+impl ReleaseGuard {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for ReleaseGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = std::process::Command::new(&self.helm)
+                .args([
+                    "uninstall",
+                    RELEASE,
+                    "-n",
+                    NAMESPACE,
+                    "--wait",
+                    "--timeout",
+                    "120s",
+                    "--kubeconfig",
+                ])
+                .arg(&self.kubeconfig)
+                .status();
+        }
+    }
 }
 
 /// Runs helm against the node cluster, failing with its stderr.
@@ -132,6 +205,12 @@ async fn helm_installs_upgrades_and_uninstalls_on_the_node() {
             "cni.binDir={}",
             cluster.state_dir().join("node/cni-bin").display()
         );
+        let release = ReleaseGuard {
+            helm: cluster.bin_dir().join("helm"),
+            kubeconfig: cluster.kubeconfig().to_path_buf(),
+            armed: true,
+        };
+
         helm(
             cluster,
             &[
@@ -248,11 +327,12 @@ async fn helm_installs_upgrades_and_uninstalls_on_the_node() {
         // none is refused and every one is mutated.
         let load = TestNamespace::new(cluster, "helm-load").await?;
         let failures = Arc::new(AtomicUsize::new(0));
-        let creating = tokio::spawn(steady_creates(
+        let stop = Arc::new(AtomicBool::new(false));
+        let creating = tokio::spawn(creates_until(
             cluster,
             load.name().to_owned(),
             5,
-            Duration::from_secs(45),
+            stop.clone(),
             failures.clone(),
         ));
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -273,6 +353,19 @@ async fn helm_installs_upgrades_and_uninstalls_on_the_node() {
             ],
         )
         .await?;
+        // --wait returns once the new replicas are Ready; the old ones still drain. The load
+        // goes on until they are gone, and a moment more.
+        let old: Vec<Value> = replicas
+            .iter()
+            .map(|p| p["metadata"]["name"].clone())
+            .collect();
+        await_condition("the old replicas gone", WAIT, || async {
+            let pods = gatehouse_pods(cluster).await?;
+            Ok((!pods.iter().any(|p| old.contains(&p["metadata"]["name"]))).then_some(()))
+        })
+        .await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        stop.store(true, Ordering::SeqCst);
         let names = creating.await??;
         ensure!(
             failures.load(Ordering::SeqCst) == 0,
@@ -335,18 +428,34 @@ async fn helm_installs_upgrades_and_uninstalls_on_the_node() {
 
         // Uninstall as the README says: users' Pods and the samples first, while Gatehouse still
         // runs (an IPPool is held by a finalizer the leader removes; `helm uninstall` deletes the
-        // RBAC before custom resources). A Policy of the user's own, run in-process, stays
-        // through the uninstall: what Gatehouse generated for it must go with the release.
+        // RBAC before custom resources). Two Policies of the user's own stay through the
+        // uninstall, one on the webhook and one in-process: what Gatehouse wrote for them must go
+        // with the release, and a Pod they would change or refuse is then created as it is.
         for ns in [plain, injected, load] {
             ns.cleanup().await?;
         }
         let _own = cluster.delete_on_drop("policy", OWN_POLICY, None);
+        let _own_mutating = cluster.delete_on_drop("policy", OWN_MUTATING_POLICY, None);
         cluster
-            .kubectl_ok(["apply", "-f", "-"], Some(&own_policy()))
+            .kubectl_ok(["apply", "-f", "-"], Some(&own_policies()))
             .await?;
-        await_condition("the user's Policy in-process", WAIT, || async {
-            let p = get_json(cluster, &["policy", OWN_POLICY]).await?;
-            Ok(p.filter(|p| p["status"]["enforcement"] == "InProcess"))
+        let strict = TestNamespace::new(cluster, "helm-strict").await?;
+        cluster
+            .kubectl_ok(
+                ["label", "namespace", strict.name(), "helm-e2e=strict"],
+                None,
+            )
+            .await?;
+        await_condition("the user's Policies enforced", WAIT, || async {
+            let in_process = get_json(cluster, &["policy", OWN_POLICY]).await?;
+            if !in_process.is_some_and(|p| p["status"]["enforcement"] == "InProcess") {
+                return Ok(None);
+            }
+            let refused = dry_run_pod(cluster, strict.name(), None).await?.is_err();
+            let annotated = dry_run_pod(cluster, strict.name(), Some("web"))
+                .await?
+                .is_ok_and(|p| p["metadata"]["annotations"][OWN_ANNOTATION] == "yes");
+            Ok((refused && annotated).then_some(()))
         })
         .await?;
         helm(
@@ -399,6 +508,7 @@ async fn helm_installs_upgrades_and_uninstalls_on_the_node() {
             ],
         )
         .await?;
+        release.disarm();
         await_condition("nothing Gatehouse wrote left", WAIT, || async {
             let left = generated_objects(cluster).await?;
             Ok(left.is_empty().then_some(()))
@@ -418,25 +528,36 @@ async fn helm_installs_upgrades_and_uninstalls_on_the_node() {
             })
             .await?;
         }
-        let after = TestNamespace::new(cluster, "helm-after").await?;
-        let out = cluster
+        // The API server drops a deleted admission policy a moment after the garbage collector.
+        let created = await_condition(
+            "a Pod without an app label admitted after helm uninstall",
+            WAIT,
+            || async { Ok(dry_run_pod(cluster, strict.name(), None).await?.ok()) },
+        )
+        .await?;
+        ensure!(
+            created["metadata"]["annotations"][OWN_ANNOTATION].is_null(),
+            "mutated after helm uninstall: {}",
+            created["metadata"]
+        );
+        let plain_after = cluster
             .kubectl_output(
                 ["create", "-o", "json", "-f", "-"],
-                Some(&pod("after", after.name(), false)),
+                Some(&pod("after", strict.name(), false)),
             )
             .await?;
         ensure!(
-            out.status.success(),
+            plain_after.status.success(),
             "a Pod after helm uninstall: {}",
-            stderr(&out)
+            stderr(&plain_after)
         );
-        let created: Value = serde_json::from_slice(&out.stdout)?;
+        let plain_after: Value = serde_json::from_slice(&plain_after.stdout)?;
         ensure!(
-            dropped_capabilities(&created).is_empty(),
+            dropped_capabilities(&plain_after).is_empty(),
             "mutated after helm uninstall: {}",
-            created["spec"]
+            plain_after["spec"]
         );
-        after.cleanup().await?;
+        strict.cleanup().await?;
 
         // The namespace --create-namespace made is the user's to delete (Helm leaves it, and the
         // CRDs, in place); deleting it leaves the node as the kustomize test expects it.

@@ -5,15 +5,15 @@
 //! two replicas running as the ServiceAccount of `config/rbac` on the node, the API server calling
 //! them through the `gatehouse-webhook` Service, the samples admitting and rejecting Pods that then
 //! run, a replica deleted under load without a failed review, and `kubectl delete -k` leaving no
-//! webhook behind; then the same with Helm (`helm.rs`). The tests install into the same namespace,
-//! so `tests/run` runs them one at a time (`--test-threads=1`).
+//! webhook behind; and the same with Helm (`helm.rs`). The tests install into the same namespace,
+//! so `tests/run` runs them one at a time (`--test-threads=1`; the Helm test first, by name).
 //!
 //! Not part of plain `cargo test` (it needs the node); `tests/run` runs it as
-//! `cargo test -p gatehouse-e2e --test node` against the node cluster.
+//! `cargo test -p gatehouse-e2e --test node -- --test-threads=1` against the node cluster.
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
@@ -185,11 +185,31 @@ async fn steady_creates(
     duration: Duration,
     failures: Arc<AtomicUsize>,
 ) -> anyhow::Result<Vec<String>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let timer = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(duration).await;
+            stop.store(true, Ordering::SeqCst);
+        })
+    };
+    let names = creates_until(cluster, namespace, per_second, stop, failures).await;
+    timer.abort();
+    names
+}
+
+/// Creates gated Pods in `namespace` at a steady rate until `stop` is set, counting refused ones.
+async fn creates_until(
+    cluster: &'static Cluster,
+    namespace: String,
+    per_second: u32,
+    stop: Arc<AtomicBool>,
+    failures: Arc<AtomicUsize>,
+) -> anyhow::Result<Vec<String>> {
     let mut ticker = tokio::time::interval(Duration::from_secs(1) / per_second);
-    let start = Instant::now();
     let mut creates = tokio::task::JoinSet::new();
     let mut i = 0;
-    while start.elapsed() < duration {
+    while !stop.load(Ordering::SeqCst) {
         ticker.tick().await;
         let (ns, failures, name) = (namespace.clone(), failures.clone(), format!("load-{i}"));
         i += 1;
