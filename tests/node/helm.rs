@@ -136,6 +136,27 @@ async fn helm(cluster: &Cluster, args: &[&str]) -> anyhow::Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// `helm upgrade` of the release with its values and `set`, waiting for the rollout.
+async fn upgrade(cluster: &Cluster, chart: &str, set: &str) -> anyhow::Result<String> {
+    helm(
+        cluster,
+        &[
+            "upgrade",
+            RELEASE,
+            chart,
+            "-n",
+            NAMESPACE,
+            "--reuse-values",
+            "--set",
+            set,
+            "--wait",
+            "--timeout",
+            "180s",
+        ],
+    )
+    .await
+}
+
 /// Ready Gatehouse replicas, each with the container args it runs.
 async fn ready_replicas(cluster: &Cluster) -> anyhow::Result<Vec<Value>> {
     Ok(gatehouse_pods(cluster)
@@ -336,23 +357,7 @@ async fn helm_installs_upgrades_and_uninstalls_on_the_node() {
             failures.clone(),
         ));
         tokio::time::sleep(Duration::from_secs(3)).await;
-        helm(
-            cluster,
-            &[
-                "upgrade",
-                RELEASE,
-                &chart,
-                "-n",
-                NAMESPACE,
-                "--reuse-values",
-                "--set",
-                "logFormat=json",
-                "--wait",
-                "--timeout",
-                "180s",
-            ],
-        )
-        .await?;
+        upgrade(cluster, &chart, "logFormat=json").await?;
         // --wait returns once the new replicas are Ready; the old ones still drain. The load
         // goes on until they are gone, and a moment more.
         let old: Vec<Value> = replicas
@@ -458,23 +463,7 @@ async fn helm_installs_upgrades_and_uninstalls_on_the_node() {
             Ok((refused && annotated).then_some(()))
         })
         .await?;
-        helm(
-            cluster,
-            &[
-                "upgrade",
-                RELEASE,
-                &chart,
-                "-n",
-                NAMESPACE,
-                "--reuse-values",
-                "--set",
-                "samples.enabled=false",
-                "--wait",
-                "--timeout",
-                "180s",
-            ],
-        )
-        .await?;
+        upgrade(cluster, &chart, "samples.enabled=false").await?;
         for (kind, name) in [
             ("ippool", "pods-v4"),
             ("policy", "drop-bpf"),
