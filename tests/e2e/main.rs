@@ -6,6 +6,7 @@ mod faults;
 mod fixtures;
 mod hostile;
 mod in_process;
+mod in_process_mutation;
 mod in_process_parity;
 mod install;
 mod ipam;

@@ -208,21 +208,34 @@ pub fn explain(policies: &[CompiledPolicy]) -> Vec<String> {
         owner_cluster_role: None,
         owner: None,
     };
-    policies
+    let policies: Vec<Policy> = policies
         .iter()
-        .map(|p| {
-            let policy = Policy::new(p.name(), p.spec().clone());
-            let placed = match admission_policy::place(&policy, &wiring, true) {
+        .map(|p| Policy::new(p.name(), p.spec().clone()))
+        .collect();
+    let refs: Vec<&Policy> = policies.iter().collect();
+    let served = admission_policy::Served {
+        validating: true,
+        mutating: true,
+    };
+    let (placements, _) = admission_policy::place_all(&refs, &wiring, served);
+    placements
+        .into_iter()
+        .map(|(p, placement)| {
+            let placed = match placement {
                 Placement::InProcess(objects) => format!(
                     "in-process, as ValidatingAdmissionPolicy {}",
                     objects.policy.metadata.name.unwrap_or_default()
+                ),
+                Placement::InProcessMutating => format!(
+                    "in-process, in MutatingAdmissionPolicy {}",
+                    crate::controller::wiring::mutating_policy::MUTATING_NAME
                 ),
                 Placement::Webhook(reason) => format!("webhook: {reason}"),
                 Placement::Refused(reason) => {
                     format!("nowhere (enforcement is InProcess): {reason}")
                 }
             };
-            format!("policy {:?} runs {placed}", p.name())
+            format!("policy {:?} runs {placed}", kube::ResourceExt::name_any(p))
         })
         .collect()
 }

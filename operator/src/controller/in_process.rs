@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
-    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, ValidatingAdmissionPolicy,
+    ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
@@ -27,11 +28,13 @@ use tracing::{info, warn};
 
 use crate::error_chain::chain;
 
+use super::in_process_mutating::{MutatingCaches, MutatingMemory};
 use super::status::Verdict;
 use super::wiring::Wiring;
 use super::wiring::admission_policy::{
-    self, InProcess, POLICY_ANNOTATION, PROBE_LABEL, Placement, probe_message,
+    self, InProcess, POLICY_ANNOTATION, PROBE_LABEL, Placement, Served, probe_message,
 };
+use super::wiring::mutating_policy::{MUTATING_GENERATED_LABEL, MUTATING_NAME};
 use super::writes::apply_body;
 use super::{ControllerContext, FIELD_MANAGER, ReconcileError, Refusal, SpecVersion};
 use crate::api::v1alpha1::{EnforcementPoint, Policy};
@@ -75,8 +78,20 @@ pub fn verdicts(
             let verdict = match placement {
                 Some(Placement::InProcess(objects)) if memory.confirmed.contains_key(&name) => {
                     Verdict::InProcess {
-                        generated: objects.policy.name_any(),
+                        generated: format!(
+                            "ValidatingAdmissionPolicy {} and its binding",
+                            objects.policy.name_any()
+                        ),
                         type_warnings: memory.type_warnings.get(&name).cloned(),
+                    }
+                }
+                Some(Placement::InProcessMutating) if memory.mutating.confirmed(&policy) => {
+                    Verdict::InProcess {
+                        generated: format!(
+                            "MutatingAdmissionPolicy {MUTATING_NAME} and its binding, in \
+                             (priority, name) order with the other in-process mutating Policies"
+                        ),
+                        type_warnings: None,
                     }
                 }
                 Some(Placement::Refused(reason)) => Verdict::NotInProcess(reason.clone()),
@@ -103,12 +118,16 @@ pub struct InProcessMemory {
     leaving: HashMap<String, Instant>,
     /// What the API server's type checking says of a Policy's generated policy, by Policy.
     type_warnings: HashMap<String, String>,
+    /// The generated MutatingAdmissionPolicy.
+    pub mutating: MutatingMemory,
 }
 
 /// The generated objects as the watches see them.
 pub struct GeneratedCaches {
     pub policies: Store<ValidatingAdmissionPolicy>,
     pub bindings: Store<ValidatingAdmissionPolicyBinding>,
+    /// The generated MutatingAdmissionPolicy and binding, when the API server serves them.
+    pub mutating: Option<MutatingCaches>,
 }
 
 /// Watches of the generated ValidatingAdmissionPolicies and bindings, when the API server serves
@@ -121,7 +140,7 @@ pub async fn watch(
     futures::future::BoxFuture<'static, ()>,
 ) {
     let served = loop {
-        match vap_served(client).await {
+        match admission_policies_served(client).await {
             Ok(served) => break served,
             Err(e) => {
                 let e = ReconcileError::Discover { source: e };
@@ -130,6 +149,10 @@ pub async fn watch(
             }
         }
     };
+    let Served {
+        validating: served,
+        mutating: mutating_served,
+    } = served;
     if !served {
         info!(
             "the API server does not serve ValidatingAdmissionPolicy v1: every Policy runs on the webhook"
@@ -145,21 +168,56 @@ pub async fn watch(
         reflect::<ValidatingAdmissionPolicy>(client.clone(), labelled.clone(), trigger.clone());
     let (bindings, bindings_watch) =
         reflect::<ValidatingAdmissionPolicyBinding>(client.clone(), labelled, trigger.clone());
+    let (mutating, mutating_watch): (_, futures::future::BoxFuture<'static, ()>) =
+        if mutating_served {
+            let labelled = watcher::Config::default().labels(&format!(
+                "{}={}",
+                MUTATING_GENERATED_LABEL.0, MUTATING_GENERATED_LABEL.1
+            ));
+            let (policies, policies_watch) = reflect::<MutatingAdmissionPolicy>(
+                client.clone(),
+                labelled.clone(),
+                trigger.clone(),
+            );
+            let (bindings, bindings_watch) = reflect::<MutatingAdmissionPolicyBinding>(
+                client.clone(),
+                labelled,
+                trigger.clone(),
+            );
+            let watches = Box::pin(async move {
+                tokio::join!(policies_watch, bindings_watch);
+            });
+            (Some(MutatingCaches { policies, bindings }), watches)
+        } else {
+            info!(
+                "the API server does not serve MutatingAdmissionPolicy v1: every mutating Policy runs on the webhook"
+            );
+            (None, Box::pin(std::future::pending()))
+        };
     let watches = Box::pin(async move {
-        tokio::join!(policies_watch, bindings_watch);
+        tokio::join!(policies_watch, bindings_watch, mutating_watch);
     });
-    (Some(GeneratedCaches { policies, bindings }), watches)
+    (
+        Some(GeneratedCaches {
+            policies,
+            bindings,
+            mutating,
+        }),
+        watches,
+    )
 }
 
-/// Whether the API server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy.
-pub async fn vap_served(client: &Client) -> Result<bool, kube::Error> {
+/// Whether the API server serves admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy and
+/// MutatingAdmissionPolicy.
+pub async fn admission_policies_served(client: &Client) -> Result<Served, kube::Error> {
     let resources = client
         .list_api_group_resources("admissionregistration.k8s.io/v1")
         .await?;
-    Ok(resources
-        .resources
-        .iter()
-        .any(|r| r.name == "validatingadmissionpolicies"))
+    let served = |name: &str| resources.resources.iter().any(|r| r.name == name);
+    Ok(Served {
+        validating: served("validatingadmissionpolicies"),
+        mutating: served("mutatingadmissionpolicies"),
+    })
 }
 
 /// Applies the generated objects of every Policy placed in-process that the API server does not
@@ -309,7 +367,7 @@ pub async fn remove_stale(
 
 /// Whether `cache` holds an object named like `desired` with everything `desired` says (the
 /// API server adds defaults, which are no drift).
-fn holds<K>(cache: &Store<K>, desired: &K) -> bool
+pub(super) fn holds<K>(cache: &Store<K>, desired: &K) -> bool
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned,
 {
@@ -345,7 +403,7 @@ fn contains(outer: &serde_json::Value, inner: &serde_json::Value) -> bool {
 }
 
 /// Server-side applies `desired`; `Err(message)` when the API server refuses it as invalid.
-async fn apply<K>(
+pub(super) async fn apply<K>(
     ctx: &ControllerContext,
     desired: &K,
     leader: &watch::Receiver<Leadership>,
@@ -371,7 +429,7 @@ where
     }
 }
 
-async fn delete<K>(
+pub(super) async fn delete<K>(
     ctx: &ControllerContext,
     name: &str,
     leader: &watch::Receiver<Leadership>,

@@ -2,6 +2,7 @@
 //! server-side apply → status. One coalescing loop owns both webhook configurations, so a burst
 //! of Policy changes costs a handful of writes, not one per Policy.
 mod in_process;
+mod in_process_mutating;
 pub mod isolate;
 pub mod status;
 #[cfg(test)]
@@ -44,7 +45,7 @@ use in_process::{GeneratedCaches, InProcessMemory};
 use isolate::{DryRun, SearchError};
 use status::Verdict;
 use wire::{Decided, owned_wiring, wire};
-use wiring::admission_policy::Placement;
+use wiring::admission_policy::Served;
 use wiring::{CONFIGURATION_NAME, Wiring};
 use writes::*;
 
@@ -358,22 +359,35 @@ async fn reconcile_all(
     } else {
         None
     };
-    let placements: Vec<(&Policy, Placement)> = match &wiring {
-        Some(wiring) => valid
+    // A Policy the API server refused runs nowhere, so it neither holds a place in the
+    // in-process mutation order nor blocks one; a new spec of it is tried again.
+    applied.rejected.retain(|name, refusal| {
+        valid
             .iter()
-            .map(|p| {
-                let placement =
-                    wiring::admission_policy::place(p, wiring, caches.generated.is_some());
-                (p.as_ref(), placement)
-            })
-            .collect(),
-        None => Vec::new(),
+            .any(|p| p.name_any() == *name && SpecVersion::of(p) == refusal.spec)
+    });
+    let placeable: Vec<&Policy> = valid
+        .iter()
+        .map(|p| p.as_ref())
+        .filter(|p| !applied.rejected.contains_key(&p.name_any()))
+        .collect();
+    let served = Served {
+        validating: caches.generated.is_some(),
+        mutating: caches
+            .generated
+            .as_ref()
+            .is_some_and(|g| g.mutating.is_some()),
+    };
+    let (placements, generated_mutation) = match &wiring {
+        Some(wiring) => wiring::admission_policy::place_all(&placeable, wiring, served),
+        None => (Vec::new(), None),
     };
     let wired = match &wiring {
         Some(wiring) => {
             let decided = Decided {
                 valid: &valid,
                 placements: &placements,
+                generated_mutation: generated_mutation.as_ref(),
                 wiring,
                 bundle,
             };

@@ -27,8 +27,8 @@ pub enum Verdict {
         /// Why it does not run in-process.
         webhook_because: String,
     },
-    /// Enforced by the API server itself, as the ValidatingAdmissionPolicy and binding named
-    /// `generated`; `type_warnings`: what the API server's type checking says of it.
+    /// Enforced by the API server itself, as `generated` (the generated objects, by kind and
+    /// name); `type_warnings`: what the API server's type checking says of them.
     InProcess {
         generated: String,
         type_warnings: Option<String>,
@@ -82,8 +82,7 @@ pub fn desired_status(policy: &Policy, outcome: &Verdict, now: Time) -> Option<P
             "True",
             REASON_IN_PROCESS,
             format!(
-                "enforced in-process by the API server as ValidatingAdmissionPolicy {generated} \
-                 and its binding{}",
+                "enforced in-process by the API server as {generated}{}",
                 type_warnings
                     .as_ref()
                     .map(|w| format!(" ({w}; a warning: the API server enforces it all the same)"))

@@ -9,12 +9,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use super::in_process;
 use super::isolate::{self, Culprit, DryRun, Split};
 use super::wiring::admission_policy::Placement;
+use super::wiring::mutating_policy::InProcessMutation;
 use super::wiring::{self, Wiring};
 use super::writes::*;
 use super::{Applied, ControllerContext, PolicyCaches, ReconcileError, Refusal, SpecVersion};
+use super::{in_process, in_process_mutating};
 use crate::api::v1alpha1::Policy;
 use crate::error_chain::chain;
 use crate::lease::Leadership;
@@ -28,6 +29,7 @@ fn on_webhook<'a>(placements: &[(&'a Policy, Placement)], applied: &Applied) -> 
         .filter(|(p, placement)| match placement {
             Placement::Webhook(_) => true,
             Placement::InProcess(_) => !applied.in_process.confirmed.contains_key(&p.name_any()),
+            Placement::InProcessMutating => !applied.in_process.mutating.confirmed(p),
             Placement::Refused(_) => false,
         })
         .map(|(p, _)| *p)
@@ -38,8 +40,10 @@ fn on_webhook<'a>(placements: &[(&'a Policy, Placement)], applied: &Applied) -> 
 pub(super) struct Decided<'a> {
     /// The valid Policies.
     pub valid: &'a [Arc<Policy>],
-    /// Where each of them runs.
+    /// Where each of them runs (the ones the API server refused left out).
     pub placements: &'a [(&'a Policy, Placement)],
+    /// The MutatingAdmissionPolicy of the mutating Policies placed in-process, if any.
+    pub generated_mutation: Option<&'a InProcessMutation>,
     /// The wiring, with its owner.
     pub wiring: &'a Wiring,
     /// The CA bundle the entries carry.
@@ -60,6 +64,7 @@ pub(super) async fn wire(
     let Decided {
         valid,
         placements,
+        generated_mutation,
         wiring,
         bundle,
     } = decided;
@@ -78,6 +83,20 @@ pub(super) async fn wire(
             placements,
             leader,
             &mut applied.in_process,
+            &mut applied.rejected,
+        )
+        .await?;
+    }
+    let mut mutating_wake = None;
+    if let Some(mutating) = caches.generated.as_ref().and_then(|g| g.mutating.as_ref()) {
+        mutating_wake = in_process_mutating::enforce(
+            ctx,
+            wiring,
+            mutating,
+            *generated_mutation,
+            placements,
+            leader,
+            &mut applied.in_process.mutating,
             &mut applied.rejected,
         )
         .await?;
@@ -116,7 +135,7 @@ pub(super) async fn wire(
     } else {
         first?;
     }
-    match &caches.generated {
+    let stale_wake = match &caches.generated {
         Some(generated) => {
             in_process::remove_stale(
                 ctx,
@@ -126,10 +145,11 @@ pub(super) async fn wire(
                 leader,
                 &mut applied.in_process,
             )
-            .await
+            .await?
         }
-        None => Ok(None),
-    }
+        None => None,
+    };
+    Ok([mutating_wake, stale_wake].into_iter().flatten().min())
 }
 
 /// The wiring with its owner: the installation's ClusterRole, read once (and again each pass

@@ -284,7 +284,7 @@ fn is_scalars(items: &[Value]) -> bool {
 }
 
 /// A CEL string literal (JSON's escapes are CEL's).
-fn string_literal(s: &str) -> String {
+pub(crate) fn string_literal(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 

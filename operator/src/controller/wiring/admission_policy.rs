@@ -22,6 +22,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
+use super::mutating_policy::{InProcessMutation, MutatingPlacement, place_mutating};
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, match_conditions, namespace_selector, rules};
 use crate::api::v1alpha1::{Enforcement, Policy, ValidationAction};
 use crate::engine::group::fnv1a;
@@ -188,6 +189,9 @@ fn generated_meta(name: &str, p: &Policy, wiring: &Wiring) -> ObjectMeta {
 pub enum Placement {
     /// In the API server, as these objects.
     InProcess(Box<InProcess>),
+    /// In the API server, as a member of the generated MutatingAdmissionPolicy
+    /// ([`super::mutating_policy`]).
+    InProcessMutating,
     /// On the webhook, and why not in-process.
     Webhook(String),
     /// Nowhere: `enforcement: InProcess` and this is why it cannot be.
@@ -218,6 +222,39 @@ pub fn place(p: &Policy, wiring: &Wiring, vap_served: bool) -> Placement {
         Err(reason) if required => Placement::Refused(reason),
         Err(reason) => Placement::Webhook(reason),
     }
+}
+
+/// Where every Policy runs, in the order given, and the generated MutatingAdmissionPolicy of
+/// the mutating ones that run in-process: validating Policies are placed one by one
+/// ([`place`]), mutating ones together ([`super::mutating_policy::place_mutating`]), since
+/// their order across Policies decides where they can run.
+pub fn place_all<'p>(
+    policies: &[&'p Policy],
+    wiring: &Wiring,
+    served: Served,
+) -> (Vec<(&'p Policy, Placement)>, Option<InProcessMutation>) {
+    let (mutating, generated) = place_mutating(policies, wiring, served.mutating);
+    let placements = policies
+        .iter()
+        .map(|p| {
+            let name = p.metadata.name.as_deref().unwrap_or_default();
+            let placement = match mutating.iter().find(|(n, _)| n == name) {
+                Some((_, MutatingPlacement::InProcess)) => Placement::InProcessMutating,
+                Some((_, MutatingPlacement::Webhook(reason))) => Placement::Webhook(reason.clone()),
+                Some((_, MutatingPlacement::Refused(reason))) => Placement::Refused(reason.clone()),
+                None => place(p, wiring, served.validating),
+            };
+            (*p, placement)
+        })
+        .collect();
+    (placements, generated)
+}
+
+/// Which admission policies the API server serves in admissionregistration.k8s.io/v1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Served {
+    pub validating: bool,
+    pub mutating: bool,
 }
 
 /// What the API server's type checking (kube-controller-manager's

@@ -9,6 +9,7 @@
 //! entry in the annotation [`GROUPS_ANNOTATION`], so every replica can answer every entry the
 //! API server may call.
 pub mod admission_policy;
+pub mod mutating_policy;
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,0 +1,561 @@
+//! Mutating Policies → one MutatingAdmissionPolicy (and its binding) the API server runs
+//! in-process, holding the mutations of every Policy that can run there exactly, in
+//! (priority, name) order; the others stay on the webhook with the reason.
+//!
+//! Why one policy: the API server runs MutatingAdmissionPolicies in no defined order among
+//! themselves, and only the mutations inside one run in order. Why a prefix: they all run before
+//! every mutating webhook, so a Policy can move in only while no Policy before it in the order
+//! stays on the webhook.
+//!
+//! Each Policy's `mutate[]` entries become [`jsonpatch_cel`] mutations, repeated as many passes
+//! as the engine makes at most (a settled pass is a no-op), each guarded by the Policy's match
+//! (rules, namespaceSelector, objectSelector, conditions) written in CEL. The API server
+//! evaluates every mutation on the previous one's output, where the webhook matches a Policy
+//! once before its mutations; so a Policy whose match reads the object runs in-process only when
+//! it yields one mutation.
+//!
+//! What keeps a Policy on the webhook, besides what [`jsonpatch_cel`] refuses:
+//! - the policy has one `failurePolicy` (`Fail`): an `Ignore` Policy may join only when nothing of
+//!   it can fail at run time (no `when` guard, no match condition);
+//! - the policy is never reinvoked (`reinvocationPolicy: Never`, since reinvoking it would rerun
+//!   `Never` Policies): an `IfNeeded` Policy joins only when a reinvocation could not change
+//!   what it did — plain merges (no `forEach`, `when` or `overwrite`), a match that does not read
+//!   the object, and no `overwrite` in any Policy after it;
+//! - validations (they run after every mutation), effects (their marking stays on the webhook),
+//!   subresources and CONNECT.
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    JSONPatch, MatchResources, MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
+    MutatingAdmissionPolicyBindingSpec, MutatingAdmissionPolicySpec, Mutation,
+    NamedRuleWithOperations,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+
+use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, namespace_selector};
+use crate::api::v1alpha1::{
+    Enforcement, FailurePolicy, Operation, Policy, ReinvocationPolicy, Rule,
+};
+use crate::engine::cel;
+use crate::engine::jsonpatch_cel::{self, string_literal};
+use crate::engine::policy::is_mutating;
+
+/// Name of the generated MutatingAdmissionPolicy and its binding.
+pub const MUTATING_NAME: &str = "gatehouse-mutating";
+/// Label on the generated mutating objects, so a watch can select them.
+pub const MUTATING_GENERATED_LABEL: (&str, &str) = ("gatehouse.dev/generated", "mutating");
+/// Annotation on the generated policy: its member Policies, in order, comma-separated.
+pub const MEMBERS_ANNOTATION: &str = "gatehouse.dev/policies";
+
+/// The generated objects that run the in-process mutating Policies.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InProcessMutation {
+    pub policy: MutatingAdmissionPolicy,
+    pub binding: MutatingAdmissionPolicyBinding,
+    /// The member Policies, in order.
+    pub members: Vec<String>,
+}
+
+/// Where one mutating Policy runs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum MutatingPlacement {
+    /// A member of the generated MutatingAdmissionPolicy.
+    InProcess,
+    /// On the webhook, and why not in-process.
+    Webhook(String),
+    /// Nowhere: `enforcement: InProcess` and this is why it cannot be.
+    Refused(String),
+}
+
+/// The placement of every mutating Policy (by name) and the generated objects, if any Policy
+/// runs in-process. `served`: whether the API server serves admissionregistration.k8s.io/v1
+/// MutatingAdmissionPolicy.
+pub fn place_mutating(
+    policies: &[&Policy],
+    wiring: &Wiring,
+    served: bool,
+) -> (Vec<(String, MutatingPlacement)>, Option<InProcessMutation>) {
+    let mut ordered: Vec<&Policy> = policies
+        .iter()
+        .copied()
+        .filter(|p| is_mutating(&p.spec))
+        .collect();
+    ordered.sort_by(|a, b| (a.spec.priority, name(a)).cmp(&(b.spec.priority, name(b))));
+    let mut placements = Vec::new();
+    let mut members = Vec::new();
+    let mut mutations: Vec<Mutation> = Vec::new();
+    let mut rules: Vec<&Rule> = Vec::new();
+    // The first Policy in the order that runs on the webhook: every later one must too.
+    let mut on_webhook: Option<&str> = None;
+    for (i, p) in ordered.iter().enumerate() {
+        let required = match p.spec.enforcement {
+            Enforcement::Webhook => {
+                placements.push((
+                    name(p).to_string(),
+                    MutatingPlacement::Webhook("spec.enforcement is Webhook".to_string()),
+                ));
+                on_webhook.get_or_insert(name(p));
+                continue;
+            }
+            Enforcement::Auto => false,
+            Enforcement::InProcess => true,
+        };
+        let later_overwrites = ordered[i + 1..]
+            .iter()
+            .any(|later| later.spec.mutate.iter().any(|m| m.overwrite));
+        let translated = if !required {
+            Err(
+                "in-process mutation is opt-in (spec.enforcement: InProcess): the API server \
+                 fails every request whose patch names a field its schema lacks, which \
+                 Gatehouse does not check yet"
+                    .to_string(),
+            )
+        } else if !served {
+            Err(
+                "the API server does not serve admissionregistration.k8s.io/v1 \
+                 MutatingAdmissionPolicy"
+                    .to_string(),
+            )
+        } else if let Some(first) = on_webhook {
+            Err(format!(
+                "Policy {first} comes before it in (priority, name) order and runs on the \
+                 webhook, and in-process mutations run before every webhook"
+            ))
+        } else {
+            policy_mutations(p, later_overwrites)
+        };
+        let placement = match translated {
+            Ok(own) => {
+                mutations.extend(own);
+                rules.extend(p.spec.match_.rules.iter());
+                members.push(name(p).to_string());
+                MutatingPlacement::InProcess
+            }
+            Err(reason) if required => MutatingPlacement::Refused(reason),
+            Err(reason) => {
+                on_webhook.get_or_insert(name(p));
+                MutatingPlacement::Webhook(reason)
+            }
+        };
+        placements.push((name(p).to_string(), placement));
+    }
+    let generated =
+        (!members.is_empty()).then(|| generated_objects(members, mutations, &rules, wiring));
+    (placements, generated)
+}
+
+fn name(p: &Policy) -> &str {
+    p.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// The mutations of one Policy, each guarded by its match, or why it cannot run in-process.
+/// `later_overwrites`: whether a Policy after it in the order overwrites.
+pub fn policy_mutations(p: &Policy, later_overwrites: bool) -> Result<Vec<Mutation>, String> {
+    let spec = &p.spec;
+    if !spec.effects.is_empty() {
+        return Err(
+            "spec.effects: the marking for effects runs on the webhook (its scheduling gate \
+             and pool mark are not translated)"
+                .to_string(),
+        );
+    }
+    if !spec.validate.is_empty() {
+        return Err(
+            "spec.validate: a Policy with both mutations and validations runs on the webhook"
+                .to_string(),
+        );
+    }
+    for (i, rule) in spec.match_.rules.iter().enumerate() {
+        if rule.operations.contains(&Operation::Connect) {
+            return Err(format!(
+                "spec.match.rules[{i}].operations: CONNECT requests carry options, not the object"
+            ));
+        }
+        if let Some(r) = rule.resources.iter().find(|r| r.contains('/')) {
+            return Err(format!(
+                "spec.match.rules[{i}].resources: {r:?} is a subresource, which runs on the webhook"
+            ));
+        }
+    }
+    let guarded = spec.mutate.iter().any(|m| m.when.is_some());
+    if spec.failure_policy == FailurePolicy::Ignore
+        && (guarded || !spec.match_.conditions.is_empty())
+    {
+        return Err(
+            "spec.failurePolicy: Ignore with when guards or match conditions (the generated \
+             MutatingAdmissionPolicy fails closed for all its Policies, and these can fail at \
+             run time)"
+                .to_string(),
+        );
+    }
+    let reads_object = match_reads_object(p);
+    if spec.reinvocation_policy == ReinvocationPolicy::IfNeeded {
+        let plain = spec
+            .mutate
+            .iter()
+            .all(|m| m.for_each.is_none() && m.when.is_none() && !m.overwrite);
+        if !plain || reads_object || later_overwrites {
+            return Err(
+                "spec.reinvocationPolicy: IfNeeded runs in-process only for plain merges (no \
+                 forEach, when or overwrite), a match that does not read the object, and no \
+                 overwrite in a later Policy: the generated policy is never reinvoked, so a \
+                 reinvocation must be unable to change what the Policy did"
+                    .to_string(),
+            );
+        }
+    }
+    let mut expressions = Vec::new();
+    for (i, m) in spec.mutate.iter().enumerate() {
+        let translated = jsonpatch_cel::mutation_expression(m, false)
+            .map_err(|e| format!("spec.mutate[{i}]: {e}"))?;
+        expressions.extend(translated);
+    }
+    // One pass settles a single merge without a per-element guard; otherwise as many passes as
+    // the engine makes at most.
+    let single = spec.mutate.len() == 1 && !(spec.mutate[0].for_each.is_some() && guarded);
+    let passes = if single { 1 } else { spec.mutate.len() + 2 };
+    if reads_object && passes * expressions.len() > 1 {
+        return Err(
+            "spec.match: the match reads the object and the Policy has more than one mutation \
+             (the API server would match each mutation against the previous one's output, the \
+             webhook matches the Policy once)"
+                .to_string(),
+        );
+    }
+    let guard = match_expression(p);
+    let mut mutations = Vec::new();
+    for _ in 0..passes {
+        for expression in &expressions {
+            mutations.push(Mutation {
+                patch_type: "JSONPatch".to_string(),
+                json_patch: Some(JSONPatch {
+                    expression: Some(format!("{guard} ? ({expression}) : []")),
+                }),
+                apply_configuration: None,
+            });
+        }
+    }
+    Ok(mutations)
+}
+
+/// Whether `p`'s match depends on the object, which its own mutations may change: an
+/// objectSelector, a condition reading `object`, or a namespaceSelector that may judge a
+/// Namespace by its own labels.
+fn match_reads_object(p: &Policy) -> bool {
+    let m = &p.spec.match_;
+    let conditions = m.conditions.iter().any(|c| {
+        cel::compile(&c.expression).map_or(true, |program| cel::reads_variable(&program, "object"))
+    });
+    let namespaces = m.namespace_selector.is_some()
+        && m.rules.iter().any(|r| {
+            r.api_groups.iter().any(|g| g.is_empty() || g == "*")
+                && r.resources
+                    .iter()
+                    .any(|res| res == "namespaces" || res == "*")
+        });
+    m.object_selector.is_some() || conditions || namespaces
+}
+
+/// `p`'s match in CEL over the admission variables, with the meaning the webhook matcher gives
+/// it ([`crate::engine::matcher`]).
+pub fn match_expression(p: &Policy) -> String {
+    let m = &p.spec.match_;
+    let mut parts = vec![format!(
+        "({})",
+        m.rules
+            .iter()
+            .map(rule_expression)
+            .collect::<Vec<_>>()
+            .join(" || ")
+    )];
+    if let Some(selector) = &m.namespace_selector {
+        parts.push(format!(
+            "(request.resource.group == \"\" && request.resource.resource == \"namespaces\" ? {} \
+             : request.namespace == \"\" || {})",
+            selector_expression(selector, "object"),
+            selector_expression(selector, "namespaceObject")
+        ));
+    }
+    if let Some(selector) = &m.object_selector {
+        parts.push(format!(
+            "({} || (oldObject != null && {}))",
+            selector_expression(selector, "object"),
+            selector_expression(selector, "oldObject")
+        ));
+    }
+    for c in &m.conditions {
+        parts.push(format!("({})", c.expression));
+    }
+    parts.join(" && ")
+}
+
+/// One rule: the operation, the scope, and the resource as converted (`request.resource`) or
+/// as asked for (`request.requestResource`), as `matchPolicy: Equivalent` matches.
+fn rule_expression(rule: &Rule) -> String {
+    let listed = |values: &[String], field: &str| -> String {
+        if values.iter().any(|v| v == "*") {
+            return "true".to_string();
+        }
+        let values: Vec<String> = values.iter().map(|v| string_literal(v)).collect();
+        format!("{field} in [{}]", values.join(", "))
+    };
+    let operations: Vec<String> = rule
+        .operations
+        .iter()
+        .flat_map(|o| match o {
+            Operation::All => vec!["CREATE", "UPDATE"],
+            Operation::Create => vec!["CREATE"],
+            Operation::Update => vec!["UPDATE"],
+            Operation::Delete | Operation::Connect => vec![],
+        })
+        .map(string_literal)
+        .collect();
+    let scope = match rule.scope {
+        crate::api::v1alpha1::Scope::All => "true",
+        crate::api::v1alpha1::Scope::Namespaced => "request.namespace != \"\"",
+        crate::api::v1alpha1::Scope::Cluster => "request.namespace == \"\"",
+    };
+    let resource = |var: &str| {
+        format!(
+            "({} && {} && {})",
+            listed(&rule.api_groups, &format!("{var}.group")),
+            listed(&rule.api_versions, &format!("{var}.version")),
+            listed(&rule.resources, &format!("{var}.resource"))
+        )
+    };
+    format!(
+        "(request.operation in [{}] && {scope} && ({} || {}))",
+        operations.join(", "),
+        resource("request.resource"),
+        resource("request.requestResource")
+    )
+}
+
+/// Whether the labels of `var` (an object variable) satisfy `selector`: matchLabels and
+/// matchExpressions ANDed, an empty selector true.
+fn selector_expression(selector: &LabelSelector, var: &str) -> String {
+    let has = |key: &str| {
+        format!(
+            "(has({var}.metadata.labels) && {} in {var}.metadata.labels)",
+            string_literal(key)
+        )
+    };
+    let value = |key: &str| format!("{var}.metadata.labels[{}]", string_literal(key));
+    let mut parts: Vec<String> = Vec::new();
+    for (k, v) in selector.match_labels.iter().flatten() {
+        parts.push(format!(
+            "({} && {} == {})",
+            has(k),
+            value(k),
+            string_literal(v)
+        ));
+    }
+    for req in selector.match_expressions.iter().flatten() {
+        let values: Vec<String> = req
+            .values
+            .iter()
+            .flatten()
+            .map(|v| string_literal(v))
+            .collect();
+        let listed = format!(
+            "({} && {} in [{}])",
+            has(&req.key),
+            value(&req.key),
+            values.join(", ")
+        );
+        parts.push(match req.operator.as_str() {
+            "In" => listed,
+            "NotIn" => format!("!{listed}"),
+            "Exists" => has(&req.key),
+            "DoesNotExist" => format!("!{}", has(&req.key)),
+            _ => "false".to_string(),
+        });
+    }
+    if parts.is_empty() {
+        return "true".to_string();
+    }
+    format!("({})", parts.join(" && "))
+}
+
+fn generated_objects(
+    members: Vec<String>,
+    mutations: Vec<Mutation>,
+    rules: &[&Rule],
+    wiring: &Wiring,
+) -> InProcessMutation {
+    let metadata = ObjectMeta {
+        name: Some(MUTATING_NAME.to_string()),
+        owner_references: wiring.owner.as_ref().map(|o| vec![o.clone()]),
+        labels: Some(BTreeMap::from([
+            (
+                MANAGED_BY_LABEL.0.to_string(),
+                MANAGED_BY_LABEL.1.to_string(),
+            ),
+            (
+                MUTATING_GENERATED_LABEL.0.to_string(),
+                MUTATING_GENERATED_LABEL.1.to_string(),
+            ),
+        ])),
+        annotations: Some(BTreeMap::from([(
+            MEMBERS_ANNOTATION.to_string(),
+            members.join(","),
+        )])),
+        ..ObjectMeta::default()
+    };
+    let resource_rules: Vec<NamedRuleWithOperations> = super::union_of_rules(rules.iter().copied())
+        .into_iter()
+        .filter_map(|r| {
+            let operations: Vec<String> = r
+                .operations
+                .unwrap_or_default()
+                .into_iter()
+                .flat_map(|o| match o.as_str() {
+                    "*" => vec!["CREATE".to_string(), "UPDATE".to_string()],
+                    "CREATE" | "UPDATE" => vec![o],
+                    _ => vec![],
+                })
+                .collect();
+            (!operations.is_empty()).then_some(NamedRuleWithOperations {
+                api_groups: r.api_groups,
+                api_versions: r.api_versions,
+                operations: Some(dedup(operations)),
+                resource_names: None,
+                resources: r.resources,
+                scope: r.scope,
+            })
+        })
+        .collect();
+    let policy = MutatingAdmissionPolicy {
+        metadata: metadata.clone(),
+        spec: Some(MutatingAdmissionPolicySpec {
+            failure_policy: Some("Fail".to_string()),
+            reinvocation_policy: Some("Never".to_string()),
+            match_constraints: Some(MatchResources {
+                exclude_resource_rules: None,
+                match_policy: Some(MATCH_POLICY.to_string()),
+                namespace_selector: Some(namespace_selector(None, &wiring.excluded_namespaces)),
+                object_selector: Some(LabelSelector::default()),
+                resource_rules: Some(resource_rules),
+            }),
+            mutations: Some(mutations),
+            ..MutatingAdmissionPolicySpec::default()
+        }),
+    };
+    let binding = MutatingAdmissionPolicyBinding {
+        metadata,
+        spec: Some(MutatingAdmissionPolicyBindingSpec {
+            match_resources: None,
+            param_ref: None,
+            policy_name: Some(MUTATING_NAME.to_string()),
+        }),
+    };
+    InProcessMutation {
+        policy,
+        binding,
+        members,
+    }
+}
+
+/// Name of the mutating probe's policy and binding ([`mutating_probe`]).
+pub const MUTATING_PROBE_NAME: &str = "gatehouse-probe-mutating";
+/// Annotation the mutating probe sets on its Lease: its token.
+pub const MUTATING_PROBE_ANNOTATION: &str = "gatehouse.dev/probe";
+
+/// The mutating probe: a policy and binding that annotate only the dry-run create of a Lease
+/// named `token` (labelled with it) in `namespace`. As with the validating probe
+/// ([`super::admission_policy::probe`]), the API server fills its caches of policies and
+/// bindings in write order: once a probe written after the generated objects mutates its Lease,
+/// the API server runs them.
+pub fn mutating_probe(token: &str, namespace: &str, wiring: &Wiring) -> InProcessMutation {
+    let metadata = ObjectMeta {
+        name: Some(MUTATING_PROBE_NAME.to_string()),
+        owner_references: wiring.owner.as_ref().map(|o| vec![o.clone()]),
+        labels: Some(BTreeMap::from([(
+            MANAGED_BY_LABEL.0.to_string(),
+            MANAGED_BY_LABEL.1.to_string(),
+        )])),
+        ..ObjectMeta::default()
+    };
+    let token_literal = string_literal(token);
+    let policy = MutatingAdmissionPolicy {
+        metadata: metadata.clone(),
+        spec: Some(MutatingAdmissionPolicySpec {
+            failure_policy: Some("Ignore".to_string()),
+            reinvocation_policy: Some("Never".to_string()),
+            match_conditions: Some(vec![
+                k8s_openapi::api::admissionregistration::v1::MatchCondition {
+                    name: "token".to_string(),
+                    expression: format!("object.metadata.name == {token_literal}"),
+                },
+            ]),
+            match_constraints: Some(MatchResources {
+                match_policy: Some(MATCH_POLICY.to_string()),
+                namespace_selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([(
+                        super::NAMESPACE_NAME_LABEL.to_string(),
+                        namespace.to_string(),
+                    )])),
+                    match_expressions: None,
+                }),
+                resource_rules: Some(vec![NamedRuleWithOperations {
+                    api_groups: Some(vec!["coordination.k8s.io".to_string()]),
+                    api_versions: Some(vec!["v1".to_string()]),
+                    operations: Some(vec!["CREATE".to_string()]),
+                    resources: Some(vec!["leases".to_string()]),
+                    resource_names: None,
+                    scope: Some("Namespaced".to_string()),
+                }]),
+                ..MatchResources::default()
+            }),
+            mutations: Some(vec![Mutation {
+                patch_type: "JSONPatch".to_string(),
+                json_patch: Some(JSONPatch {
+                    expression: Some(format!(
+                        "[JSONPatch{{op: \"add\", path: \"/metadata/annotations\", value: {{{}: {token_literal}}}}}]",
+                        string_literal(MUTATING_PROBE_ANNOTATION)
+                    )),
+                }),
+                apply_configuration: None,
+            }]),
+            ..MutatingAdmissionPolicySpec::default()
+        }),
+    };
+    let binding = MutatingAdmissionPolicyBinding {
+        metadata,
+        spec: Some(MutatingAdmissionPolicyBindingSpec {
+            match_resources: Some(MatchResources {
+                object_selector: Some(LabelSelector {
+                    match_labels: Some(BTreeMap::from([(
+                        super::admission_policy::PROBE_LABEL.to_string(),
+                        token.to_string(),
+                    )])),
+                    match_expressions: None,
+                }),
+                ..MatchResources::default()
+            }),
+            param_ref: None,
+            policy_name: Some(MUTATING_PROBE_NAME.to_string()),
+        }),
+    };
+    InProcessMutation {
+        policy,
+        binding,
+        members: Vec::new(),
+    }
+}
+
+fn dedup(mut values: Vec<String>) -> Vec<String> {
+    let mut seen = Vec::new();
+    values.retain(|v| {
+        let new = !seen.contains(v);
+        if new {
+            seen.push(v.clone());
+        }
+        new
+    });
+    values
+}
+
+#[cfg(test)]
+#[path = "mutating_policy_tests.rs"]
+mod tests;

@@ -1,0 +1,244 @@
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use serde_json::json;
+
+use super::*;
+use crate::api::v1alpha1::{MatchCondition, Mutation as Merge, PolicySpec, sample_spec};
+use crate::controller::wiring::{Endpoint, Wiring};
+
+fn wiring() -> Wiring {
+    Wiring {
+        endpoint: Endpoint::Url {
+            base: "https://gatehouse.test".into(),
+        },
+        excluded_namespaces: vec!["kube-system".into()],
+        home_namespace: "gatehouse-system".into(),
+        owner_cluster_role: None,
+        owner: None,
+    }
+}
+
+fn policy(name: &str, priority: i32, enforcement: Enforcement) -> Policy {
+    let mut spec = sample_spec(priority, true, false);
+    spec.enforcement = enforcement;
+    spec.match_.rules = vec![Rule {
+        operations: vec![Operation::Create],
+        api_groups: vec!["".into()],
+        api_versions: vec!["v1".into()],
+        resources: vec!["pods".into()],
+        scope: Default::default(),
+    }];
+    Policy::new(name, spec)
+}
+
+fn placement_of<'a>(
+    placements: &'a [(String, MutatingPlacement)],
+    name: &str,
+) -> &'a MutatingPlacement {
+    &placements.iter().find(|(n, _)| n == name).unwrap().1
+}
+
+#[test]
+fn members_are_the_in_process_prefix_in_priority_then_name_order() {
+    let c = policy("c", 20, Enforcement::InProcess);
+    let b = policy("b", 10, Enforcement::InProcess);
+    let a = policy("a", 10, Enforcement::InProcess);
+    let validating = Policy::new("v", sample_spec(1, false, true));
+    let (placements, generated) = place_mutating(&[&c, &b, &a, &validating], &wiring(), true);
+    let generated = generated.unwrap();
+    assert_eq!(generated.members, ["a", "b", "c"]);
+    assert_eq!(
+        placements.len(),
+        3,
+        "validating Policies are not placed here"
+    );
+    let spec = generated.policy.spec.as_ref().unwrap();
+    // One plain merge each: one mutation each.
+    assert_eq!(spec.mutations.as_ref().unwrap().len(), 3);
+    assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+    assert_eq!(spec.reinvocation_policy.as_deref(), Some("Never"));
+    let rules = spec
+        .match_constraints
+        .as_ref()
+        .unwrap()
+        .resource_rules
+        .as_ref()
+        .unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(
+        generated.policy.metadata.annotations.as_ref().unwrap()[MEMBERS_ANNOTATION],
+        "a,b,c"
+    );
+    assert_eq!(
+        generated
+            .binding
+            .spec
+            .as_ref()
+            .unwrap()
+            .policy_name
+            .as_deref(),
+        Some(MUTATING_NAME)
+    );
+}
+
+#[test]
+fn a_policy_after_one_on_the_webhook_cannot_move_in() {
+    let first = policy("first", 10, Enforcement::Webhook);
+    let later = policy("later", 20, Enforcement::InProcess);
+    let auto = policy("auto", 30, Enforcement::Auto);
+    let (placements, generated) = place_mutating(&[&later, &first, &auto], &wiring(), true);
+    assert!(generated.is_none());
+    assert!(matches!(
+        placement_of(&placements, "first"),
+        MutatingPlacement::Webhook(_)
+    ));
+    let MutatingPlacement::Refused(reason) = placement_of(&placements, "later") else {
+        panic!("{placements:?}");
+    };
+    assert!(reason.contains("Policy first comes before it"), "{reason}");
+    assert!(matches!(
+        placement_of(&placements, "auto"),
+        MutatingPlacement::Webhook(_)
+    ));
+}
+
+#[test]
+fn a_refused_policy_runs_nowhere_and_so_does_not_block_later_ones() {
+    let mut effects = policy("effects", 10, Enforcement::InProcess);
+    effects.spec.effects = vec![crate::api::v1alpha1::Effect {
+        ipam: Some(crate::api::v1alpha1::IpamEffect {
+            pool: "p".into(),
+            annotation: None,
+        }),
+    }];
+    let later = policy("later", 20, Enforcement::InProcess);
+    let (placements, generated) = place_mutating(&[&effects, &later], &wiring(), true);
+    let MutatingPlacement::Refused(reason) = placement_of(&placements, "effects") else {
+        panic!("{placements:?}");
+    };
+    assert!(reason.starts_with("spec.effects"), "{reason}");
+    assert_eq!(generated.unwrap().members, ["later"]);
+}
+
+#[test]
+fn auto_stays_on_the_webhook_and_unserved_is_refused() {
+    let auto = policy("auto", 10, Enforcement::Auto);
+    let (placements, _) = place_mutating(&[&auto], &wiring(), true);
+    let MutatingPlacement::Webhook(reason) = placement_of(&placements, "auto") else {
+        panic!("{placements:?}");
+    };
+    assert!(reason.contains("opt-in"), "{reason}");
+    let required = policy("required", 10, Enforcement::InProcess);
+    let (placements, generated) = place_mutating(&[&required], &wiring(), false);
+    assert!(generated.is_none());
+    assert!(
+        matches!(placement_of(&placements, "required"), MutatingPlacement::Refused(r) if r.contains("does not serve"))
+    );
+}
+
+fn with(spec: impl FnOnce(&mut PolicySpec)) -> Policy {
+    let mut p = policy("p", 10, Enforcement::InProcess);
+    spec(&mut p.spec);
+    p
+}
+
+#[test]
+fn what_one_fail_closed_never_reinvoked_policy_cannot_do_is_refused_with_the_field() {
+    let refused =
+        |p: Policy, later_overwrites: bool| policy_mutations(&p, later_overwrites).unwrap_err();
+    let guarded_ignore = with(|s| {
+        s.failure_policy = FailurePolicy::Ignore;
+        s.mutate[0].when = Some("true".into());
+    });
+    assert!(refused(guarded_ignore, false).starts_with("spec.failurePolicy"));
+    let if_needed_for_each = with(|s| {
+        s.reinvocation_policy = ReinvocationPolicy::IfNeeded;
+        s.mutate[0].for_each = Some("spec.containers".into());
+    });
+    assert!(refused(if_needed_for_each, false).starts_with("spec.reinvocationPolicy"));
+    let if_needed = with(|s| s.reinvocation_policy = ReinvocationPolicy::IfNeeded);
+    assert!(policy_mutations(&if_needed, false).is_ok());
+    assert!(refused(if_needed, true).starts_with("spec.reinvocationPolicy"));
+    let selected_twice = with(|s| {
+        s.match_.object_selector = Some(LabelSelector::default());
+        s.mutate.push(s.mutate[0].clone());
+    });
+    assert!(refused(selected_twice, false).starts_with("spec.match"));
+    let selected_once = with(|s| s.match_.object_selector = Some(LabelSelector::default()));
+    assert_eq!(policy_mutations(&selected_once, false).unwrap().len(), 1);
+    let subresource = with(|s| s.match_.rules[0].resources = vec!["pods/status".into()]);
+    assert!(refused(subresource, false).starts_with("spec.match.rules[0].resources"));
+    let repeated_name = with(|s| {
+        s.mutate[0].merge = json!({"spec": {"containers": [{"name": "a"}, {"name": "a"}]}});
+    });
+    assert!(refused(repeated_name, false).starts_with("spec.mutate[0]: spec.containers"));
+}
+
+#[test]
+fn a_list_of_mutations_is_repeated_as_the_engine_passes_and_every_one_is_guarded() {
+    let p = with(|s| {
+        s.mutate.push(Merge {
+            merge: json!({"metadata": {"labels": {"c": "d"}}}),
+            ..Merge::default()
+        });
+    });
+    let mutations = policy_mutations(&p, false).unwrap();
+    assert_eq!(mutations.len(), 2 * (2 + 2));
+    let guard = match_expression(&p);
+    for m in &mutations {
+        let expression = m.json_patch.as_ref().unwrap().expression.as_ref().unwrap();
+        assert!(
+            expression.starts_with(&format!("{guard} ? (")),
+            "{expression}"
+        );
+    }
+}
+
+#[test]
+fn the_match_in_cel_covers_rules_selectors_and_conditions() {
+    let p = with(|s| {
+        s.match_.rules[0].operations = vec![Operation::All];
+        s.match_.namespace_selector = Some(LabelSelector {
+            match_labels: Some([("team".to_string(), "a".to_string())].into()),
+            match_expressions: None,
+        });
+        s.match_.object_selector = Some(LabelSelector {
+            match_labels: None,
+            match_expressions: Some(vec![
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement {
+                    key: "skip".into(),
+                    operator: "DoesNotExist".into(),
+                    values: None,
+                },
+            ]),
+        });
+        s.match_.conditions = vec![MatchCondition {
+            name: "c".into(),
+            expression: "request.userInfo.username != 'x'".into(),
+        }];
+    });
+    let guard = match_expression(&p);
+    assert!(
+        guard.contains(r#"request.operation in ["CREATE", "UPDATE"]"#),
+        "{guard}"
+    );
+    assert!(
+        guard.contains(r#"request.requestResource.resource in ["pods"]"#),
+        "{guard}"
+    );
+    assert!(
+        guard.contains(r#"namespaceObject.metadata.labels["team"] == "a""#),
+        "{guard}"
+    );
+    assert!(
+        guard.contains(
+            r#"!(has(oldObject.metadata.labels) && "skip" in oldObject.metadata.labels)"#
+        ),
+        "{guard}"
+    );
+    assert!(
+        guard.ends_with("(request.userInfo.username != 'x')"),
+        "{guard}"
+    );
+    // Every guard is valid CEL.
+    assert!(cel::compile(&guard).is_ok(), "{guard}");
+}
