@@ -72,7 +72,7 @@ fn two_containers(name: &str, ns: &str) -> Value {
 
 /// The object a server-dry-run create of `object` stores, without what differs between
 /// creates.
-async fn dry_run_stored(cluster: &Cluster, object: &Value) -> anyhow::Result<Value> {
+pub(crate) async fn dry_run_stored(cluster: &Cluster, object: &Value) -> anyhow::Result<Value> {
     let out = cluster
         .kubectl_output(
             ["create", "--dry-run=server", "-o", "json", "-f", "-"],
@@ -92,38 +92,43 @@ async fn dry_run_stored(cluster: &Cluster, object: &Value) -> anyhow::Result<Val
     Ok(stored)
 }
 
-/// Applies every Policy and waits until each reports `enforcement` at its generation.
-async fn apply_enforced(
+/// Applies every Policy (one `kubectl apply`) and waits until each reports `enforcement` at its
+/// generation.
+pub(crate) async fn apply_enforced(
     cluster: &Cluster,
     policies: &[Value],
     enforcement: &str,
 ) -> anyhow::Result<()> {
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": policies});
+    apply(cluster, &list).await?;
+    let mut names = Vec::new();
     for p in policies {
-        apply(cluster, p).await?;
+        names.push(
+            p["metadata"]["name"]
+                .as_str()
+                .context("a Policy without a name")?
+                .to_string(),
+        );
     }
-    for p in policies {
-        let name = p["metadata"]["name"]
-            .as_str()
-            .context("a Policy without a name")?;
-        await_enforcement(cluster, name, enforcement).await?;
-    }
-    Ok(())
-}
-
-async fn await_enforcement(
-    cluster: &Cluster,
-    name: &str,
-    enforcement: &str,
-) -> anyhow::Result<Value> {
     await_condition(
-        &format!("Policy {name} enforced {enforcement}"),
+        &format!("{} Policies enforced {enforcement}", names.len()),
         WAIT,
         || async {
-            let Some(p) = get_json(cluster, &["policy", name]).await? else {
-                return Ok(None);
-            };
-            let current = p["status"]["observedGeneration"] == p["metadata"]["generation"];
-            Ok((current && p["status"]["enforcement"] == enforcement).then_some(p))
+            let listed = cluster
+                .kubectl_ok(["get", "policies", "-o", "json"], None)
+                .await?;
+            let listed: Value = serde_json::from_str(&listed)?;
+            let enforced = listed["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| {
+                    names.iter().any(|n| p["metadata"]["name"] == n.as_str())
+                        && p["status"]["observedGeneration"] == p["metadata"]["generation"]
+                        && p["status"]["enforcement"] == enforcement
+                })
+                .count();
+            Ok((enforced == names.len()).then_some(()))
         },
     )
     .await
@@ -151,7 +156,7 @@ async fn await_ready_condition(
 }
 
 /// The members of the generated MutatingAdmissionPolicy, once they are `want`.
-async fn await_members(cluster: &Cluster, want: &[&str]) -> anyhow::Result<()> {
+pub(crate) async fn await_members(cluster: &Cluster, want: &[&str]) -> anyhow::Result<()> {
     let want = want.join(",");
     await_condition(&format!("{GENERATED} holding {want}"), WAIT, || async {
         let policy = get_json(cluster, &["mutatingadmissionpolicy", GENERATED]).await?;

@@ -7,6 +7,7 @@ mod fixtures;
 mod hostile;
 mod in_process;
 mod in_process_mutation;
+mod in_process_mutation_parity;
 mod in_process_parity;
 mod install;
 mod ipam;

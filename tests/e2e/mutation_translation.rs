@@ -54,7 +54,7 @@ fn pod(containers: Value, extra: Value) -> Value {
     pod
 }
 
-fn pods() -> Vec<Value> {
+pub(crate) fn pods() -> Vec<Value> {
     vec![
         pod(json!([{"name": "app", "image": "nginx"}]), json!({})),
         pod(
@@ -81,7 +81,7 @@ fn pods() -> Vec<Value> {
 
 /// Mutate lists over Pods: the samples, merges of maps, named lists and scalars, overwrite,
 /// removal, forEach with and without `when`, chains that take more than one pass.
-fn pod_mutations() -> Vec<(Value, bool)> {
+pub(crate) fn pod_mutations() -> Vec<(Value, bool)> {
     vec![
         // drop-bpf (the sample).
         (
@@ -172,7 +172,7 @@ fn pod_mutations() -> Vec<(Value, bool)> {
     ]
 }
 
-fn config_maps() -> Vec<Value> {
+pub(crate) fn config_maps() -> Vec<Value> {
     vec![
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}),
         json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "labels": {"a": "1"}}, "data": {"x": "1", "y": "2"}}),
@@ -180,7 +180,7 @@ fn config_maps() -> Vec<Value> {
     ]
 }
 
-fn config_map_mutations() -> Vec<(Value, bool)> {
+pub(crate) fn config_map_mutations() -> Vec<(Value, bool)> {
     vec![
         (
             json!([{"merge": {"data": {"x": "default", "w": "w"}}}]),
