@@ -4,6 +4,7 @@ mod cel;
 mod chart;
 mod faults;
 mod fixtures;
+mod generated_merges;
 mod hostile;
 mod in_process;
 mod in_process_mutation;

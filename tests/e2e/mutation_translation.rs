@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail, ensure};
 use futures::{StreamExt, TryStreamExt};
 use gatehouse::api::v1alpha1::Policy;
+use gatehouse::controller::wiring::mutating_policy;
 use gatehouse::engine::{jsonpatch_cel, mutate, policy};
 use gatehouse_e2e::{TestNamespace, run_test};
 use kube::Client;
@@ -268,23 +269,29 @@ fn case_mutations(n: usize, case: &Case) -> anyhow::Result<Vec<Value>> {
 const CASES_PER_POLICY: usize = 8;
 
 /// MutatingAdmissionPolicies and bindings holding the cases' mutations, one failurePolicy each.
-fn admission_policies(cases: &[Case], namespace: &str) -> anyhow::Result<Vec<Value>> {
+fn admission_policies(
+    cases: &[(usize, &Case)],
+    namespace: &str,
+    prefix: &str,
+) -> anyhow::Result<Vec<Value>> {
     let mut objects = Vec::new();
     for (ignore, failure_policy) in [(false, "Fail"), (true, "Ignore")] {
         let numbered: Vec<(usize, &Case)> = cases
             .iter()
-            .enumerate()
             .filter(|(_, c)| c.ignore == ignore)
+            .copied()
             .collect();
         for (chunk, members) in numbered.chunks(CASES_PER_POLICY).enumerate() {
             let mut mutations = Vec::new();
             for (n, case) in members {
                 mutations.extend(case_mutations(*n, case)?);
             }
-            let name = format!(
-                "gatehouse-e2e-translation-{}-{chunk}",
-                failure_policy.to_lowercase()
-            );
+            let name = format!("{prefix}-{}-{chunk}", failure_policy.to_lowercase());
+            // Last, the probe: once it mutates its ConfigMap the API server runs the policy.
+            mutations.push(json!({"patchType": "JSONPatch", "jsonPatch": {"expression": format!(
+                "object.kind == \"ConfigMap\" && has(object.metadata.labels) && {CASE_LABEL:?} in object.metadata.labels && object.metadata.labels[{CASE_LABEL:?}] == {:?} ? [JSONPatch{{op: \"add\", path: \"/data\", value: {{\"ready\": \"yes\"}}}}] : []",
+                probe_label(&name)
+            )}}));
             objects.push(json!({
                 "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
                 "metadata": {"name": name},
@@ -306,6 +313,37 @@ fn admission_policies(cases: &[Case], namespace: &str) -> anyhow::Result<Vec<Val
         }
     }
     Ok(objects)
+}
+
+/// The case label of the probe ConfigMap of the admission policy `name`.
+fn probe_label(name: &str) -> String {
+    format!("probe-{:08x}", fnv(name) as u32)
+}
+
+fn fnv(s: &str) -> usize {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    }) as usize
+}
+
+/// Waits until the API server runs the admission policy `name`: its probe mutates.
+async fn await_in_effect(client: &Client, name: &str, namespace: &str) -> anyhow::Result<()> {
+    let probe = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "probe", "namespace": namespace, "labels": {CASE_LABEL: probe_label(name)}},
+    });
+    gatehouse_e2e::await_condition(
+        &format!("{name} in effect"),
+        Duration::from_secs(120),
+        || async {
+            let stored = create(client, &probe, true).await?;
+            Ok(stored
+                .ok()
+                .filter(|s| s["data"]["ready"] == "yes")
+                .map(|_| ()))
+        },
+    )
+    .await
 }
 
 fn labelled(object: &Value, n: usize, namespace: &str) -> Value {
@@ -452,17 +490,27 @@ async fn check(
     }
 }
 
-#[tokio::test]
-async fn translated_mutations_store_what_the_engine_stores() {
-    run_test(|cluster| async move {
-        let engine_ns = TestNamespace::new(cluster, "translation-engine").await?;
-        let api_ns = TestNamespace::new(cluster, "translation-api").await?;
-        let cases = corpus();
-        ensure!(cases.len() >= 60, "the corpus has {} cases", cases.len());
-        let client = cluster.client().await?;
+/// Cases whose admission policies are in the cluster together: every write makes the API
+/// server recompile all of them, so a large corpus is checked round by round.
+const ROUND: usize = 48;
+
+/// Checks every case ([`check`]) with its admission policies named `<prefix>-…`, round by round;
+/// returns how many changed their object.
+async fn check_corpus(
+    cluster: &'static gatehouse_e2e::Cluster,
+    cases: &[Case],
+    prefix: &str,
+) -> anyhow::Result<usize> {
+    let engine_ns = TestNamespace::new(cluster, &format!("{prefix}-engine")).await?;
+    let api_ns = TestNamespace::new(cluster, &format!("{prefix}-api")).await?;
+    let client = cluster.client().await?;
+    let numbered: Vec<(usize, &Case)> = cases.iter().enumerate().collect();
+    let mut changed = 0;
+    for (r, round) in numbered.chunks(ROUND).enumerate() {
         let started = Instant::now();
         let mut guards = Vec::new();
-        for object in admission_policies(&cases, api_ns.name())? {
+        let mut written_policies = Vec::new();
+        for object in admission_policies(round, api_ns.name(), &format!("{prefix}-{r}"))? {
             let kind = object["kind"].as_str().unwrap_or_default().to_lowercase();
             let name = object["metadata"]["name"]
                 .as_str()
@@ -472,20 +520,40 @@ async fn translated_mutations_store_what_the_engine_stores() {
             if let Err(refused) = create(&client, &object, false).await? {
                 bail!("the API server refuses {kind} {name}: {refused}");
             }
+            if kind == "mutatingadmissionpolicy" {
+                written_policies.push(name);
+            }
+        }
+        let took = started.elapsed();
+        for name in &written_policies {
+            await_in_effect(&client, name, api_ns.name()).await?;
         }
         let written = Instant::now();
         eprintln!(
-            "the admission policies of {} cases written in {:?}",
-            cases.len(),
-            started.elapsed()
+            "the admission policies of {} cases written in {took:?}, in effect {:?} later",
+            round.len(),
+            written - started - took
         );
         let (engine, api) = (engine_ns.name(), api_ns.name());
-        let changed: Vec<bool> = futures::stream::iter(cases.iter().enumerate())
-            .map(|(n, case)| check(&client, n, case, engine, api, written))
+        let round_changed: Vec<bool> = futures::stream::iter(round.iter())
+            .map(|(n, case)| check(&client, *n, case, engine, api, written))
             .buffer_unordered(8)
             .try_collect()
             .await?;
-        let changed = changed.into_iter().filter(|c| *c).count();
+        changed += round_changed.into_iter().filter(|c| *c).count();
+        drop(guards);
+    }
+    engine_ns.cleanup().await?;
+    api_ns.cleanup().await?;
+    Ok(changed)
+}
+
+#[tokio::test]
+async fn translated_mutations_store_what_the_engine_stores() {
+    run_test(|cluster| async move {
+        let cases = corpus();
+        ensure!(cases.len() >= 60, "the corpus has {} cases", cases.len());
+        let changed = check_corpus(cluster, &cases, "gatehouse-e2e-translation").await?;
         // The corpus is only worth something if it mutates.
         ensure!(
             changed * 2 > cases.len(),
@@ -496,9 +564,64 @@ async fn translated_mutations_store_what_the_engine_stores() {
             "{} cases agree ({changed} mutated their object)",
             cases.len()
         );
-        drop(guards);
-        engine_ns.cleanup().await?;
-        api_ns.cleanup().await?;
+        Ok(())
+    })
+    .await;
+}
+
+/// The property: for generated merges and Pods (`PROPERTY_CASES`, default 240, from
+/// `PROPERTY_SEED`, default the day's number, printed), the API server running the translated
+/// mutations stores what the engine's path stores. Lists without an exact translation, or that
+/// the engine's validation refuses, or that Gatehouse keeps on the webhook for another reason
+/// (a mutation depending on what another may append), are counted and left out.
+#[tokio::test]
+async fn generated_merges_store_what_the_engine_stores() {
+    run_test(|cluster| async move {
+        let count = std::env::var("PROPERTY_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(240usize);
+        let seed = std::env::var("PROPERTY_SEED")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs() / 86_400)
+                    .unwrap_or(1)
+            });
+        eprintln!("PROPERTY_SEED={seed}");
+        let mut generator = crate::generated_merges::Generator::new(seed);
+        let mut cases = Vec::new();
+        let mut left_out = 0;
+        while cases.len() < count {
+            let case = Case {
+                mutate: generator.mutate_list(),
+                ignore: false,
+                object: generator.pod(),
+            };
+            // What Gatehouse would run in-process: translated, and no mutation depending on
+            // what another may append.
+            let exact = gatehouse_policy(0, &case)
+                .ok()
+                .filter(|p| policy::compile(p).is_ok())
+                .is_some_and(|p| mutating_policy::policy_mutations(&p, false).is_ok());
+            if exact {
+                cases.push(case);
+            } else {
+                left_out += 1;
+            }
+        }
+        let changed = check_corpus(cluster, &cases, "gatehouse-e2e-property").await?;
+        ensure!(
+            changed * 2 > cases.len(),
+            "only {changed} of {} generated cases changed their object",
+            cases.len()
+        );
+        eprintln!(
+            "{} generated cases agree ({changed} mutated their object; {left_out} generated lists left out as not exact or invalid)",
+            cases.len()
+        );
         Ok(())
     })
     .await;

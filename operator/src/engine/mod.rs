@@ -17,6 +17,7 @@ pub mod cel;
 pub mod chain;
 pub mod cost;
 pub mod coverage;
+pub mod defaulting;
 pub mod entry;
 pub mod group;
 pub mod jsonpatch_cel;

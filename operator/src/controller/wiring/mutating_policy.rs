@@ -37,6 +37,7 @@ use crate::api::v1alpha1::{
     Enforcement, FailurePolicy, Operation, Policy, ReinvocationPolicy, Rule,
 };
 use crate::engine::cel;
+use crate::engine::defaulting::{Footprint, footprint, interacts};
 use crate::engine::jsonpatch_cel::{self, string_literal};
 use crate::engine::policy::is_mutating;
 
@@ -87,6 +88,8 @@ pub fn place_mutating(
     let mut rules: Vec<&Rule> = Vec::new();
     // The first Policy in the order that runs on the webhook: every later one must too.
     let mut on_webhook: Option<&str> = None;
+    // What the in-process Policies so far may append, by Policy and mutation.
+    let mut appended: Vec<(&Policy, usize, Footprint)> = Vec::new();
     for (i, p) in ordered.iter().enumerate() {
         let required = match p.spec.enforcement {
             Enforcement::Webhook => {
@@ -122,10 +125,13 @@ pub fn place_mutating(
                  webhook, and in-process mutations run before every webhook"
             ))
         } else {
-            policy_mutations(p, later_overwrites)
+            defaulted_before(p, &appended).and_then(|()| policy_mutations(p, later_overwrites))
         };
         let placement = match translated {
             Ok(own) => {
+                for (i, m) in p.spec.mutate.iter().enumerate() {
+                    appended.push((p, i, footprint(m)));
+                }
                 mutations.extend(own);
                 rules.extend(p.spec.match_.rules.iter());
                 members.push(name(p).to_string());
@@ -146,6 +152,75 @@ pub fn place_mutating(
 
 fn name(p: &Policy) -> &str {
     p.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// Whether a mutation of `p` depends on what an earlier in-process Policy may append: the API
+/// server defaults what one mutation appends before the next runs, the webhook path only
+/// after the last ([`crate::engine::defaulting`]).
+fn defaulted_before(p: &Policy, earlier: &[(&Policy, usize, Footprint)]) -> Result<(), String> {
+    for (j, m) in p.spec.mutate.iter().enumerate() {
+        let later = footprint(m);
+        let found = earlier
+            .iter()
+            .find(|(q, _, fp)| interacts(fp, &later) && !disjoint_matches(q, p));
+        if let Some((policy, i, _)) = found {
+            let policy = name(policy);
+            return Err(format!(
+                "spec.mutate[{j}]: it reads or writes what Policy {policy}'s \
+                 mutate[{i}] may append, and the API server defaults appended elements between \
+                 mutations (the webhook path only after the last)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether no request can match both `a` and `b`: their rules share no operation and
+/// resource, or both select namespaced objects only, in namespaces no Namespace can be in for
+/// both (one label, two values).
+fn disjoint_matches(a: &Policy, b: &Policy) -> bool {
+    let operations = |r: &Rule| -> Vec<&'static str> {
+        r.operations
+            .iter()
+            .flat_map(|o| match o {
+                Operation::All => vec!["CREATE", "UPDATE"],
+                Operation::Create => vec!["CREATE"],
+                Operation::Update => vec!["UPDATE"],
+                Operation::Delete | Operation::Connect => vec![],
+            })
+            .collect()
+    };
+    let meet = |x: &[String], y: &[String]| {
+        x.iter().any(|v| v == "*" || y.contains(v)) || y.iter().any(|v| v == "*")
+    };
+    let rules_meet = a.spec.match_.rules.iter().any(|x| {
+        b.spec.match_.rules.iter().any(|y| {
+            operations(x).iter().any(|o| operations(y).contains(o))
+                && meet(&x.api_groups, &y.api_groups)
+                && meet(&x.api_versions, &y.api_versions)
+                && meet(&x.resources, &y.resources)
+        })
+    });
+    if !rules_meet {
+        return true;
+    }
+    let namespaced = |p: &Policy| {
+        p.spec
+            .match_
+            .rules
+            .iter()
+            .all(|r| r.scope == crate::api::v1alpha1::Scope::Namespaced)
+    };
+    let labels = |p: &Policy| {
+        p.spec
+            .match_
+            .namespace_selector
+            .as_ref()
+            .and_then(|s| s.match_labels.clone())
+            .unwrap_or_default()
+    };
+    let (la, lb) = (labels(a), labels(b));
+    (namespaced(a) || namespaced(b)) && la.iter().any(|(k, v)| lb.get(k).is_some_and(|w| w != v))
 }
 
 /// The mutations of one Policy, each guarded by its match, or why it cannot run in-process.
@@ -202,6 +277,19 @@ pub fn policy_mutations(p: &Policy, later_overwrites: bool) -> Result<Vec<Mutati
                  reinvocation must be unable to change what the Policy did"
                     .to_string(),
             );
+        }
+    }
+    // The list runs pass after pass, so every mutation may follow every other.
+    let footprints: Vec<Footprint> = spec.mutate.iter().map(footprint).collect();
+    for (i, earlier) in footprints.iter().enumerate() {
+        for (j, later) in footprints.iter().enumerate() {
+            if i != j && interacts(earlier, later) {
+                return Err(format!(
+                    "spec.mutate[{j}]: it reads or writes what spec.mutate[{i}] \
+                     may append, and the API server defaults appended elements between \
+                     mutations (the webhook path only after the last)"
+                ));
+            }
         }
     }
     let mut expressions = Vec::new();

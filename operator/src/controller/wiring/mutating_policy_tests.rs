@@ -242,3 +242,34 @@ fn the_match_in_cel_covers_rules_selectors_and_conditions() {
     // Every guard is valid CEL.
     assert!(cel::compile(&guard).is_ok(), "{guard}");
 }
+
+#[test]
+fn a_policy_reading_what_an_earlier_one_may_append_stays_out() {
+    let mut sidecar = policy("a-sidecar", 10, Enforcement::InProcess);
+    sidecar.spec.mutate[0].merge =
+        json!({"spec": {"containers": [{"name": "side", "image": "busybox"}]}});
+    let mut pull = policy("b-pull", 20, Enforcement::InProcess);
+    pull.spec.mutate[0] = Merge {
+        for_each: Some("spec.containers".into()),
+        merge: json!({"imagePullPolicy": "IfNotPresent"}),
+        ..Merge::default()
+    };
+    let (placements, generated) = place_mutating(&[&sidecar, &pull], &wiring(), true);
+    assert_eq!(generated.unwrap().members, ["a-sidecar"]);
+    let MutatingPlacement::Refused(reason) = placement_of(&placements, "b-pull") else {
+        panic!("{placements:?}");
+    };
+    assert!(
+        reason.contains("Policy a-sidecar's mutate[0] may append"),
+        "{reason}"
+    );
+    // In one Policy, the second pass runs the forEach after the append.
+    let chained = with(|s| {
+        s.mutate = vec![pull.spec.mutate[0].clone(), sidecar.spec.mutate[0].clone()];
+    });
+    assert!(
+        policy_mutations(&chained, false)
+            .unwrap_err()
+            .starts_with("spec.mutate[0]: it reads or writes what spec.mutate[1]")
+    );
+}

@@ -1,0 +1,197 @@
+//! Where the API server's defaulting between mutations can change what a merge does.
+//!
+//! The webhook path runs a chain of merges on one copy of the object, and the API server
+//! defaults the result once. A MutatingAdmissionPolicy's mutations are defaulted one by one:
+//! an element a mutation appends (a container, a volume, an env var) gets its defaults
+//! (`imagePullPolicy`, `terminationMessagePath`, …) before the next mutation runs. A later
+//! merge that sets a field only when absent, or a guard that reads the element, may then see a
+//! default the webhook path's merge never saw, and store something else.
+//!
+//! Which fields have defaults is the schema's business, so this is conservative: every element
+//! a merge may append to a named array (and all below it) counts as defaulted, and a later
+//! mutation that reads or writes anything there interacts — even an overwrite, since some
+//! defaults are copied from other fields (a container's `resources.requests` from its limits)
+//! and would keep the value from before it. Maps are not counted: Kubernetes defaults live in
+//! the elements of lists and in structs that exist from the start.
+use serde_json::Value;
+
+use crate::api::v1alpha1::Mutation;
+
+/// A place in the object: keys, with `[]` for "any element of this array".
+type Path = Vec<String>;
+
+const ELEMENT: &str = "[]";
+
+/// What one mutation may append and what it reads or sets only when absent.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Footprint {
+    /// Elements it may append to a named array (defaulted before the next mutation).
+    pub appends: Vec<Path>,
+    /// What it depends on or changes: every field it writes, elements its guard reads, the
+    /// whole object for a guard outside `forEach`.
+    pub touches: Vec<Path>,
+}
+
+fn path_of(dotted: &str) -> Path {
+    dotted.split('.').map(str::to_string).collect()
+}
+
+/// The footprint of `mutation`.
+pub fn footprint(mutation: &Mutation) -> Footprint {
+    let mut fp = Footprint::default();
+    let base = match &mutation.for_each {
+        Some(p) => {
+            let mut base = path_of(p);
+            base.push(ELEMENT.to_string());
+            if mutation.when.is_some() {
+                fp.touches.push(base.clone());
+            }
+            base
+        }
+        None => {
+            if mutation.when.is_some() {
+                fp.touches.push(Vec::new());
+            }
+            Vec::new()
+        }
+    };
+    if let Value::Object(patch) = &mutation.merge {
+        walk(&base, patch, &mut fp);
+    }
+    fp
+}
+
+fn walk(at: &Path, patch: &serde_json::Map<String, Value>, fp: &mut Footprint) {
+    for (key, value) in patch {
+        let mut here = at.clone();
+        here.push(key.clone());
+        match value {
+            Value::Object(inner) => walk(&here, inner, fp),
+            Value::Array(items)
+                if !items.is_empty()
+                    && items
+                        .iter()
+                        .all(|e| e.get("name").is_some_and(Value::is_string)) =>
+            {
+                let mut element = here.clone();
+                element.push(ELEMENT.to_string());
+                fp.appends.push(element.clone());
+                for item in items {
+                    if let Value::Object(fields) = item {
+                        let rest: serde_json::Map<String, Value> = fields
+                            .iter()
+                            .filter(|(k, _)| k.as_str() != "name")
+                            .map(|(k, v)| (k.clone(), v.clone()))
+                            .collect();
+                        walk(&element, &rest, fp);
+                    }
+                }
+            }
+            _ => fp.touches.push(here),
+        }
+    }
+}
+
+/// Whether one path lies within the other (or they are equal).
+fn nested(a: &Path, b: &Path) -> bool {
+    let n = a.len().min(b.len());
+    a[..n] == b[..n]
+}
+
+/// Whether `later` may read or write something `earlier` appends: then the API server's defaulting
+/// between them can change what `later` does.
+pub fn interacts(earlier: &Footprint, later: &Footprint) -> bool {
+    earlier
+        .appends
+        .iter()
+        .any(|a| later.touches.iter().any(|r| nested(a, r)))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn m(merge: Value, for_each: Option<&str>, when: Option<&str>, overwrite: bool) -> Mutation {
+        Mutation {
+            for_each: for_each.map(str::to_string),
+            when: when.map(str::to_string),
+            merge,
+            overwrite,
+        }
+    }
+
+    #[test]
+    fn an_appended_element_interacts_with_a_later_set_if_absent_into_its_array() {
+        let sidecar = footprint(&m(
+            json!({"spec": {"containers": [{"name": "side", "image": "busybox"}]}}),
+            None,
+            None,
+            false,
+        ));
+        let pull = footprint(&m(
+            json!({"imagePullPolicy": "IfNotPresent"}),
+            Some("spec.containers"),
+            None,
+            false,
+        ));
+        assert!(interacts(&sidecar, &pull));
+        // The other way round the forEach runs first and never sees the sidecar.
+        assert!(!interacts(&pull, &sidecar));
+        // Nor does overwriting: a default copied from the field keeps its old value.
+        let forced = footprint(&m(
+            json!({"resources": {"limits": {"memory": "1Gi"}}}),
+            Some("spec.containers"),
+            None,
+            true,
+        ));
+        assert!(interacts(&sidecar, &forced));
+        // A guard on the elements reads them whole.
+        let guarded = footprint(&m(
+            json!({"imagePullPolicy": "IfNotPresent"}),
+            Some("spec.containers"),
+            Some("element.name == 'side'"),
+            true,
+        ));
+        assert!(interacts(&sidecar, &guarded));
+    }
+
+    #[test]
+    fn maps_and_other_arrays_do_not_interact() {
+        let labels = footprint(&m(
+            json!({"metadata": {"labels": {"a": "b"}}}),
+            None,
+            None,
+            false,
+        ));
+        let more = footprint(&m(
+            json!({"metadata": {"labels": {"c": "d"}}}),
+            None,
+            None,
+            false,
+        ));
+        assert!(!interacts(&labels, &more));
+        let volume = footprint(&m(
+            json!({"spec": {"volumes": [{"name": "v", "emptyDir": {}}]}}),
+            None,
+            None,
+            false,
+        ));
+        let pull = footprint(&m(
+            json!({"imagePullPolicy": "IfNotPresent"}),
+            Some("spec.containers"),
+            None,
+            false,
+        ));
+        assert!(!interacts(&volume, &pull));
+        // A guard outside forEach reads the whole object.
+        let guarded = footprint(&m(
+            json!({"metadata": {"labels": {"x": "y"}}}),
+            None,
+            Some("true"),
+            false,
+        ));
+        assert!(interacts(&volume, &guarded));
+    }
+}
