@@ -31,6 +31,9 @@ struct Case {
     mutate: Value,
     ignore: bool,
     object: Value,
+    /// Run as Gatehouse generates it (`mutating_policy::policy_mutations`: the Policy's match as
+    /// a guard, its own number of passes), not as the bare translation repeated.
+    gatehouse: bool,
 }
 
 /// Pods whose dry-run creates are deterministic (no ServiceAccount token volume).
@@ -211,6 +214,7 @@ fn corpus() -> Vec<Case> {
                 mutate: mutate.clone(),
                 ignore,
                 object,
+                gatehouse: false,
             });
         }
     }
@@ -220,6 +224,7 @@ fn corpus() -> Vec<Case> {
                 mutate: mutate.clone(),
                 ignore,
                 object,
+                gatehouse: false,
             });
         }
     }
@@ -248,6 +253,17 @@ fn case_mutations(n: usize, case: &Case) -> anyhow::Result<Vec<Value>> {
         "has(object.metadata.labels) && {CASE_LABEL:?} in object.metadata.labels && object.metadata.labels[{CASE_LABEL:?}] == \"{n}\""
     );
     let mut mutations = Vec::new();
+    if case.gatehouse {
+        for m in mutating_policy::policy_mutations(&policy, false)
+            .map_err(|e| anyhow::anyhow!("case {n} does not run in-process: {e}"))?
+        {
+            let mut m = serde_json::to_value(m)?;
+            let expression = m["jsonPatch"]["expression"].as_str().unwrap_or_default();
+            m["jsonPatch"]["expression"] = json!(format!("{guard} ? ({expression}) : []"));
+            mutations.push(m);
+        }
+        return Ok(mutations);
+    }
     for _ in 0..mutate::max_passes(&compiled) {
         for m in &compiled.spec().mutate {
             if let Some(expression) = jsonpatch_cel::mutation_expression(m, case.ignore)
@@ -570,8 +586,9 @@ async fn translated_mutations_store_what_the_engine_stores() {
 }
 
 /// The property: for generated merges and Pods (`PROPERTY_CASES`, default 240, from
-/// `PROPERTY_SEED`, default the day's number, printed), the API server running the translated
-/// mutations stores what the engine's path stores. Lists without an exact translation, or that
+/// `PROPERTY_SEED`, default the day's number, printed), the API server running the mutations
+/// Gatehouse generates for the Policy (match guard, passes) stores what the engine's path
+/// stores. Lists without an exact translation, or that
 /// the engine's validation refuses, or that Gatehouse keeps on the webhook for another reason
 /// (a mutation depending on what another may append), are counted and left out.
 #[tokio::test]
@@ -599,6 +616,7 @@ async fn generated_merges_store_what_the_engine_stores() {
                 mutate: generator.mutate_list(),
                 ignore: false,
                 object: generator.pod(),
+                gatehouse: true,
             };
             // What Gatehouse would run in-process: translated, and no mutation depending on
             // what another may append.

@@ -27,9 +27,10 @@ const ELEMENT: &str = "[]";
 pub struct Footprint {
     /// Elements it may append to a named array (defaulted before the next mutation).
     pub appends: Vec<Path>,
-    /// What it depends on or changes: every field it writes, elements its guard reads, the
-    /// whole object for a guard outside `forEach`.
-    pub touches: Vec<Path>,
+    /// Every field it writes (or sets only when absent).
+    pub writes: Vec<Path>,
+    /// What its guard reads: the elements of a `forEach`, the whole object outside one.
+    pub guards: Vec<Path>,
 }
 
 fn path_of(dotted: &str) -> Path {
@@ -44,13 +45,13 @@ pub fn footprint(mutation: &Mutation) -> Footprint {
             let mut base = path_of(p);
             base.push(ELEMENT.to_string());
             if mutation.when.is_some() {
-                fp.touches.push(base.clone());
+                fp.guards.push(base.clone());
             }
             base
         }
         None => {
             if mutation.when.is_some() {
-                fp.touches.push(Vec::new());
+                fp.guards.push(Vec::new());
             }
             Vec::new()
         }
@@ -87,7 +88,7 @@ fn walk(at: &Path, patch: &serde_json::Map<String, Value>, fp: &mut Footprint) {
                     }
                 }
             }
-            _ => fp.touches.push(here),
+            _ => fp.writes.push(here),
         }
     }
 }
@@ -101,10 +102,32 @@ fn nested(a: &Path, b: &Path) -> bool {
 /// Whether `later` may read or write something `earlier` appends: then the API server's defaulting
 /// between them can change what `later` does.
 pub fn interacts(earlier: &Footprint, later: &Footprint) -> bool {
-    earlier
-        .appends
-        .iter()
-        .any(|a| later.touches.iter().any(|r| nested(a, r)))
+    earlier.appends.iter().any(|a| {
+        later
+            .writes
+            .iter()
+            .chain(&later.guards)
+            .any(|r| nested(a, r))
+    })
+}
+
+/// Whether one pass of `list` is its fixed point: no guard reads what another mutation writes
+/// or appends. (Mutations that interact through appends are refused before this is asked.)
+/// Without guards, each merge does the same whatever the others did before it, and a merge
+/// applied twice changes nothing the second time.
+pub fn settles_in_one_pass(list: &[Footprint]) -> bool {
+    list.iter().enumerate().all(|(i, guarded)| {
+        list.iter().enumerate().all(|(j, writer)| {
+            i == j
+                || !guarded.guards.iter().any(|g| {
+                    writer
+                        .writes
+                        .iter()
+                        .chain(&writer.appends)
+                        .any(|w| nested(g, w))
+                })
+        })
+    })
 }
 
 #[cfg(test)]
@@ -155,6 +178,31 @@ mod tests {
             true,
         ));
         assert!(interacts(&sidecar, &guarded));
+    }
+
+    #[test]
+    fn a_list_settles_in_one_pass_unless_a_guard_reads_what_another_writes() {
+        let labels = footprint(&m(
+            json!({"metadata": {"labels": {"a": "b"}}}),
+            None,
+            None,
+            false,
+        ));
+        let drop = footprint(&m(
+            json!({"securityContext": {"capabilities": {"drop": ["BPF"]}}}),
+            Some("spec.containers"),
+            None,
+            false,
+        ));
+        assert!(settles_in_one_pass(&[labels.clone(), drop.clone()]));
+        let guarded = footprint(&m(
+            json!({"securityContext": {"runAsNonRoot": true}}),
+            Some("spec.containers"),
+            Some("has(element.securityContext)"),
+            false,
+        ));
+        assert!(!settles_in_one_pass(&[guarded.clone(), drop]));
+        assert!(settles_in_one_pass(&[guarded, labels]));
     }
 
     #[test]

@@ -37,7 +37,7 @@ use crate::api::v1alpha1::{
     Enforcement, FailurePolicy, Operation, Policy, ReinvocationPolicy, Rule,
 };
 use crate::engine::cel;
-use crate::engine::defaulting::{Footprint, footprint, interacts};
+use crate::engine::defaulting::{Footprint, footprint, interacts, settles_in_one_pass};
 use crate::engine::jsonpatch_cel::{self, string_literal};
 use crate::engine::policy::is_mutating;
 
@@ -298,10 +298,14 @@ pub fn policy_mutations(p: &Policy, later_overwrites: bool) -> Result<Vec<Mutati
             .map_err(|e| format!("spec.mutate[{i}]: {e}"))?;
         expressions.extend(translated);
     }
-    // One pass settles a single merge without a per-element guard; otherwise as many passes as
-    // the engine makes at most.
+    // One pass when no guard reads what another mutation writes (a single merge without a
+    // per-element guard among them); otherwise as many passes as the engine makes at most.
     let single = spec.mutate.len() == 1 && !(spec.mutate[0].for_each.is_some() && guarded);
-    let passes = if single { 1 } else { spec.mutate.len() + 2 };
+    let passes = if single || settles_in_one_pass(&footprints) {
+        1
+    } else {
+        spec.mutate.len() + 2
+    };
     if reads_object && passes * expressions.len() > 1 {
         return Err(
             "spec.match: the match reads the object and the Policy has more than one mutation \

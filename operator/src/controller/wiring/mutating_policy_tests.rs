@@ -181,6 +181,15 @@ fn a_list_of_mutations_is_repeated_as_the_engine_passes_and_every_one_is_guarded
             ..Merge::default()
         });
     });
+    // Two merges that do not read each other: one pass.
+    assert_eq!(policy_mutations(&p, false).unwrap().len(), 2);
+    let p = with(|s| {
+        s.mutate.push(Merge {
+            merge: json!({"metadata": {"labels": {"c": "d"}}}),
+            when: Some("has(object.metadata.labels)".into()),
+            ..Merge::default()
+        });
+    });
     let mutations = policy_mutations(&p, false).unwrap();
     assert_eq!(mutations.len(), 2 * (2 + 2));
     let guard = match_expression(&p);
