@@ -47,7 +47,10 @@
 //! Beside the 16-Policy block's phases, in the same rounds: the same 16 validating Policies with
 //! `enforcement: InProcess`, in a namespace of their own, which the API server evaluates as
 //! ValidatingAdmissionPolicies with no webhook call (the in-process goal: p99 within 1.05x of no
-//! webhooks).
+//! webhooks); and, in the same rounds, 16 mutating Policies (the benchmark's mutating ones)
+//! with `enforcement: InProcess`, which the API server runs as the generated
+//! MutatingAdmissionPolicy (goal: p99 within 1.10x of no webhooks: the patch itself is work the
+//! API server does), and a mixed case of 12 of them in-process and 4 on the webhook after them.
 //!
 //! `POLICIES=16` measures only the first step (`POLICIES=16,64` the first two).
 //!
@@ -589,13 +592,21 @@ struct Block {
     floor: Phase,
     patching: Phase,
     with: Phase,
-    /// The same validating Policies enforced in-process (the 16-Policy block only).
-    in_process: Option<Phase>,
+    /// Phases measured beside the others in the same rounds (the 16-Policy block only): the
+    /// validating Policies in-process, the mutating ones in-process, and the mixed case.
+    beside: Vec<(&'static str, Phase)>,
     /// The API server's p99 bucket for Gatehouse's entries.
     bucket: Option<String>,
     /// Gatehouse's RSS (KiB) after the block.
     rss: Option<u64>,
 }
+
+/// The phases measured beside the 16-Policy block's, by label.
+const BESIDE: [&str; 3] = [
+    "16 validating Policies in-process",
+    "16 mutating Policies in-process",
+    "12 mutating Policies in-process + 4 on the webhook",
+];
 
 /// Number of namespace scopes of the scoped block.
 const SCOPES: usize = 4;
@@ -682,6 +693,65 @@ async fn install_in_process(
     Ok(names)
 }
 
+/// Applies the benchmark's mutating Policies for the Pods of `ns`, `count` of them, the first
+/// `in_process` with `enforcement: InProcess` (priority 10, so that they precede every Policy
+/// on the webhook) and the rest on the webhook after them (priority 50), and waits until each
+/// is enforced where it should be.
+async fn install_mutating(
+    cluster: &'static Cluster,
+    ns: &str,
+    prefix: &str,
+    count: usize,
+    in_process: usize,
+) -> anyhow::Result<Vec<String>> {
+    let names: Vec<String> = (0..count).map(|i| format!("{prefix}-{i:02}")).collect();
+    let mut docs = String::new();
+    for (i, name) in names.iter().enumerate() {
+        let (enforcement, priority) = if i < in_process {
+            ("InProcess", 10)
+        } else {
+            ("Webhook", 50)
+        };
+        let p = policy(
+            name,
+            ns,
+            json!({
+                "enforcement": enforcement,
+                "priority": priority,
+                "mutate": [
+                    {"merge": {"metadata": {"labels": {label_of(i, false): "yes"}}}},
+                    {"forEach": "spec.containers", "merge": {"securityContext": {"capabilities": {"drop": ["BPF"]}}}}
+                ],
+            }),
+        );
+        docs.push_str(&format!("---\n{}\n", serde_json::to_string(&p)?));
+    }
+    cluster
+        .kubectl_ok(["apply", "-f", "-"], Some(&docs))
+        .await?;
+    let listing = "jsonpath={range .items[*]}{.metadata.name}={.status.enforcement}{\"\\n\"}{end}";
+    await_condition(
+        &format!("the {prefix} Policies enforced"),
+        Duration::from_secs(180),
+        || async {
+            let out = cluster
+                .kubectl_ok(["get", "policies", "-o", listing], None)
+                .await?;
+            let placed = names.iter().enumerate().all(|(i, name)| {
+                let want = if i < in_process {
+                    "InProcess"
+                } else {
+                    "Webhook"
+                };
+                out.lines().any(|l| *l == format!("{name}={want}"))
+            });
+            Ok(placed.then_some(()))
+        },
+    )
+    .await?;
+    Ok(names)
+}
+
 /// What every block shares: the Policy-free phases and how many rounds they take turns for.
 struct Bench<'a> {
     cluster: &'static Cluster,
@@ -705,7 +775,7 @@ impl Bench<'_> {
         names: &[String],
         labels: Vec<String>,
         profile: Option<String>,
-        in_process: Option<&Load<'_>>,
+        beside: &[(&'static str, &Load<'_>)],
     ) -> anyhow::Result<Block> {
         let probe = pod("probe")?;
         await_condition(
@@ -736,7 +806,10 @@ impl Bench<'_> {
         )
         .await?;
         let [none, floor, patching] = self.phases;
-        for load in [none, floor, patching, with].into_iter().chain(in_process) {
+        for load in [none, floor, patching, with]
+            .into_iter()
+            .chain(beside.iter().map(|(_, l)| *l))
+        {
             load.warm("warm").await?;
         }
         let mut block = Block {
@@ -747,7 +820,10 @@ impl Bench<'_> {
             floor: Phase::default(),
             patching: Phase::default(),
             with: Phase::default(),
-            in_process: None,
+            beside: beside
+                .iter()
+                .map(|(label, _)| (*label, Phase::default()))
+                .collect(),
             bucket: None,
             rss: None,
         };
@@ -758,12 +834,8 @@ impl Bench<'_> {
             block.floor.extend(floor.measure("floor", 1).await?);
             block.patching.extend(patching.measure("patch", 1).await?);
             block.with.extend(with.measure("pol", 1).await?);
-            if let Some(load) = in_process {
-                let measured = load.measure("inproc", 1).await?;
-                block
-                    .in_process
-                    .get_or_insert_with(Phase::default)
-                    .extend(measured);
+            for ((_, load), (_, phase)) in beside.iter().zip(block.beside.iter_mut()) {
+                phase.extend(load.measure("beside", 1).await?);
             }
         }
         let after = webhook_durations(self.client, ENTRY_SUFFIX).await?.buckets;
@@ -832,6 +904,10 @@ async fn main() -> anyhow::Result<()> {
     // The in-process phase's namespace: selected by the in-process Policies only (not excluded,
     // or their generated policies would leave it out too).
     let inproc_ns = TestNamespace::new(cluster, "bench-inproc").await?;
+    // The in-process mutating phases' namespaces: 16 mutating Policies in-process; 12 of them
+    // in-process and 4 on the webhook.
+    let inmut_ns = TestNamespace::new(cluster, "bench-inmut").await?;
+    let mixed_ns = TestNamespace::new(cluster, "bench-mixed").await?;
     let excluded = format!(
         "kube-system,kube-node-lease,{},{},{}",
         quiet.name(),
@@ -852,6 +928,7 @@ async fn main() -> anyhow::Result<()> {
         (api(&ns), api(&quiet), api(&allow_ns), api(&patch_ns));
     let api_scoped = api(&scoped_ns);
     let api_inproc = api(&inproc_ns);
+    let (api_inmut, api_mixed) = (api(&inmut_ns), api(&mixed_ns));
     // The floor: as many entries as Gatehouse's shared ones, answered by a server that does no
     // work (a fixed allow, no patch). What they add is the API server's own cost of calling 2
     // webhooks per create on this machine, which no webhook implementation can get under.
@@ -885,6 +962,10 @@ async fn main() -> anyhow::Result<()> {
     );
     let in_process = load(&api_inproc, Servers::None, None);
     let inproc_names = install_in_process(cluster, inproc_ns.name(), 16).await?;
+    let mutating_in_process = load(&api_inmut, Servers::None, None);
+    let mixed = load(&api_mixed, Servers::Gatehouse(&gh), Some(ENTRY_SUFFIX));
+    let mut inmut_names = install_mutating(cluster, inmut_ns.name(), "bench-inmut", 16, 16).await?;
+    inmut_names.extend(install_mutating(cluster, mixed_ns.name(), "bench-mixed", 16, 12).await?);
 
     install_floor(
         cluster,
@@ -949,7 +1030,7 @@ async fn main() -> anyhow::Result<()> {
         let label = format!("16 Policies over {SCOPES} namespace scopes (creates in one scope)");
         blocks.push(
             bench
-                .block(&label, 16, &scoped, &applying, labels, None, None)
+                .block(&label, 16, &scoped, &applying, labels, None, &[])
                 .await?,
         );
         let mut delete = vec!["delete", "policies", "--wait=false"];
@@ -987,10 +1068,18 @@ async fn main() -> anyhow::Result<()> {
         let profiled = env_usize("PROFILE_POLICIES", 16);
         let profile = std::env::var("PROFILE").ok().filter(|_| total == profiled);
         let label = format!("{total} Policies");
-        let beside = (total == 16).then_some(&in_process);
+        let beside: Vec<(&'static str, &Load<'_>)> = if total == 16 {
+            vec![
+                (BESIDE[0], &in_process),
+                (BESIDE[1], &mutating_in_process),
+                (BESIDE[2], &mixed),
+            ]
+        } else {
+            Vec::new()
+        };
         blocks.push(
             bench
-                .block(&label, total, &policies, &names, labels, profile, beside)
+                .block(&label, total, &policies, &names, labels, profile, &beside)
                 .await?,
         );
     }
@@ -1000,7 +1089,13 @@ async fn main() -> anyhow::Result<()> {
     report(&blocks, &procs, count, concurrency, rounds, distinct);
 
     let mut delete = vec!["delete", "policies", "--wait=false"];
-    delete.extend(names.iter().chain(&inproc_names).map(String::as_str));
+    delete.extend(
+        names
+            .iter()
+            .chain(&inproc_names)
+            .chain(&inmut_names)
+            .map(String::as_str),
+    );
     cluster.kubectl_ok(delete, None).await?;
     for name in FLOORS {
         cluster
@@ -1015,7 +1110,9 @@ async fn main() -> anyhow::Result<()> {
             .await?;
     }
     gh.shutdown().await?;
-    for namespace in [ns, scoped_ns, quiet, allow_ns, patch_ns, inproc_ns, home] {
+    for namespace in [
+        ns, scoped_ns, quiet, allow_ns, patch_ns, inproc_ns, inmut_ns, mixed_ns, home,
+    ] {
         namespace.cleanup().await?;
     }
     if blocks.iter().any(|b| b.with.p99().is_zero()) {
@@ -1069,8 +1166,8 @@ fn report(
             &b.patching,
         );
         row(&b.label, &b.with);
-        if let Some(p) = &b.in_process {
-            row("16 validating Policies in-process", p);
+        for (label, p) in &b.beside {
+            row(label, p);
         }
         let per_create = |p: &Phase| p.calls / (p.rounds.len() * count).max(1) as f64;
         println!(
@@ -1087,11 +1184,11 @@ fn report(
         );
         println!("CPU seconds per round of {count} creates (2-core machine, everything on it):");
         for (i, (name, _)) in procs.iter().enumerate() {
-            let in_process = b
-                .in_process
-                .as_ref()
-                .map(|p| format!(", 16 in-process {:.2} s", p.cpu_per_round(i)))
-                .unwrap_or_default();
+            let in_process: String = b
+                .beside
+                .iter()
+                .map(|(label, p)| format!(", {label} {:.2} s", p.cpu_per_round(i)))
+                .collect();
             println!(
                 "  {:<16} none {:.2} s, floor {:.2} s, patching floor {:.2} s, {} Policies {:.2} s{in_process}",
                 name,
@@ -1133,10 +1230,25 @@ fn report(
             ratio(&b256.with, &b256.floor) / ratio(&b16.with, &b16.floor),
             ratio(&b16.with, &b16.patching),
         );
-        if let Some(p) = &b16.in_process {
+        let beside = |label: &str| b16.beside.iter().find(|(l, _)| *l == label).map(|(_, p)| p);
+        if let Some(p) = beside(BESIDE[0]) {
             println!(
                 "in-process goal: p99(16 validating Policies in-process) / none = {:.2}x (<= 1.05)",
                 ratio(p, &b16.none)
+            );
+        }
+        if let Some(p) = beside(BESIDE[1]) {
+            println!(
+                "in-process mutation goal: p99(16 mutating Policies in-process) / none = {:.2}x (<= 1.10); / patching floor = {:.2}x",
+                ratio(p, &b16.none),
+                ratio(p, &b16.patching)
+            );
+        }
+        if let Some(p) = beside(BESIDE[2]) {
+            println!(
+                "mixed (12 mutating Policies in-process, 4 on the webhook): p99 / none = {:.2}x, / patching floor = {:.2}x",
+                ratio(p, &b16.none),
+                ratio(p, &b16.patching)
             );
         }
     }
