@@ -496,3 +496,62 @@ async fn moving_a_mutating_policy_leaves_no_gap_and_mutates_once() {
     })
     .await;
 }
+
+/// Under `Auto` a mutating Policy runs in-process when its merges fit the schema the API server
+/// publishes; one naming a field Pods lack stays on the webhook (where the field is dropped)
+/// and, under `InProcess`, is `Ready=False`: a patch naming it would fail every create
+/// in-process. Pods are created either way.
+#[tokio::test]
+async fn merges_the_pod_schema_lacks_stay_on_the_webhook() {
+    scenario("gh-inmut-schema", Options::url(), async |scene| {
+        let cluster = scene.cluster;
+        let ns = scene.ns().to_string();
+        let (fit, typo, wrong_type) = (
+            scene.policy("schema-fit"),
+            scene.policy("schema-typo"),
+            scene.policy("schema-type"),
+        );
+        let fitting = labels(&fit, &ns, 10, "Auto");
+        let typo_policy = pod_policy(
+            &typo,
+            &ns,
+            &["CREATE"],
+            json!({"priority": 20, "enforcement": "Auto", "mutate": [{"merge": {"spec": {"hostNetwrok": true}}}]}),
+        );
+        let wrong_type_policy = pod_policy(
+            &wrong_type,
+            &ns,
+            &["CREATE"],
+            json!({"priority": 5, "enforcement": "InProcess", "mutate": [{"forEach": "spec.containers", "merge": {"securityContext": {"runAsUser": "1000"}}}]}),
+        );
+        apply_enforced(cluster, &[fitting], "InProcess").await?;
+        apply_enforced(cluster, &[typo_policy], "Webhook").await?;
+        await_members(cluster, &[&fit]).await?;
+        let on_webhook = await_ready_condition(cluster, &typo, "True").await?;
+        ensure!(
+            on_webhook["message"].as_str().is_some_and(|m| m.contains(
+                "spec.mutate[0]: spec.hostNetwrok: the Pod schema has no such field"
+            )),
+            "{on_webhook}"
+        );
+        apply(cluster, &wrong_type_policy).await?;
+        let refused = await_ready_condition(cluster, &wrong_type, "False").await?;
+        ensure!(
+            refused["reason"] == "CannotRunInProcess"
+                && refused["message"].as_str().is_some_and(|m| m.contains(
+                    "spec.containers[].securityContext.runAsUser: a string where the Pod schema wants integer"
+                )),
+            "{refused}"
+        );
+        // The refused Policy runs nowhere and blocks nothing: the fitting one stays in.
+        await_members(cluster, &[&fit]).await?;
+        let stored = dry_run_stored(cluster, &two_containers("p", &ns)).await?;
+        ensure!(
+            stored["metadata"]["labels"]["team"] == "platform"
+                && stored["spec"]["hostNetwork"].is_null(),
+            "{stored:#}"
+        );
+        Ok(())
+    })
+    .await;
+}

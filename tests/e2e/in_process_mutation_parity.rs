@@ -127,13 +127,28 @@ fn corpus() -> Vec<Case> {
             owner_cluster_role: None,
             owner: None,
         };
-        let (placements, _) = mutating_policy::place_mutating(&refs, &wiring, true);
+        // The corpus names Pod fields only (the API server checks them with the real schemas).
+        let fit = refs
+            .iter()
+            .map(|p| (p.metadata.name.clone().unwrap_or_default(), Ok(())))
+            .collect();
+        let (placements, _) = mutating_policy::place_mutating(&refs, &wiring, true, &fit);
         policies.len() == case.policies.len()
             && placements
                 .iter()
                 .all(|(_, p)| *p == mutating_policy::MutatingPlacement::InProcess)
     });
     cases
+}
+
+/// The resource of the case's object: a Policy matches only that kind, whose schema its merges
+/// fit (Pod merges would fail ConfigMap creates in-process).
+fn resource_of(object: &Value) -> &'static str {
+    if object["kind"] == "ConfigMap" {
+        "configmaps"
+    } else {
+        "pods"
+    }
 }
 
 /// Cases whose Policies are in the cluster together, each case in a namespace of its own.
@@ -166,7 +181,7 @@ async fn webhook_and_in_process_mutations_store_the_same_objects() {
                         json!({
                             "priority": priority,
                             "match": {
-                                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods", "configmaps"], "scope": "Namespaced"}],
+                                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": [resource_of(&case.object)], "scope": "Namespaced"}],
                                 "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
                             },
                             "mutate": mutate,

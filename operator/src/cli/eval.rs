@@ -217,7 +217,12 @@ pub fn explain(policies: &[CompiledPolicy]) -> Vec<String> {
         validating: true,
         mutating: true,
     };
-    let (placements, _) = admission_policy::place_all(&refs, &wiring, served);
+    // Offline there are no schemas to read: the merges are taken to fit them.
+    let fit = refs
+        .iter()
+        .map(|p| (p.metadata.name.clone().unwrap_or_default(), Ok(())))
+        .collect();
+    let (placements, _) = admission_policy::place_all(&refs, &wiring, served, &fit);
     placements
         .into_iter()
         .map(|(p, placement)| {
@@ -227,7 +232,8 @@ pub fn explain(policies: &[CompiledPolicy]) -> Vec<String> {
                     objects.policy.metadata.name.unwrap_or_default()
                 ),
                 Placement::InProcessMutating => format!(
-                    "in-process, in MutatingAdmissionPolicy {}",
+                    "in-process, in MutatingAdmissionPolicy {} (if the fields its merges name \
+                     are in the schemas of the kinds it matches)",
                     crate::controller::wiring::mutating_policy::MUTATING_NAME
                 ),
                 Placement::Webhook(reason) => format!("webhook: {reason}"),

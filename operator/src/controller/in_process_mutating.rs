@@ -77,6 +77,7 @@ pub async fn enforce(
     caches: &MutatingCaches,
     desired: Option<&InProcessMutation>,
     placements: &[(&Policy, Placement)],
+    schema_fit: &HashMap<String, Result<(), String>>,
     leader: &watch::Receiver<Leadership>,
     memory: &mut MutatingMemory,
     rejected: &mut HashMap<String, Refusal>,
@@ -137,7 +138,7 @@ pub async fn enforce(
         };
         if let Err(message) = applied {
             warn!(%message, "the API server refuses the generated MutatingAdmissionPolicy; finding the Policy to blame");
-            blame(ctx, wiring, desired, placements, rejected).await?;
+            blame(ctx, wiring, desired, placements, schema_fit, rejected).await?;
             memory.confirmed = None;
             return Ok(None);
         }
@@ -163,6 +164,7 @@ async fn blame(
     wiring: &Wiring,
     desired: &InProcessMutation,
     placements: &[(&Policy, Placement)],
+    schema_fit: &HashMap<String, Result<(), String>>,
     rejected: &mut HashMap<String, Refusal>,
 ) -> Result<(), ReconcileError> {
     let members: Vec<&Policy> = placements
@@ -171,7 +173,7 @@ async fn blame(
         .filter(|p| desired.members.contains(&p.name_any()))
         .collect();
     let split = isolate::refused(members, |subset: Vec<&Policy>| async move {
-        let Some(generated) = place_mutating(&subset, wiring, true).1 else {
+        let Some(generated) = place_mutating(&subset, wiring, true, schema_fit).1 else {
             return Ok(DryRun::Accepted);
         };
         dry_run(ctx, generated.policy, MUTATING_NAME).await

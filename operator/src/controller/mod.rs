@@ -4,6 +4,7 @@
 mod in_process;
 mod in_process_mutating;
 pub mod isolate;
+mod schemas;
 pub mod status;
 #[cfg(test)]
 mod tests;
@@ -154,6 +155,8 @@ struct Applied {
     owner: Option<OwnerReference>,
     /// In-process enforcement in this term.
     in_process: InProcessMemory,
+    /// Whether mutating Policies' merges fit their kinds' schemas.
+    schemas: schemas::SchemaMemory,
 }
 
 /// A configuration as this replica last wrote it.
@@ -378,8 +381,15 @@ async fn reconcile_all(
             .as_ref()
             .is_some_and(|g| g.mutating.is_some()),
     };
+    let schema_fit = if wiring.is_some() && served.mutating {
+        schemas::judge(&ctx.client, &placeable, &mut applied.schemas).await
+    } else {
+        HashMap::new()
+    };
     let (placements, generated_mutation) = match &wiring {
-        Some(wiring) => wiring::admission_policy::place_all(&placeable, wiring, served),
+        Some(wiring) => {
+            wiring::admission_policy::place_all(&placeable, wiring, served, &schema_fit)
+        }
         None => (Vec::new(), None),
     };
     let wired = match &wiring {
@@ -388,6 +398,7 @@ async fn reconcile_all(
                 valid: &valid,
                 placements: &placements,
                 generated_mutation: generated_mutation.as_ref(),
+                schema_fit: &schema_fit,
                 wiring,
                 bundle,
             };

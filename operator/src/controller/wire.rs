@@ -1,6 +1,7 @@
 //! The leader's writes of one pass, in order: the API server's judgement of new match
 //! conditions, in-process enforcement moved in, both webhook configurations (leaving out the
 //! Policies the API server refuses), then generated objects no Policy stands for.
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::rbac::v1::ClusterRole;
@@ -44,6 +45,8 @@ pub(super) struct Decided<'a> {
     pub placements: &'a [(&'a Policy, Placement)],
     /// The MutatingAdmissionPolicy of the mutating Policies placed in-process, if any.
     pub generated_mutation: Option<&'a InProcessMutation>,
+    /// Whether each mutating Policy's merges fit its kinds' schemas.
+    pub schema_fit: &'a HashMap<String, Result<(), String>>,
     /// The wiring, with its owner.
     pub wiring: &'a Wiring,
     /// The CA bundle the entries carry.
@@ -65,6 +68,7 @@ pub(super) async fn wire(
         valid,
         placements,
         generated_mutation,
+        schema_fit,
         wiring,
         bundle,
     } = decided;
@@ -95,6 +99,7 @@ pub(super) async fn wire(
             mutating,
             *generated_mutation,
             placements,
+            schema_fit,
             leader,
             &mut applied.in_process.mutating,
             &mut applied.rejected,

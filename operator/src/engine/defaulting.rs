@@ -130,6 +130,35 @@ pub fn settles_in_one_pass(list: &[Footprint]) -> bool {
     })
 }
 
+/// Roots every object of a kind that has them holds: ops under them never create them.
+const ALWAYS_PRESENT: [&str; 2] = ["metadata", "spec"];
+
+/// Whether the ops of `list`, each computed on the same object, may be applied together with
+/// the result of applying the mutations one after the other: one pass settles it and no two
+/// mutations write below a common place that may be absent (where each would add it whole, the
+/// second add replacing the first).
+pub fn independent(list: &[Footprint]) -> bool {
+    if !settles_in_one_pass(list) {
+        return false;
+    }
+    let places =
+        |fp: &Footprint| -> Vec<Path> { fp.writes.iter().chain(&fp.appends).cloned().collect() };
+    list.iter().enumerate().all(|(i, a)| {
+        list.iter().enumerate().skip(i + 1).all(|(_, b)| {
+            places(a).iter().all(|x| {
+                places(b).iter().all(|y| {
+                    let common = x.iter().zip(y).take_while(|(p, q)| p == q).count();
+                    common == 0
+                        || (common == 1
+                            && x.len() > 1
+                            && y.len() > 1
+                            && ALWAYS_PRESENT.contains(&x[0].as_str()))
+                })
+            })
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -203,6 +232,47 @@ mod tests {
         ));
         assert!(!settles_in_one_pass(&[guarded.clone(), drop]));
         assert!(settles_in_one_pass(&[guarded, labels]));
+    }
+
+    #[test]
+    fn mutations_writing_apart_are_independent() {
+        let labels = footprint(&m(
+            json!({"metadata": {"labels": {"a": "b"}}}),
+            None,
+            None,
+            false,
+        ));
+        let annotations = footprint(&m(
+            json!({"metadata": {"annotations": {"c": "d"}}}),
+            None,
+            None,
+            false,
+        ));
+        let more_labels = footprint(&m(
+            json!({"metadata": {"labels": {"e": "f"}}}),
+            None,
+            None,
+            false,
+        ));
+        let drop = footprint(&m(
+            json!({"securityContext": {"capabilities": {"drop": ["BPF"]}}}),
+            Some("spec.containers"),
+            None,
+            false,
+        ));
+        let data = footprint(&m(json!({"data": {"x": "1"}}), None, None, false));
+        let more_data = footprint(&m(json!({"data": {"y": "1"}}), None, None, false));
+        assert!(independent(&[labels.clone(), drop.clone(), annotations]));
+        // Both may add metadata.labels whole, or data whole.
+        assert!(!independent(&[labels, more_labels]));
+        assert!(!independent(&[data, more_data]));
+        let pull = footprint(&m(
+            json!({"imagePullPolicy": "Always"}),
+            Some("spec.containers"),
+            None,
+            false,
+        ));
+        assert!(!independent(&[drop, pull]));
     }
 
     #[test]

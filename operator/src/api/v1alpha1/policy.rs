@@ -86,14 +86,16 @@ pub struct PolicySpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub effects: Vec<super::Effect>,
 
-    /// Where the API server enforces this Policy. `Auto` (default): in-process, as a
-    /// ValidatingAdmissionPolicy and its binding that the API server evaluates itself (no
-    /// webhook call, nothing to fail while Gatehouse is unreachable), when the Policy can be
+    /// Where the API server enforces this Policy. `Auto` (default): a validating Policy runs
+    /// in-process, as a ValidatingAdmissionPolicy and its binding that the API server evaluates
+    /// itself (no webhook call, nothing to fail while Gatehouse is unreachable), when it can be
     /// expressed there exactly and the API server serves admissionregistration.k8s.io/v1
-    /// ValidatingAdmissionPolicy; otherwise Gatehouse's webhook. `Webhook`: always the webhook.
-    /// `InProcess`: in-process, or `Ready=False` with the reason it cannot be.
-    /// `status.enforcement` says where it runs and, on the webhook, the `Ready` condition's
-    /// message says why not in-process.
+    /// ValidatingAdmissionPolicy; otherwise, and for mutating Policies, Gatehouse's webhook.
+    /// `Webhook`: always the webhook. `InProcess`: in-process, or `Ready=False` with the reason
+    /// it cannot be; a mutating Policy then joins the one generated MutatingAdmissionPolicy
+    /// `gatehouse-mutating`, in (priority, name) order, which requires every mutating Policy
+    /// before it to run in-process too. `status.enforcement` says where it runs and, on the
+    /// webhook, the `Ready` condition's message says why not in-process.
     #[serde(default)]
     pub enforcement: Enforcement,
 }
@@ -322,7 +324,8 @@ pub struct Mutation {
 /// Where a Policy asks to be enforced.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
 pub enum Enforcement {
-    /// In-process when the Policy can be expressed there exactly, else the webhook.
+    /// In-process when the Policy validates and can be expressed there exactly, else the
+    /// webhook.
     #[default]
     Auto,
     /// Always Gatehouse's webhook.
@@ -336,7 +339,8 @@ pub enum Enforcement {
 pub enum EnforcementPoint {
     /// Gatehouse's webhook entries.
     Webhook,
-    /// A ValidatingAdmissionPolicy the API server evaluates itself.
+    /// The API server itself: a ValidatingAdmissionPolicy, or the generated
+    /// MutatingAdmissionPolicy.
     InProcess,
 }
 

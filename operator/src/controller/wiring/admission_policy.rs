@@ -13,7 +13,7 @@
 //! with the system exclusion ANDed in, the objectSelector, `match.conditions` (with `authorizer`),
 //! `failurePolicy`, and each rule (in order) as a validation whose denial is `Forbidden` (403),
 //! as the webhook's is.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::admissionregistration::v1::{
     MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
@@ -228,12 +228,14 @@ pub fn place(p: &Policy, wiring: &Wiring, vap_served: bool) -> Placement {
 /// the mutating ones that run in-process: validating Policies are placed one by one
 /// ([`place`]), mutating ones together ([`super::mutating_policy::place_mutating`]), since
 /// their order across Policies decides where they can run.
+/// `schema_fit` says, by Policy, whether a mutating Policy's merges fit its kinds' schemas.
 pub fn place_all<'p>(
     policies: &[&'p Policy],
     wiring: &Wiring,
     served: Served,
+    schema_fit: &HashMap<String, Result<(), String>>,
 ) -> (Vec<(&'p Policy, Placement)>, Option<InProcessMutation>) {
-    let (mutating, generated) = place_mutating(policies, wiring, served.mutating);
+    let (mutating, generated) = place_mutating(policies, wiring, served.mutating, schema_fit);
     let placements = policies
         .iter()
         .map(|p| {

@@ -23,7 +23,7 @@
 //!   the object, and no `overwrite` in any Policy after it;
 //! - validations (they run after every mutation), effects (their marking stays on the webhook),
 //!   subresources and CONNECT.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::admissionregistration::v1::{
     JSONPatch, MatchResources, MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
@@ -34,10 +34,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, namespace_selector};
 use crate::api::v1alpha1::{
-    Enforcement, FailurePolicy, Operation, Policy, ReinvocationPolicy, Rule,
+    Enforcement, FailurePolicy, Operation, Policy, PolicySpec, ReinvocationPolicy, Rule,
 };
 use crate::engine::cel;
-use crate::engine::defaulting::{Footprint, footprint, interacts, settles_in_one_pass};
+use crate::engine::coverage::Coverage;
+use crate::engine::defaulting::{
+    Footprint, footprint, independent, interacts, settles_in_one_pass,
+};
 use crate::engine::jsonpatch_cel::{self, string_literal};
 use crate::engine::policy::is_mutating;
 
@@ -71,10 +74,14 @@ pub enum MutatingPlacement {
 /// The placement of every mutating Policy (by name) and the generated objects, if any Policy
 /// runs in-process. `served`: whether the API server serves admissionregistration.k8s.io/v1
 /// MutatingAdmissionPolicy.
+///
+/// `schema_fit`: by Policy, whether its merges fit the schemas of the kinds it matches
+/// ([`super::schema_fit`]); a Policy missing there stays out.
 pub fn place_mutating(
     policies: &[&Policy],
     wiring: &Wiring,
     served: bool,
+    schema_fit: &HashMap<String, Result<(), String>>,
 ) -> (Vec<(String, MutatingPlacement)>, Option<InProcessMutation>) {
     let mut ordered: Vec<&Policy> = policies
         .iter()
@@ -85,7 +92,7 @@ pub fn place_mutating(
     let mut placements = Vec::new();
     let mut members = Vec::new();
     let mut mutations: Vec<Mutation> = Vec::new();
-    let mut rules: Vec<&Rule> = Vec::new();
+    let mut member_specs: Vec<&PolicySpec> = Vec::new();
     // The first Policy in the order that runs on the webhook: every later one must too.
     let mut on_webhook: Option<&str> = None;
     // What the in-process Policies so far may append, by Policy and mutation.
@@ -106,14 +113,7 @@ pub fn place_mutating(
         let later_overwrites = ordered[i + 1..]
             .iter()
             .any(|later| later.spec.mutate.iter().any(|m| m.overwrite));
-        let translated = if !required {
-            Err(
-                "in-process mutation is opt-in (spec.enforcement: InProcess): the API server \
-                 fails every request whose patch names a field its schema lacks, which \
-                 Gatehouse does not check yet"
-                    .to_string(),
-            )
-        } else if !served {
+        let translated = if !served {
             Err(
                 "the API server does not serve admissionregistration.k8s.io/v1 \
                  MutatingAdmissionPolicy"
@@ -125,7 +125,14 @@ pub fn place_mutating(
                  webhook, and in-process mutations run before every webhook"
             ))
         } else {
-            defaulted_before(p, &appended).and_then(|()| policy_mutations(p, later_overwrites))
+            defaulted_before(p, &appended)
+                .and_then(|()| policy_mutations(p, later_overwrites))
+                .and_then(|own| {
+                    let fit = schema_fit.get(name(p)).cloned().unwrap_or_else(|| {
+                        Err("the schemas of the kinds it matches are not read yet".to_string())
+                    });
+                    fit.map(|()| own)
+                })
         };
         let placement = match translated {
             Ok(own) => {
@@ -133,7 +140,7 @@ pub fn place_mutating(
                     appended.push((p, i, footprint(m)));
                 }
                 mutations.extend(own);
-                rules.extend(p.spec.match_.rules.iter());
+                member_specs.push(&p.spec);
                 members.push(name(p).to_string());
                 MutatingPlacement::InProcess
             }
@@ -146,7 +153,7 @@ pub fn place_mutating(
         placements.push((name(p).to_string(), placement));
     }
     let generated =
-        (!members.is_empty()).then(|| generated_objects(members, mutations, &rules, wiring));
+        (!members.is_empty()).then(|| generated_objects(members, mutations, &member_specs, wiring));
     (placements, generated)
 }
 
@@ -315,16 +322,23 @@ pub fn policy_mutations(p: &Policy, later_overwrites: bool) -> Result<Vec<Mutati
         );
     }
     let guard = match_expression(p);
+    let mutation = |expression: &str| Mutation {
+        patch_type: "JSONPatch".to_string(),
+        json_patch: Some(JSONPatch {
+            expression: Some(format!("{guard} ? ({expression}) : []")),
+        }),
+        apply_configuration: None,
+    };
+    // The API server decodes and defaults the object after every mutation, even an empty one:
+    // independent merges go in one.
+    if passes == 1 && expressions.len() > 1 && independent(&footprints) {
+        let joined: Vec<String> = expressions.iter().map(|e| format!("({e})")).collect();
+        return Ok(vec![mutation(&joined.join(" + "))]);
+    }
     let mut mutations = Vec::new();
     for _ in 0..passes {
         for expression in &expressions {
-            mutations.push(Mutation {
-                patch_type: "JSONPatch".to_string(),
-                json_patch: Some(JSONPatch {
-                    expression: Some(format!("{guard} ? ({expression}) : []")),
-                }),
-                apply_configuration: None,
-            });
+            mutations.push(mutation(expression));
         }
     }
     Ok(mutations)
@@ -469,12 +483,22 @@ fn selector_expression(selector: &LabelSelector, var: &str) -> String {
     format!("({})", parts.join(" && "))
 }
 
+/// The generated policy and binding. Every mutation is guarded by its Policy's match, so the
+/// policy's own match only has to cover its members': but the API server applies each mutation
+/// of a policy it calls (even an empty patch costs a decode and defaulting), so it is called only
+/// for what some member selects: the union of their rules, and selectors covering theirs, with
+/// the system exclusion ANDed in.
 fn generated_objects(
     members: Vec<String>,
     mutations: Vec<Mutation>,
-    rules: &[&Rule],
+    member_specs: &[&PolicySpec],
     wiring: &Wiring,
 ) -> InProcessMutation {
+    let rules: Vec<&Rule> = member_specs
+        .iter()
+        .flat_map(|s| s.match_.rules.iter())
+        .collect();
+    let coverage = Coverage::of_members(member_specs.iter().copied());
     let metadata = ObjectMeta {
         name: Some(MUTATING_NAME.to_string()),
         owner_references: wiring.owner.as_ref().map(|o| vec![o.clone()]),
@@ -494,7 +518,7 @@ fn generated_objects(
         )])),
         ..ObjectMeta::default()
     };
-    let resource_rules: Vec<NamedRuleWithOperations> = super::union_of_rules(rules.iter().copied())
+    let resource_rules: Vec<NamedRuleWithOperations> = super::union_of_rules(rules)
         .into_iter()
         .filter_map(|r| {
             let operations: Vec<String> = r
@@ -525,8 +549,11 @@ fn generated_objects(
             match_constraints: Some(MatchResources {
                 exclude_resource_rules: None,
                 match_policy: Some(MATCH_POLICY.to_string()),
-                namespace_selector: Some(namespace_selector(None, &wiring.excluded_namespaces)),
-                object_selector: Some(LabelSelector::default()),
+                namespace_selector: Some(namespace_selector(
+                    coverage.namespace_selector().as_ref(),
+                    &wiring.excluded_namespaces,
+                )),
+                object_selector: Some(coverage.object_selector().unwrap_or_default()),
                 resource_rules: Some(resource_rules),
             }),
             mutations: Some(mutations),

@@ -1,4 +1,6 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use std::collections::HashMap;
+
 use serde_json::json;
 
 use super::*;
@@ -30,6 +32,18 @@ fn policy(name: &str, priority: i32, enforcement: Enforcement) -> Policy {
     Policy::new(name, spec)
 }
 
+/// Places `policies` with every one's merges fitting its kinds' schemas.
+fn place(
+    policies: &[&Policy],
+    served: bool,
+) -> (Vec<(String, MutatingPlacement)>, Option<InProcessMutation>) {
+    let fit = policies
+        .iter()
+        .map(|p| (p.metadata.name.clone().unwrap_or_default(), Ok(())))
+        .collect();
+    place_mutating(policies, &wiring(), served, &fit)
+}
+
 fn placement_of<'a>(
     placements: &'a [(String, MutatingPlacement)],
     name: &str,
@@ -43,7 +57,7 @@ fn members_are_the_in_process_prefix_in_priority_then_name_order() {
     let b = policy("b", 10, Enforcement::InProcess);
     let a = policy("a", 10, Enforcement::InProcess);
     let validating = Policy::new("v", sample_spec(1, false, true));
-    let (placements, generated) = place_mutating(&[&c, &b, &a, &validating], &wiring(), true);
+    let (placements, generated) = place(&[&c, &b, &a, &validating], true);
     let generated = generated.unwrap();
     assert_eq!(generated.members, ["a", "b", "c"]);
     assert_eq!(
@@ -85,7 +99,7 @@ fn a_policy_after_one_on_the_webhook_cannot_move_in() {
     let first = policy("first", 10, Enforcement::Webhook);
     let later = policy("later", 20, Enforcement::InProcess);
     let auto = policy("auto", 30, Enforcement::Auto);
-    let (placements, generated) = place_mutating(&[&later, &first, &auto], &wiring(), true);
+    let (placements, generated) = place(&[&later, &first, &auto], true);
     assert!(generated.is_none());
     assert!(matches!(
         placement_of(&placements, "first"),
@@ -111,7 +125,7 @@ fn a_refused_policy_runs_nowhere_and_so_does_not_block_later_ones() {
         }),
     }];
     let later = policy("later", 20, Enforcement::InProcess);
-    let (placements, generated) = place_mutating(&[&effects, &later], &wiring(), true);
+    let (placements, generated) = place(&[&effects, &later], true);
     let MutatingPlacement::Refused(reason) = placement_of(&placements, "effects") else {
         panic!("{placements:?}");
     };
@@ -120,15 +134,25 @@ fn a_refused_policy_runs_nowhere_and_so_does_not_block_later_ones() {
 }
 
 #[test]
-fn auto_stays_on_the_webhook_and_unserved_is_refused() {
+fn auto_moves_in_when_its_merges_fit_and_unserved_is_refused() {
     let auto = policy("auto", 10, Enforcement::Auto);
-    let (placements, _) = place_mutating(&[&auto], &wiring(), true);
-    let MutatingPlacement::Webhook(reason) = placement_of(&placements, "auto") else {
-        panic!("{placements:?}");
-    };
-    assert!(reason.contains("opt-in"), "{reason}");
+    let (placements, _) = place(&[&auto], true);
+    assert_eq!(
+        placement_of(&placements, "auto"),
+        &MutatingPlacement::InProcess
+    );
+    let unfit = HashMap::from([("auto".to_string(), Err("spec.mutate[0]: x".to_string()))]);
+    let (placements, _) = place_mutating(&[&auto], &wiring(), true, &unfit);
+    assert_eq!(
+        placement_of(&placements, "auto"),
+        &MutatingPlacement::Webhook("spec.mutate[0]: x".into())
+    );
+    let (placements, _) = place_mutating(&[&auto], &wiring(), true, &HashMap::new());
+    assert!(
+        matches!(placement_of(&placements, "auto"), MutatingPlacement::Webhook(r) if r.contains("not read yet"))
+    );
     let required = policy("required", 10, Enforcement::InProcess);
-    let (placements, generated) = place_mutating(&[&required], &wiring(), false);
+    let (placements, generated) = place(&[&required], false);
     assert!(generated.is_none());
     assert!(
         matches!(placement_of(&placements, "required"), MutatingPlacement::Refused(r) if r.contains("does not serve"))
@@ -181,8 +205,31 @@ fn a_list_of_mutations_is_repeated_as_the_engine_passes_and_every_one_is_guarded
             ..Merge::default()
         });
     });
-    // Two merges that do not read each other: one pass.
+    // Two label merges that do not read each other: one pass, in two mutations (both may add
+    // metadata.labels whole).
     assert_eq!(policy_mutations(&p, false).unwrap().len(), 2);
+    // Writing apart, they go in one.
+    let apart = with(|s| {
+        s.mutate.push(Merge {
+            for_each: Some("spec.containers".into()),
+            merge: json!({"securityContext": {"capabilities": {"drop": ["BPF"]}}}),
+            ..Merge::default()
+        });
+    });
+    let joined = policy_mutations(&apart, false).unwrap();
+    assert_eq!(joined.len(), 1);
+    let expression = joined[0]
+        .json_patch
+        .as_ref()
+        .unwrap()
+        .expression
+        .as_ref()
+        .unwrap();
+    // Each translation parenthesised: a forEach's is a conditional, which `+` would split.
+    assert!(
+        expression.contains(") + (type(object) == map && \"spec\""),
+        "{expression}"
+    );
     let p = with(|s| {
         s.mutate.push(Merge {
             merge: json!({"metadata": {"labels": {"c": "d"}}}),
@@ -263,7 +310,7 @@ fn a_policy_reading_what_an_earlier_one_may_append_stays_out() {
         merge: json!({"imagePullPolicy": "IfNotPresent"}),
         ..Merge::default()
     };
-    let (placements, generated) = place_mutating(&[&sidecar, &pull], &wiring(), true);
+    let (placements, generated) = place(&[&sidecar, &pull], true);
     assert_eq!(generated.unwrap().members, ["a-sidecar"]);
     let MutatingPlacement::Refused(reason) = placement_of(&placements, "b-pull") else {
         panic!("{placements:?}");

@@ -1,0 +1,180 @@
+//! Reads the schemas of the kinds mutating Policies match (discovery for the kind, the OpenAPI v3
+//! document of its group-version) and judges whether their merges fit
+//! ([`super::wiring::schema_fit`]). A judgement is kept per Policy spec; documents are read for
+//! a pass and dropped, so memory does not grow with the cluster's APIs.
+use std::collections::HashMap;
+
+use kube::{Client, ResourceExt};
+use serde_json::Value;
+use tracing::debug;
+
+use super::SpecVersion;
+use super::wiring::schema_fit::{fits, kind_schema};
+use crate::api::v1alpha1::{Enforcement, Policy};
+use crate::engine::policy::is_mutating;
+
+/// Judgements of schema fit, by Policy, with the spec each was about.
+#[derive(Default)]
+pub struct SchemaMemory {
+    judged: HashMap<String, (SpecVersion, Result<(), String>)>,
+}
+
+/// Why a judgement could not be made this pass (not remembered: tried again next pass).
+struct Unread(String);
+
+/// Whether the merges of every mutating Policy that may run in-process fit the schemas of the
+/// kinds it matches, by Policy name.
+pub async fn judge(
+    client: &Client,
+    policies: &[&Policy],
+    memory: &mut SchemaMemory,
+) -> HashMap<String, Result<(), String>> {
+    let candidates: Vec<&Policy> = policies
+        .iter()
+        .copied()
+        .filter(|p| is_mutating(&p.spec) && p.spec.enforcement != Enforcement::Webhook)
+        .collect();
+    memory.judged.retain(|name, (spec, _)| {
+        candidates
+            .iter()
+            .any(|p| p.name_any() == *name && SpecVersion::of(p) == *spec)
+    });
+    let mut documents: HashMap<String, Option<Value>> = HashMap::new();
+    let mut kinds: HashMap<String, Option<Vec<(String, String)>>> = HashMap::new();
+    let mut verdicts = HashMap::new();
+    for p in candidates {
+        let name = p.name_any();
+        if let Some((_, verdict)) = memory.judged.get(&name) {
+            verdicts.insert(name, verdict.clone());
+            continue;
+        }
+        match judge_one(client, p, &mut documents, &mut kinds).await {
+            Ok(verdict) => {
+                memory
+                    .judged
+                    .insert(name.clone(), (SpecVersion::of(p), verdict.clone()));
+                verdicts.insert(name, verdict);
+            }
+            Err(Unread(reason)) => {
+                debug!(policy = %name, %reason, "schemas not read; tried again next pass");
+                verdicts.insert(name, Err(reason));
+            }
+        }
+    }
+    verdicts
+}
+
+async fn judge_one(
+    client: &Client,
+    p: &Policy,
+    documents: &mut HashMap<String, Option<Value>>,
+    kinds: &mut HashMap<String, Option<Vec<(String, String)>>>,
+) -> Result<Result<(), String>, Unread> {
+    for (i, rule) in p.spec.match_.rules.iter().enumerate() {
+        let wildcard = rule
+            .api_groups
+            .iter()
+            .chain(&rule.api_versions)
+            .chain(&rule.resources)
+            .any(|v| v.contains('*'));
+        if wildcard {
+            return Ok(Err(format!(
+                "spec.match.rules[{i}]: a wildcard (Gatehouse checks the merges against the \
+                 schema of every kind the Policy matches, so it must name them)"
+            )));
+        }
+        for group in &rule.api_groups {
+            for version in &rule.api_versions {
+                let gv = if group.is_empty() {
+                    version.clone()
+                } else {
+                    format!("{group}/{version}")
+                };
+                let served = served_kinds(client, &gv, kinds).await?;
+                for resource in &rule.resources {
+                    let Some(kind) = served
+                        .iter()
+                        .find(|(r, _)| r == resource)
+                        .map(|(_, k)| k.clone())
+                    else {
+                        return Ok(Err(format!(
+                            "spec.match.rules[{i}]: the API server serves no {resource} in {gv}"
+                        )));
+                    };
+                    let Some(document) = document(client, group, &gv, documents).await? else {
+                        return Ok(Err(format!(
+                            "spec.match.rules[{i}]: the API server publishes no OpenAPI v3 \
+                             document for {gv}"
+                        )));
+                    };
+                    let Some(schema) = kind_schema(document, group, version, &kind) else {
+                        return Ok(Err(format!(
+                            "spec.match.rules[{i}]: the API server publishes no schema for \
+                             {kind} in {gv}"
+                        )));
+                    };
+                    if let Err(e) = fits(&p.spec.mutate, &schema) {
+                        return Ok(Err(format!(
+                            "{e} (a patch naming it fails every request in-process)"
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    Ok(Ok(()))
+}
+
+/// The resources (with their kinds) the API server serves in `gv`; `None` remembered when it
+/// serves no such group-version.
+async fn served_kinds<'a>(
+    client: &Client,
+    gv: &str,
+    kinds: &'a mut HashMap<String, Option<Vec<(String, String)>>>,
+) -> Result<&'a [(String, String)], Unread> {
+    if !kinds.contains_key(gv) {
+        let listed = if gv.contains('/') {
+            client.list_api_group_resources(gv).await
+        } else {
+            client.list_core_api_resources(gv).await
+        };
+        let served = match listed {
+            Ok(list) => Some(
+                list.resources
+                    .into_iter()
+                    .map(|r| (r.name, r.kind))
+                    .collect(),
+            ),
+            Err(kube::Error::Api(e)) if e.code == 404 => None,
+            Err(e) => return Err(Unread(format!("discovery of {gv} failed: {e}"))),
+        };
+        kinds.insert(gv.to_string(), served);
+    }
+    Ok(kinds.get(gv).and_then(|k| k.as_deref()).unwrap_or_default())
+}
+
+/// The OpenAPI v3 document of `gv`, read once per pass.
+async fn document<'a>(
+    client: &Client,
+    group: &str,
+    gv: &str,
+    documents: &'a mut HashMap<String, Option<Value>>,
+) -> Result<Option<&'a Value>, Unread> {
+    if !documents.contains_key(gv) {
+        let path = if group.is_empty() {
+            format!("/openapi/v3/api/{gv}")
+        } else {
+            format!("/openapi/v3/apis/{gv}")
+        };
+        let request = http::Request::get(&path)
+            .body(Vec::new())
+            .map_err(|e| Unread(format!("building the request for {path}: {e}")))?;
+        let read = match client.request::<Value>(request).await {
+            Ok(doc) => Some(doc),
+            Err(kube::Error::Api(e)) if e.code == 404 => None,
+            Err(e) => return Err(Unread(format!("reading {path} failed: {e}"))),
+        };
+        documents.insert(gv.to_string(), read);
+    }
+    Ok(documents.get(gv).and_then(Option::as_ref))
+}

@@ -1,0 +1,239 @@
+//! Whether a Policy's merges fit the schemas of the kinds it matches, as the API server publishes
+//! them (OpenAPI v3).
+//!
+//! After a MutatingAdmissionPolicy's patch, the API server decodes the object strictly: a field
+//! the kind's schema lacks, or a value of the wrong JSON type, fails the request (a 500, even
+//! under `failurePolicy: Ignore`), where the webhook path's patch is decoded leniently and the
+//! field dropped. So a mutating Policy runs in-process only when every field its merges name
+//! exists with a type the value fits.
+use serde_json::{Map, Value};
+
+use crate::api::v1alpha1::Mutation;
+
+/// One kind's schema: the document's named schemas and the kind's own.
+pub struct KindSchema<'a> {
+    /// `components.schemas` of the group-version's OpenAPI v3 document.
+    pub schemas: &'a Map<String, Value>,
+    /// The kind's schema.
+    pub root: &'a Value,
+    /// The kind, for messages.
+    pub kind: &'a str,
+}
+
+/// The kind's schema in `document` (an OpenAPI v3 document of one group-version), found by its
+/// `x-kubernetes-group-version-kind`.
+pub fn kind_schema<'a>(
+    document: &'a Value,
+    group: &str,
+    version: &str,
+    kind: &'a str,
+) -> Option<KindSchema<'a>> {
+    let schemas = document.get("components")?.get("schemas")?.as_object()?;
+    let root = schemas.values().find(|s| {
+        s.get("x-kubernetes-group-version-kind")
+            .and_then(Value::as_array)
+            .is_some_and(|gvks| {
+                gvks.iter().any(|g| {
+                    g.get("group").and_then(Value::as_str).unwrap_or_default() == group
+                        && g.get("version").and_then(Value::as_str) == Some(version)
+                        && g.get("kind").and_then(Value::as_str) == Some(kind)
+                })
+            })
+    })?;
+    Some(KindSchema {
+        schemas,
+        root,
+        kind,
+    })
+}
+
+/// Whether every `mutate[]` entry's merge fits `schema`, or the first field that does not.
+pub fn fits(mutations: &[Mutation], schema: &KindSchema<'_>) -> Result<(), String> {
+    for (i, m) in mutations.iter().enumerate() {
+        let mut node = schema.root;
+        let mut at = String::new();
+        if let Some(path) = &m.for_each {
+            for key in path.split('.') {
+                at = join(&at, key);
+                node = match child(schema, node, key) {
+                    Child::Schema(n) => n,
+                    Child::Anything => break,
+                    Child::Missing => {
+                        return Err(missing(i, &at, schema.kind));
+                    }
+                };
+            }
+            let resolved = resolve(schema, node);
+            if unknown_allowed(resolved) {
+                continue;
+            }
+            node = match resolved.get("items") {
+                Some(items) => items,
+                None => {
+                    return Err(format!(
+                        "spec.mutate[{i}].forEach: {at} is not an array in the {} schema",
+                        schema.kind
+                    ));
+                }
+            };
+            at.push_str("[]");
+        }
+        value_fits(schema, node, &m.merge, &at).map_err(|e| format!("spec.mutate[{i}]: {e}"))?;
+    }
+    Ok(())
+}
+
+fn join(at: &str, key: &str) -> String {
+    if at.is_empty() {
+        key.to_string()
+    } else {
+        format!("{at}.{key}")
+    }
+}
+
+fn missing(i: usize, at: &str, kind: &str) -> String {
+    format!("spec.mutate[{i}]: {at}: the {kind} schema has no such field")
+}
+
+/// A schema with its references followed (`$ref`, or a one-element `allOf` around one).
+fn resolve<'a>(schema: &KindSchema<'a>, mut node: &'a Value) -> &'a Value {
+    for _ in 0..32 {
+        let next = node
+            .get("$ref")
+            .and_then(Value::as_str)
+            .and_then(|r| r.strip_prefix("#/components/schemas/"))
+            .and_then(|name| schema.schemas.get(name))
+            .or_else(|| {
+                node.get("allOf")
+                    .and_then(Value::as_array)
+                    .filter(|all| all.len() == 1)
+                    .map(|all| &all[0])
+            });
+        match next {
+            Some(n) => node = n,
+            None => break,
+        }
+    }
+    node
+}
+
+fn unknown_allowed(node: &Value) -> bool {
+    node.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true))
+        && node.get("properties").is_none()
+}
+
+enum Child<'a> {
+    Schema(&'a Value),
+    /// Below a schema that keeps unknown fields.
+    Anything,
+    Missing,
+}
+
+fn child<'a>(schema: &KindSchema<'a>, node: &'a Value, key: &str) -> Child<'a> {
+    let node = resolve(schema, node);
+    if let Some(c) = node.get("properties").and_then(|p| p.get(key)) {
+        return Child::Schema(c);
+    }
+    match node.get("additionalProperties") {
+        Some(c @ Value::Object(_)) => return Child::Schema(c),
+        Some(Value::Bool(true)) => return Child::Anything,
+        _ => {}
+    }
+    if node.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true)) {
+        return Child::Anything;
+    }
+    Child::Missing
+}
+
+/// The JSON types a schema accepts: its `type`, the types of a `oneOf`/`anyOf`, both for
+/// int-or-string; none said means any.
+fn accepted_types(node: &Value) -> Vec<&str> {
+    if node.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true))
+        || node.get("format").and_then(Value::as_str) == Some("int-or-string")
+    {
+        return vec!["integer", "string"];
+    }
+    if let Some(t) = node.get("type").and_then(Value::as_str) {
+        return vec![t];
+    }
+    ["oneOf", "anyOf"]
+        .iter()
+        .filter_map(|k| node.get(*k).and_then(Value::as_array))
+        .flatten()
+        .filter_map(|alt| alt.get("type").and_then(Value::as_str))
+        .collect()
+}
+
+fn value_fits(
+    schema: &KindSchema<'_>,
+    node: &Value,
+    value: &Value,
+    at: &str,
+) -> Result<(), String> {
+    let node = resolve(schema, node);
+    if value.is_null() {
+        // A removal (with overwrite): nothing is written.
+        return Ok(());
+    }
+    let types = accepted_types(node);
+    let json_type = match value {
+        Value::Object(_) => "object",
+        Value::Array(_) => "array",
+        Value::String(_) => "string",
+        Value::Bool(_) => "boolean",
+        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        Value::Number(_) => "number",
+        Value::Null => "null",
+    };
+    let fits_type = types.is_empty()
+        || types.contains(&json_type)
+        || (json_type == "integer" && types.contains(&"number"));
+    if !fits_type {
+        let shown = if at.is_empty() { "the merge" } else { at };
+        let article = if json_type.starts_with(['a', 'e', 'i', 'o', 'u']) {
+            "an"
+        } else {
+            "a"
+        };
+        return Err(format!(
+            "{shown}: {article} {json_type} where the {} schema wants {}",
+            schema.kind,
+            types.join(" or ")
+        ));
+    }
+    match value {
+        Value::Object(fields) => {
+            if unknown_allowed(node) {
+                return Ok(());
+            }
+            for (key, v) in fields {
+                let here = join(at, key);
+                match child(schema, node, key) {
+                    Child::Schema(c) => value_fits(schema, c, v, &here)?,
+                    Child::Anything => {}
+                    Child::Missing => {
+                        return Err(format!(
+                            "{here}: the {} schema has no such field",
+                            schema.kind
+                        ));
+                    }
+                }
+            }
+            Ok(())
+        }
+        Value::Array(items) => match node.get("items") {
+            Some(item) => {
+                let here = format!("{at}[]");
+                items
+                    .iter()
+                    .try_for_each(|v| value_fits(schema, item, v, &here))
+            }
+            None => Ok(()),
+        },
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+#[path = "schema_fit_tests.rs"]
+mod tests;
