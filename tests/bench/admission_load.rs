@@ -602,10 +602,11 @@ struct Block {
 }
 
 /// The phases measured beside the 16-Policy block's, by label.
-const BESIDE: [&str; 3] = [
+const BESIDE: [&str; 4] = [
     "16 validating Policies in-process",
     "16 mutating Policies in-process",
     "12 mutating Policies in-process + 4 on the webhook",
+    "1 mutating Policy in-process",
 ];
 
 /// Number of namespace scopes of the scoped block.
@@ -908,6 +909,8 @@ async fn main() -> anyhow::Result<()> {
     // in-process and 4 on the webhook.
     let inmut_ns = TestNamespace::new(cluster, "bench-inmut").await?;
     let mixed_ns = TestNamespace::new(cluster, "bench-mixed").await?;
+    // One mutating Policy in-process: what one mutation of the generated policy costs.
+    let one_ns = TestNamespace::new(cluster, "bench-inone").await?;
     let excluded = format!(
         "kube-system,kube-node-lease,{},{},{}",
         quiet.name(),
@@ -928,7 +931,7 @@ async fn main() -> anyhow::Result<()> {
         (api(&ns), api(&quiet), api(&allow_ns), api(&patch_ns));
     let api_scoped = api(&scoped_ns);
     let api_inproc = api(&inproc_ns);
-    let (api_inmut, api_mixed) = (api(&inmut_ns), api(&mixed_ns));
+    let (api_inmut, api_mixed, api_one) = (api(&inmut_ns), api(&mixed_ns), api(&one_ns));
     // The floor: as many entries as Gatehouse's shared ones, answered by a server that does no
     // work (a fixed allow, no patch). What they add is the API server's own cost of calling 2
     // webhooks per create on this machine, which no webhook implementation can get under.
@@ -966,6 +969,8 @@ async fn main() -> anyhow::Result<()> {
     let mixed = load(&api_mixed, Servers::Gatehouse(&gh), Some(ENTRY_SUFFIX));
     let mut inmut_names = install_mutating(cluster, inmut_ns.name(), "bench-inmut", 16, 16).await?;
     inmut_names.extend(install_mutating(cluster, mixed_ns.name(), "bench-mixed", 16, 12).await?);
+    let one_in_process = load(&api_one, Servers::None, None);
+    inmut_names.extend(install_mutating(cluster, one_ns.name(), "bench-inone", 1, 1).await?);
 
     install_floor(
         cluster,
@@ -1073,6 +1078,7 @@ async fn main() -> anyhow::Result<()> {
                 (BESIDE[0], &in_process),
                 (BESIDE[1], &mutating_in_process),
                 (BESIDE[2], &mixed),
+                (BESIDE[3], &one_in_process),
             ]
         } else {
             Vec::new()
@@ -1111,7 +1117,7 @@ async fn main() -> anyhow::Result<()> {
     }
     gh.shutdown().await?;
     for namespace in [
-        ns, scoped_ns, quiet, allow_ns, patch_ns, inproc_ns, inmut_ns, mixed_ns, home,
+        ns, scoped_ns, quiet, allow_ns, patch_ns, inproc_ns, inmut_ns, mixed_ns, one_ns, home,
     ] {
         namespace.cleanup().await?;
     }
@@ -1242,6 +1248,12 @@ fn report(
                 "in-process mutation goal: p99(16 mutating Policies in-process) / none = {:.2}x (<= 1.10); / patching floor = {:.2}x",
                 ratio(p, &b16.none),
                 ratio(p, &b16.patching)
+            );
+        }
+        if let Some(p) = beside(BESIDE[3]) {
+            println!(
+                "one mutating Policy in-process (one mutation of the generated policy): p99 / none = {:.2}x",
+                ratio(p, &b16.none)
             );
         }
         if let Some(p) = beside(BESIDE[2]) {

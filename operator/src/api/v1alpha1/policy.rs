@@ -86,16 +86,15 @@ pub struct PolicySpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub effects: Vec<super::Effect>,
 
-    /// Where the API server enforces this Policy. `Auto` (default): a validating Policy runs
-    /// in-process, as a ValidatingAdmissionPolicy and its binding that the API server evaluates
-    /// itself (no webhook call, nothing to fail while Gatehouse is unreachable), when it can be
-    /// expressed there exactly and the API server serves admissionregistration.k8s.io/v1
-    /// ValidatingAdmissionPolicy; otherwise, and for mutating Policies, Gatehouse's webhook.
-    /// `Webhook`: always the webhook. `InProcess`: in-process, or `Ready=False` with the reason
-    /// it cannot be; a mutating Policy then joins the one generated MutatingAdmissionPolicy
-    /// `gatehouse-mutating`, in (priority, name) order, which requires every mutating Policy
-    /// before it to run in-process too. `status.enforcement` says where it runs and, on the
-    /// webhook, the `Ready` condition's message says why not in-process.
+    /// Where the API server enforces this Policy. `Auto` (default): in-process when the API
+    /// server can run it exactly (no webhook call, nothing to fail while Gatehouse is
+    /// unreachable), otherwise Gatehouse's webhook. A validating Policy then becomes a
+    /// ValidatingAdmissionPolicy and its binding; a mutating one joins the one generated
+    /// MutatingAdmissionPolicy `gatehouse-mutating`, in (priority, name) order, which requires
+    /// every mutating Policy before it to run in-process too and its merges to fit the schemas
+    /// of the kinds it matches. `Webhook`: always the webhook. `InProcess`: in-process, or
+    /// `Ready=False` with the reason it cannot be. `status.enforcement` says where it runs and,
+    /// on the webhook, the `Ready` condition's message says why not in-process.
     #[serde(default)]
     pub enforcement: Enforcement,
 }
@@ -324,8 +323,7 @@ pub struct Mutation {
 /// Where a Policy asks to be enforced.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
 pub enum Enforcement {
-    /// In-process when the Policy validates and can be expressed there exactly, else the
-    /// webhook.
+    /// In-process when the Policy can be expressed there exactly, else the webhook.
     #[default]
     Auto,
     /// Always Gatehouse's webhook.
