@@ -44,6 +44,7 @@ fn own_policies() -> String {
                 "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy",
                 "metadata": {"name": OWN_MUTATING_POLICY},
                 "spec": {
+                    "enforcement": "Webhook",
                     "match": {"rules": rules, "namespaceSelector": selector},
                     "mutate": [{"merge": {"metadata": {"annotations": {OWN_ANNOTATION: "yes"}}}}],
                 },
@@ -192,6 +193,8 @@ async fn generated_objects(cluster: &Cluster) -> anyhow::Result<Vec<String>> {
     for kind in [
         "validatingadmissionpolicies",
         "validatingadmissionpolicybindings",
+        "mutatingadmissionpolicies",
+        "mutatingadmissionpolicybindings",
     ] {
         let list = get_json(cluster, &[kind, "-l", GENERATED])
             .await?
