@@ -293,7 +293,7 @@ async fn ctr(cluster: &Cluster, args: &[&str]) -> anyhow::Result<std::process::O
     Ok(out)
 }
 
-/// 5. The pool (32 addresses on the node) filled: the next Pod stays gated, with its Event,
+/// Test 5: the pool (32 addresses on the node) filled: the next Pod stays gated, with its Event,
 /// until a Pod is deleted; then it gets exactly the freed address and runs with it.
 pub async fn a_full_pool_is_reused(cluster: &Cluster, ipam: &TestNamespace) -> anyhow::Result<()> {
     let pool = get_json(cluster, &["ippool", "pods-v4"])
