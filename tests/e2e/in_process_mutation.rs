@@ -429,7 +429,8 @@ async fn a_foreign_webhook_after_in_process_mutations_changes_nothing_twice() {
 }
 
 /// Test 5: moving a mutating Policy between the webhook and the API server during a loop of
-/// creates: every Pod is mutated, exactly once (one sidecar, never two).
+/// creates: every Pod is mutated, exactly once (one sidecar, never two). Before that, the
+/// generated policy deleted or edited by hand is restored.
 #[tokio::test]
 async fn moving_a_mutating_policy_leaves_no_gap_and_mutates_once() {
     scenario("gh-inmut-flip", Options::url(), async |scene| {
@@ -450,6 +451,31 @@ async fn moving_a_mutating_policy_leaves_no_gap_and_mutates_once() {
                 }),
             )
         };
+        // Drift: the generated policy deleted by hand, or its mutations edited, is restored.
+        apply_enforced(cluster, &[policy("InProcess")], "InProcess").await?;
+        await_members(cluster, &[&name]).await?;
+        cluster
+            .kubectl_ok(["delete", "mutatingadmissionpolicy", GENERATED], None)
+            .await?;
+        await_members(cluster, &[&name]).await?;
+        cluster
+            .kubectl_ok(
+                [
+                    "patch",
+                    "mutatingadmissionpolicy",
+                    GENERATED,
+                    "--type=json",
+                    "-p",
+                    r#"[{"op": "replace", "path": "/spec/mutations", "value": [{"patchType": "JSONPatch", "jsonPatch": {"expression": "[JSONPatch{op: \"test\", path: \"/kind\", value: \"Pod\"}].filter(p, false)"}}]}]"#,
+                ],
+                None,
+            )
+            .await?;
+        await_condition("the edited mutations restored", WAIT, || async {
+            let stored = dry_run_stored(cluster, &two_containers("drift", &ns)).await?;
+            Ok((stored["metadata"]["labels"]["mutated"] == "yes").then_some(()))
+        })
+        .await?;
         apply_enforced(cluster, &[policy("Webhook")], "Webhook").await?;
 
         let stop = std::sync::atomic::AtomicBool::new(false);

@@ -121,13 +121,20 @@ pub async fn enforce(
         memory.confirmed = None;
         return Ok(None);
     };
+    // The specs the members have now: a new generation that changes nothing in the policy (a
+    // timeout, the enforcement flipped back) is confirmed again, not written again.
+    let members: HashMap<String, SpecVersion> = placements
+        .iter()
+        .filter(|(p, _)| desired.members.contains(&p.name_any()))
+        .map(|(p, _)| (p.name_any(), SpecVersion::of(p)))
+        .collect();
     let held =
         holds(&caches.policies, &desired.policy) && holds(&caches.bindings, &desired.binding);
     if held
         && memory
             .confirmed
             .as_ref()
-            .is_some_and(|c| c.objects == *desired)
+            .is_some_and(|c| c.objects == *desired && c.members == members)
     {
         return Ok(None);
     }
@@ -145,11 +152,6 @@ pub async fn enforce(
     }
     confirm_enforced(ctx, wiring, leader).await?;
     info!(members = %desired.members.join(","), "mutating in-process");
-    let members = placements
-        .iter()
-        .filter(|(p, _)| desired.members.contains(&p.name_any()))
-        .map(|(p, _)| (p.name_any(), SpecVersion::of(p)))
-        .collect();
     memory.confirmed = Some(Confirmed {
         objects: desired.clone(),
         members,
