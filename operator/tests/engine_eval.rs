@@ -589,7 +589,7 @@ fn explain_says_where_each_policy_would_run() {
     );
     assert!(
         run.err
-            .contains("policy \"inject-proxy\" runs webhook: spec.mutate"),
+            .contains("policy \"inject-proxy\" runs webhook: spec.reinvocationPolicy"),
         "{}",
         run.err
     );

@@ -130,7 +130,12 @@ fn corpus() -> Vec<Case> {
         // The corpus names Pod fields only (the API server checks them with the real schemas).
         let fit = refs
             .iter()
-            .map(|p| (p.metadata.name.clone().unwrap_or_default(), Ok(())))
+            .map(|p| {
+                (
+                    p.metadata.name.clone().unwrap_or_default(),
+                    ::gatehouse::controller::wiring::schema_fit::SchemaFit::Fits,
+                )
+            })
             .collect();
         let (placements, _) = mutating_policy::place_mutating(&refs, &wiring, true, &fit);
         policies.len() == case.policies.len()

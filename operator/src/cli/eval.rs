@@ -220,7 +220,12 @@ pub fn explain(policies: &[CompiledPolicy]) -> Vec<String> {
     // Offline there are no schemas to read: the merges are taken to fit them.
     let fit = refs
         .iter()
-        .map(|p| (p.metadata.name.clone().unwrap_or_default(), Ok(())))
+        .map(|p| {
+            (
+                p.metadata.name.clone().unwrap_or_default(),
+                crate::controller::wiring::schema_fit::SchemaFit::Fits,
+            )
+        })
         .collect();
     let (placements, _) = admission_policy::place_all(&refs, &wiring, served, &fit);
     placements

@@ -27,6 +27,7 @@ use super::wiring::mutating_policy::{
     InProcessMutation, MEMBERS_ANNOTATION, MUTATING_NAME, MUTATING_PROBE_ANNOTATION,
     mutating_probe, place_mutating,
 };
+use super::wiring::schema_fit::SchemaFit;
 use super::writes::{dry_run, search_failed};
 use super::{ControllerContext, ReconcileError, Refusal, SpecVersion};
 use crate::api::v1alpha1::Policy;
@@ -56,6 +57,12 @@ struct Confirmed {
 }
 
 impl MutatingMemory {
+    /// Forgets since when members have been leaving: their grace starts again with the next
+    /// webhook write (this one failed).
+    pub fn restart_grace(&mut self) {
+        self.leaving.clear();
+    }
+
     /// Whether the API server runs `p`'s mutations, at its current spec.
     pub fn confirmed(&self, p: &Policy) -> bool {
         self.confirmed
@@ -77,7 +84,7 @@ pub async fn enforce(
     caches: &MutatingCaches,
     desired: Option<&InProcessMutation>,
     placements: &[(&Policy, Placement)],
-    schema_fit: &HashMap<String, Result<(), String>>,
+    schema_fit: &HashMap<String, SchemaFit>,
     leader: &watch::Receiver<Leadership>,
     memory: &mut MutatingMemory,
     rejected: &mut HashMap<String, Refusal>,
@@ -166,7 +173,7 @@ async fn blame(
     wiring: &Wiring,
     desired: &InProcessMutation,
     placements: &[(&Policy, Placement)],
-    schema_fit: &HashMap<String, Result<(), String>>,
+    schema_fit: &HashMap<String, SchemaFit>,
     rejected: &mut HashMap<String, Refusal>,
 ) -> Result<(), ReconcileError> {
     let members: Vec<&Policy> = placements

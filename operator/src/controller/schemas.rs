@@ -9,14 +9,23 @@ use serde_json::Value;
 use tracing::debug;
 
 use super::SpecVersion;
-use super::wiring::schema_fit::{fits, kind_schema};
+use super::wiring::schema_fit::{SchemaFit, fits, kind_schema};
 use crate::api::v1alpha1::{Enforcement, Policy};
 use crate::engine::policy::is_mutating;
 
 /// Judgements of schema fit, by Policy, with the spec each was about.
 #[derive(Default)]
 pub struct SchemaMemory {
-    judged: HashMap<String, (SpecVersion, Result<(), String>)>,
+    judged: HashMap<String, Judged>,
+}
+
+/// A judgement and what it was made from: the Policy's spec and the version (hash) of each
+/// OpenAPI document read. A CRD whose schema changes publishes a new hash, and the Policies
+/// matching it are judged again.
+struct Judged {
+    spec: SpecVersion,
+    documents: Vec<(String, String)>,
+    fit: SchemaFit,
 }
 
 /// Why a judgement could not be made this pass (not remembered: tried again next pass).
@@ -28,40 +37,114 @@ pub async fn judge(
     client: &Client,
     policies: &[&Policy],
     memory: &mut SchemaMemory,
-) -> HashMap<String, Result<(), String>> {
+) -> HashMap<String, SchemaFit> {
     let candidates: Vec<&Policy> = policies
         .iter()
         .copied()
         .filter(|p| is_mutating(&p.spec) && p.spec.enforcement != Enforcement::Webhook)
         .collect();
-    memory.judged.retain(|name, (spec, _)| {
+    memory.judged.retain(|name, judged| {
         candidates
             .iter()
-            .any(|p| p.name_any() == *name && SpecVersion::of(p) == *spec)
+            .any(|p| p.name_any() == *name && SpecVersion::of(p) == judged.spec)
     });
+    if candidates.is_empty() {
+        return HashMap::new();
+    }
+    // The versions of the documents, from the index (small): a judgement whose documents
+    // changed is made again; without the index, the ones made stand.
+    let versions = document_versions(client).await;
     let mut documents: HashMap<String, Option<Value>> = HashMap::new();
     let mut kinds: HashMap<String, Option<Vec<(String, String)>>> = HashMap::new();
     let mut verdicts = HashMap::new();
     for p in candidates {
         let name = p.name_any();
-        if let Some((_, verdict)) = memory.judged.get(&name) {
-            verdicts.insert(name, verdict.clone());
+        let current: Option<Vec<(String, String)>> = versions.as_ref().map(|v| {
+            document_paths(p)
+                .into_iter()
+                .map(|path| {
+                    let hash = v.get(&path).cloned().unwrap_or_default();
+                    (path, hash)
+                })
+                .collect()
+        });
+        if let Some(judged) = memory.judged.get(&name)
+            && current.as_ref().is_none_or(|c| *c == judged.documents)
+        {
+            verdicts.insert(name, judged.fit.clone());
             continue;
         }
         match judge_one(client, p, &mut documents, &mut kinds).await {
             Ok(verdict) => {
-                memory
-                    .judged
-                    .insert(name.clone(), (SpecVersion::of(p), verdict.clone()));
-                verdicts.insert(name, verdict);
+                let fit = match verdict {
+                    Ok(()) => SchemaFit::Fits,
+                    Err(reason) => SchemaFit::Unfit(reason),
+                };
+                memory.judged.insert(
+                    name.clone(),
+                    Judged {
+                        spec: SpecVersion::of(p),
+                        documents: current.unwrap_or_default(),
+                        fit: fit.clone(),
+                    },
+                );
+                verdicts.insert(name, fit);
             }
             Err(Unread(reason)) => {
                 debug!(policy = %name, %reason, "schemas not read; tried again next pass");
-                verdicts.insert(name, Err(reason));
+                verdicts.insert(name, SchemaFit::Unread(reason));
             }
         }
     }
     verdicts
+}
+
+/// The OpenAPI v3 documents of the group-versions `p`'s rules name, as the index names them
+/// (`api/v1`, `apis/apps/v1`).
+fn document_paths(p: &Policy) -> Vec<String> {
+    let mut paths: Vec<String> = Vec::new();
+    for rule in &p.spec.match_.rules {
+        for group in &rule.api_groups {
+            for version in &rule.api_versions {
+                let path = if group.is_empty() {
+                    format!("api/{version}")
+                } else {
+                    format!("apis/{group}/{version}")
+                };
+                if !paths.contains(&path) {
+                    paths.push(path);
+                }
+            }
+        }
+    }
+    paths
+}
+
+/// The hash of every OpenAPI v3 document, by path, from `/openapi/v3`; `None` when the index
+/// cannot be read.
+async fn document_versions(client: &Client) -> Option<HashMap<String, String>> {
+    let request = http::Request::get("/openapi/v3").body(Vec::new()).ok()?;
+    let index: Value = match client.request(request).await {
+        Ok(index) => index,
+        Err(e) => {
+            debug!(error = %e, "the OpenAPI v3 index could not be read");
+            return None;
+        }
+    };
+    let paths = index.get("paths")?.as_object()?;
+    Some(
+        paths
+            .iter()
+            .map(|(path, entry)| {
+                let url = entry
+                    .get("serverRelativeURL")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default();
+                let hash = url.split_once("hash=").map(|(_, h)| h).unwrap_or(url);
+                (path.clone(), hash.to_string())
+            })
+            .collect(),
+    )
 }
 
 async fn judge_one(

@@ -13,6 +13,7 @@ use tracing::{debug, warn};
 use super::isolate::{self, Culprit, DryRun, Split};
 use super::wiring::admission_policy::Placement;
 use super::wiring::mutating_policy::InProcessMutation;
+use super::wiring::schema_fit::SchemaFit;
 use super::wiring::{self, Wiring};
 use super::writes::*;
 use super::{Applied, ControllerContext, PolicyCaches, ReconcileError, Refusal, SpecVersion};
@@ -46,7 +47,7 @@ pub(super) struct Decided<'a> {
     /// The MutatingAdmissionPolicy of the mutating Policies placed in-process, if any.
     pub generated_mutation: Option<&'a InProcessMutation>,
     /// Whether each mutating Policy's merges fit its kinds' schemas.
-    pub schema_fit: &'a HashMap<String, Result<(), String>>,
+    pub schema_fit: &'a HashMap<String, SchemaFit>,
     /// The wiring, with its owner.
     pub wiring: &'a Wiring,
     /// The CA bundle the entries carry.
@@ -109,6 +110,11 @@ pub(super) async fn wire(
     let candidates = on_webhook(placements, applied);
     let desired = wiring::desired(&candidates, wiring, bundle);
     let first = apply_both(ctx, caches, desired, applied, leader).await;
+    // Members leaving the generated policy count their grace from a webhook write that took
+    // them: while the writes fail, they stay in it.
+    if first.is_err() {
+        applied.in_process.mutating.restart_grace();
+    }
     if matches!(&first, Err(ReconcileError::ApplyConfiguration { source: kube::Error::Api(e), .. }) if e.code == 422)
     {
         if let Err(e) = &first {
@@ -136,7 +142,10 @@ pub(super) async fn wire(
         }
         let kept = on_webhook(placements, applied);
         let desired = wiring::desired(&kept, wiring, bundle);
-        apply_both(ctx, caches, desired, applied, leader).await?;
+        if let Err(e) = apply_both(ctx, caches, desired, applied, leader).await {
+            applied.in_process.mutating.restart_grace();
+            return Err(e);
+        }
     } else {
         first?;
     }

@@ -8,13 +8,14 @@
 //! default the webhook path's merge never saw, and store something else.
 //!
 //! Which fields have defaults is the schema's business, so this is conservative: every element
-//! a merge may append to a named array (and all below it) counts as defaulted, and a later
+//! a merge may append to an array of objects (and all below it) counts as defaulted, and a later
 //! mutation that reads or writes anything there interacts — even an overwrite, since some
 //! defaults are copied from other fields (a container's `resources.requests` from its limits)
 //! and would keep the value from before it. Maps are not counted: Kubernetes defaults live in
 //! the elements of lists and in structs that exist from the start.
 use serde_json::Value;
 
+use super::cel;
 use crate::api::v1alpha1::Mutation;
 
 /// A place in the object: keys, with `[]` for "any element of this array".
@@ -29,8 +30,11 @@ pub struct Footprint {
     pub appends: Vec<Path>,
     /// Every field it writes (or sets only when absent).
     pub writes: Vec<Path>,
-    /// What its guard reads: the elements of a `forEach`, the whole object outside one.
+    /// What it reads to decide: the array of a `forEach` and, with a guard, its elements (or
+    /// the whole object, for a guard reading `object` or outside `forEach`).
     pub guards: Vec<Path>,
+    /// A `forEach` whose guard reads the object: one pass may not settle even alone.
+    pub self_dependent: bool,
 }
 
 fn path_of(dotted: &str) -> Path {
@@ -40,11 +44,23 @@ fn path_of(dotted: &str) -> Path {
 /// The footprint of `mutation`.
 pub fn footprint(mutation: &Mutation) -> Footprint {
     let mut fp = Footprint::default();
+    // A guard that reads `object` reads everything; one that reads only `element` reads the
+    // elements of its array.
+    let reads_object = mutation.when.as_deref().is_some_and(|w| {
+        cel::compile(w).map_or(true, |program| cel::reads_variable(&program, "object"))
+    });
     let base = match &mutation.for_each {
         Some(p) => {
-            let mut base = path_of(p);
+            let array = path_of(p);
+            let mut base = array.clone();
             base.push(ELEMENT.to_string());
-            if mutation.when.is_some() {
+            // Which elements there are is read whatever the guard.
+            fp.guards.push(array);
+            if reads_object {
+                fp.guards.push(Vec::new());
+                // Its merges into some elements may change its guard on others.
+                fp.self_dependent = true;
+            } else if mutation.when.is_some() {
                 fp.guards.push(base.clone());
             }
             base
@@ -68,12 +84,8 @@ fn walk(at: &Path, patch: &serde_json::Map<String, Value>, fp: &mut Footprint) {
         here.push(key.clone());
         match value {
             Value::Object(inner) => walk(&here, inner, fp),
-            Value::Array(items)
-                if !items.is_empty()
-                    && items
-                        .iter()
-                        .all(|e| e.get("name").is_some_and(Value::is_string)) =>
-            {
+            // Elements appended to a named array, or an array of objects set whole: defaulted.
+            Value::Array(items) if items.iter().any(Value::is_object) => {
                 let mut element = here.clone();
                 element.push(ELEMENT.to_string());
                 fp.appends.push(element.clone());
@@ -116,6 +128,9 @@ pub fn interacts(earlier: &Footprint, later: &Footprint) -> bool {
 /// Without guards, each merge does the same whatever the others did before it, and a merge
 /// applied twice changes nothing the second time.
 pub fn settles_in_one_pass(list: &[Footprint]) -> bool {
+    if list.iter().any(|fp| fp.self_dependent) {
+        return false;
+    }
     list.iter().enumerate().all(|(i, guarded)| {
         list.iter().enumerate().all(|(j, writer)| {
             i == j
@@ -130,8 +145,9 @@ pub fn settles_in_one_pass(list: &[Footprint]) -> bool {
     })
 }
 
-/// Roots every object of a kind that has them holds: ops under them never create them.
-const ALWAYS_PRESENT: [&str; 2] = ["metadata", "spec"];
+/// The root every object holds: ops under it never create it (a custom resource may lack
+/// `spec`).
+const ALWAYS_PRESENT: [&str; 1] = ["metadata"];
 
 /// Whether the ops of `list`, each computed on the same object, may be applied together with
 /// the result of applying the mutations one after the other: one pass settles it and no two

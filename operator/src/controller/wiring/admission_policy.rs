@@ -23,6 +23,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
 use super::mutating_policy::{InProcessMutation, MutatingPlacement, place_mutating};
+use super::schema_fit::SchemaFit;
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, match_conditions, namespace_selector, rules};
 use crate::api::v1alpha1::{Enforcement, Policy, ValidationAction};
 use crate::engine::group::fnv1a;
@@ -233,7 +234,7 @@ pub fn place_all<'p>(
     policies: &[&'p Policy],
     wiring: &Wiring,
     served: Served,
-    schema_fit: &HashMap<String, Result<(), String>>,
+    schema_fit: &HashMap<String, SchemaFit>,
 ) -> (Vec<(&'p Policy, Placement)>, Option<InProcessMutation>) {
     let (mutating, generated) = place_mutating(policies, wiring, served.mutating, schema_fit);
     let placements = policies

@@ -32,6 +32,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
+use super::schema_fit::SchemaFit;
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, namespace_selector};
 use crate::api::v1alpha1::{
     Enforcement, FailurePolicy, Operation, Policy, PolicySpec, ReinvocationPolicy, Rule,
@@ -81,7 +82,7 @@ pub fn place_mutating(
     policies: &[&Policy],
     wiring: &Wiring,
     served: bool,
-    schema_fit: &HashMap<String, Result<(), String>>,
+    schema_fit: &HashMap<String, SchemaFit>,
 ) -> (Vec<(String, MutatingPlacement)>, Option<InProcessMutation>) {
     let mut ordered: Vec<&Policy> = policies
         .iter()
@@ -113,6 +114,9 @@ pub fn place_mutating(
         let later_overwrites = ordered[i + 1..]
             .iter()
             .any(|later| later.spec.mutate.iter().any(|m| m.overwrite));
+        let fit = schema_fit.get(name(p)).cloned().unwrap_or_else(|| {
+            SchemaFit::Unread("the schemas of the kinds it matches are not read yet".to_string())
+        });
         let translated = if !served {
             Err(
                 "the API server does not serve admissionregistration.k8s.io/v1 \
@@ -126,14 +130,16 @@ pub fn place_mutating(
             ))
         } else {
             defaulted_before(p, &appended)
+                .and_then(|()| defaulted_after(p, &ordered[i + 1..]))
                 .and_then(|()| policy_mutations(p, later_overwrites))
-                .and_then(|own| {
-                    let fit = schema_fit.get(name(p)).cloned().unwrap_or_else(|| {
-                        Err("the schemas of the kinds it matches are not read yet".to_string())
-                    });
-                    fit.map(|()| own)
+                .and_then(|own| match &fit {
+                    SchemaFit::Fits => Ok(own),
+                    SchemaFit::Unfit(reason) | SchemaFit::Unread(reason) => Err(reason.clone()),
                 })
         };
+        // Schemas not read this time say nothing about the Policy: it stays enforced, on the
+        // webhook, until they are.
+        let unread = matches!(fit, SchemaFit::Unread(_));
         let placement = match translated {
             Ok(own) => {
                 for (i, m) in p.spec.mutate.iter().enumerate() {
@@ -144,7 +150,7 @@ pub fn place_mutating(
                 members.push(name(p).to_string());
                 MutatingPlacement::InProcess
             }
-            Err(reason) if required => MutatingPlacement::Refused(reason),
+            Err(reason) if required && !unread => MutatingPlacement::Refused(reason),
             Err(reason) => {
                 on_webhook.get_or_insert(name(p));
                 MutatingPlacement::Webhook(reason)
@@ -228,6 +234,34 @@ fn disjoint_matches(a: &Policy, b: &Policy) -> bool {
     };
     let (la, lb) = (labels(a), labels(b));
     (namespaced(a) || namespaced(b)) && la.iter().any(|(k, v)| lb.get(k).is_some_and(|w| w != v))
+}
+
+/// Whether a later mutating Policy (in-process or not) reads or writes what a mutation of `p`
+/// may append: in-process, the API server defaults it before that Policy runs; on the webhook
+/// path the same entry may run both on one undefaulted copy.
+fn defaulted_after(p: &Policy, later: &[&Policy]) -> Result<(), String> {
+    for (i, m) in p.spec.mutate.iter().enumerate() {
+        let earlier = footprint(m);
+        if earlier.appends.is_empty() {
+            continue;
+        }
+        for q in later.iter().filter(|q| !disjoint_matches(p, q)) {
+            if let Some(j) = q
+                .spec
+                .mutate
+                .iter()
+                .position(|n| interacts(&earlier, &footprint(n)))
+            {
+                return Err(format!(
+                    "spec.mutate[{i}]: Policy {}'s mutate[{j}], later in the order, reads or \
+                     writes what it may append, and the API server would default that in \
+                     between",
+                    name(q)
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The mutations of one Policy, each guarded by its match, or why it cannot run in-process.
@@ -389,8 +423,14 @@ pub fn match_expression(p: &Policy) -> String {
             selector_expression(selector, "oldObject")
         ));
     }
-    for c in &m.conditions {
-        parts.push(format!("({})", c.expression));
+    // In order, as the matcher evaluates them: an error before a false condition is an error
+    // (CEL's `&&` would let the false one win).
+    if !m.conditions.is_empty() {
+        let mut nested = "true".to_string();
+        for c in m.conditions.iter().rev() {
+            nested = format!("(({}) ? {nested} : false)", c.expression);
+        }
+        parts.push(nested);
     }
     parts.join(" && ")
 }

@@ -5,6 +5,7 @@ use serde_json::json;
 
 use super::*;
 use crate::api::v1alpha1::{MatchCondition, Mutation as Merge, PolicySpec, sample_spec};
+use crate::controller::wiring::schema_fit::SchemaFit;
 use crate::controller::wiring::{Endpoint, Wiring};
 
 fn wiring() -> Wiring {
@@ -39,7 +40,7 @@ fn place(
 ) -> (Vec<(String, MutatingPlacement)>, Option<InProcessMutation>) {
     let fit = policies
         .iter()
-        .map(|p| (p.metadata.name.clone().unwrap_or_default(), Ok(())))
+        .map(|p| (p.metadata.name.clone().unwrap_or_default(), SchemaFit::Fits))
         .collect();
     place_mutating(policies, &wiring(), served, &fit)
 }
@@ -141,7 +142,10 @@ fn auto_moves_in_when_its_merges_fit_and_unserved_is_refused() {
         placement_of(&placements, "auto"),
         &MutatingPlacement::InProcess
     );
-    let unfit = HashMap::from([("auto".to_string(), Err("spec.mutate[0]: x".to_string()))]);
+    let unfit = HashMap::from([(
+        "auto".to_string(),
+        SchemaFit::Unfit("spec.mutate[0]: x".to_string()),
+    )]);
     let (placements, _) = place_mutating(&[&auto], &wiring(), true, &unfit);
     assert_eq!(
         placement_of(&placements, "auto"),
@@ -151,7 +155,17 @@ fn auto_moves_in_when_its_merges_fit_and_unserved_is_refused() {
     assert!(
         matches!(placement_of(&placements, "auto"), MutatingPlacement::Webhook(r) if r.contains("not read yet"))
     );
+    // Schemas not read say nothing: an InProcess Policy stays enforced, on the webhook.
     let required = policy("required", 10, Enforcement::InProcess);
+    let unread = HashMap::from([(
+        "required".to_string(),
+        SchemaFit::Unread("discovery failed".to_string()),
+    )]);
+    let (placements, _) = place_mutating(&[&required], &wiring(), true, &unread);
+    assert_eq!(
+        placement_of(&placements, "required"),
+        &MutatingPlacement::Webhook("discovery failed".into())
+    );
     let (placements, generated) = place(&[&required], false);
     assert!(generated.is_none());
     assert!(
@@ -292,7 +306,7 @@ fn the_match_in_cel_covers_rules_selectors_and_conditions() {
         "{guard}"
     );
     assert!(
-        guard.ends_with("(request.userInfo.username != 'x')"),
+        guard.ends_with("((request.userInfo.username != 'x') ? true : false)"),
         "{guard}"
     );
     // Every guard is valid CEL.
@@ -300,7 +314,7 @@ fn the_match_in_cel_covers_rules_selectors_and_conditions() {
 }
 
 #[test]
-fn a_policy_reading_what_an_earlier_one_may_append_stays_out() {
+fn a_policy_appending_what_a_later_one_reads_stays_out() {
     let mut sidecar = policy("a-sidecar", 10, Enforcement::InProcess);
     sidecar.spec.mutate[0].merge =
         json!({"spec": {"containers": [{"name": "side", "image": "busybox"}]}});
@@ -310,15 +324,43 @@ fn a_policy_reading_what_an_earlier_one_may_append_stays_out() {
         merge: json!({"imagePullPolicy": "IfNotPresent"}),
         ..Merge::default()
     };
+    // In-process, the API server would default the appended container before the later
+    // Policy runs: asked to run in-process the appending one runs nowhere (blocking nothing),
+    // under Auto it stays on the webhook (and so does everything after it).
     let (placements, generated) = place(&[&sidecar, &pull], true);
-    assert_eq!(generated.unwrap().members, ["a-sidecar"]);
-    let MutatingPlacement::Refused(reason) = placement_of(&placements, "b-pull") else {
+    assert_eq!(generated.unwrap().members, ["b-pull"]);
+    let MutatingPlacement::Refused(reason) = placement_of(&placements, "a-sidecar") else {
         panic!("{placements:?}");
     };
     assert!(
-        reason.contains("Policy a-sidecar's mutate[0] may append"),
+        reason.contains(
+            "Policy b-pull's mutate[0], later in the order, reads or writes what it may append"
+        ),
         "{reason}"
     );
+    let mut auto = sidecar.clone();
+    auto.spec.enforcement = Enforcement::Auto;
+    let (placements, generated) = place(&[&auto, &pull], true);
+    assert!(generated.is_none());
+    assert!(matches!(
+        placement_of(&placements, "a-sidecar"),
+        MutatingPlacement::Webhook(_)
+    ));
+    // Unless no request can match both: another namespace.
+    let in_namespace = |p: &mut Policy, ns: &str| {
+        p.spec.match_.rules[0].scope = crate::api::v1alpha1::Scope::Namespaced;
+        p.spec.match_.namespace_selector = Some(LabelSelector {
+            match_labels: Some(
+                [("kubernetes.io/metadata.name".to_string(), ns.to_string())].into(),
+            ),
+            match_expressions: None,
+        });
+    };
+    let (mut elsewhere, mut there) = (sidecar.clone(), pull.clone());
+    in_namespace(&mut elsewhere, "a");
+    in_namespace(&mut there, "b");
+    let (_, generated) = place(&[&elsewhere, &there], true);
+    assert_eq!(generated.unwrap().members, ["a-sidecar", "b-pull"]);
     // In one Policy, the second pass runs the forEach after the append.
     let chained = with(|s| {
         s.mutate = vec![pull.spec.mutate[0].clone(), sidecar.spec.mutate[0].clone()];

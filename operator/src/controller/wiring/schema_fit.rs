@@ -10,6 +10,16 @@ use serde_json::{Map, Value};
 
 use crate::api::v1alpha1::Mutation;
 
+/// What is known of whether a Policy's merges fit its kinds' schemas.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SchemaFit {
+    Fits,
+    /// A field or type the schemas lack, or a rule whose kinds cannot be known.
+    Unfit(String),
+    /// The schemas could not be read this time: nothing is known.
+    Unread(String),
+}
+
 /// One kind's schema: the document's named schemas and the kind's own.
 pub struct KindSchema<'a> {
     /// `components.schemas` of the group-version's OpenAPI v3 document.
