@@ -135,7 +135,7 @@ pub(crate) async fn apply_enforced(
 }
 
 /// The Ready condition of Policy `name` once it is at its generation.
-async fn await_ready_condition(
+pub(crate) async fn await_ready_condition(
     cluster: &Cluster,
     name: &str,
     status: &str,

@@ -10,10 +10,13 @@ use serde_json::{Value, json};
 
 use ::gatehouse::api::v1alpha1::Policy;
 use ::gatehouse::controller::wiring::mutating_policy;
+use ::gatehouse::controller::wiring::schema_fit::{SchemaFit, fits, kind_schema};
 use ::gatehouse::controller::wiring::{Endpoint, Wiring};
 
-use crate::fixtures::policy_object;
-use crate::in_process_mutation::{apply_enforced, await_members, dry_run_stored};
+use crate::fixtures::{pod_policy, policy_object};
+use crate::in_process_mutation::{
+    apply_enforced, await_members, await_ready_condition, dry_run_stored,
+};
 use crate::mutation_translation::{config_map_mutations, config_maps, pod_mutations, pods};
 use crate::scene::scenario;
 
@@ -26,7 +29,9 @@ struct Case {
 /// Priorities of a chain's Policies by position: listing order is not (priority, name) order.
 const INTERLEAVED: [i32; 8] = [30, 10, 20, 10, 30, 20, 10, 20];
 
-fn corpus() -> Vec<Case> {
+/// The cases, keeping those Gatehouse runs in-process. `core`: the API server's OpenAPI v3
+/// document of the core group (`/openapi/v3/api/v1`).
+fn corpus(core: &Value) -> Vec<Case> {
     // Under Ignore a guard may fail: such a Policy stays on the webhook by design.
     let merges: Vec<Value> = pod_mutations()
         .into_iter()
@@ -100,8 +105,17 @@ fn corpus() -> Vec<Case> {
         }
     }
     // Only what Gatehouse runs in-process is compared: a chain where a Policy depends on what an
-    // earlier one may append stays on the webhook (the API server defaults between them).
+    // earlier one may append or create stays on the webhook (the API server defaults between
+    // them). The same placement decides, with the structs the real schema says may be absent.
     cases.retain(|case| {
+        let kind = if resource_of(&case.object) == "pods" {
+            "Pod"
+        } else {
+            "ConfigMap"
+        };
+        let Some(schema) = kind_schema(core, "", "v1", kind) else {
+            return false;
+        };
         let policies: Vec<Policy> = case
             .policies
             .iter()
@@ -112,7 +126,7 @@ fn corpus() -> Vec<Case> {
                     "metadata": {"name": format!("p{k}")},
                     "spec": {
                         "priority": priority, "enforcement": "InProcess",
-                        "match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods", "configmaps"]}]},
+                        "match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": [resource_of(&case.object)]}]},
                         "mutate": mutate,
                     },
                 }))
@@ -127,14 +141,14 @@ fn corpus() -> Vec<Case> {
             owner_cluster_role: None,
             owner: None,
         };
-        // The corpus names Pod fields only (the API server checks them with the real schemas).
         let fit = refs
             .iter()
             .map(|p| {
-                (
-                    p.metadata.name.clone().unwrap_or_default(),
-                    ::gatehouse::controller::wiring::schema_fit::SchemaFit::Fits,
-                )
+                let verdict = match fits(&p.spec.mutate, &schema) {
+                    Ok(optional) => SchemaFit::Fits(optional),
+                    Err(reason) => SchemaFit::Unfit(reason),
+                };
+                (p.metadata.name.clone().unwrap_or_default(), verdict)
             })
             .collect();
         let (placements, _) = mutating_policy::place_mutating(&refs, &wiring, true, &fit);
@@ -163,7 +177,12 @@ const BATCH: usize = 16;
 async fn webhook_and_in_process_mutations_store_the_same_objects() {
     scenario("gh-inmut-parity", Options::url(), async |scene| {
         let cluster = scene.cluster;
-        let cases = corpus();
+        let core: Value = serde_json::from_str(
+            &cluster
+                .kubectl_ok(["get", "--raw", "/openapi/v3/api/v1"], None)
+                .await?,
+        )?;
+        let cases = corpus(&core);
         ensure!(cases.len() >= 60, "{} cases", cases.len());
         let mut compared = 0;
         let mut changed = 0;
@@ -272,6 +291,82 @@ async fn webhook_and_in_process_mutations_store_the_same_objects() {
             chains.iter().min().unwrap_or(&0),
             chains.iter().max().unwrap_or(&0)
         );
+        Ok(())
+    })
+    .await;
+}
+
+/// Chains where the API server would default between two Policies what the first one made
+/// defaultable: a struct it creates (a container's `livenessProbe`, whose `periodSeconds` the
+/// second sets when absent) and a field a default copies (`resources.limits`, copied into
+/// `requests` when absent, which the second sets). Under Auto both stay on the webhook, and the
+/// stored Pod is the webhook path's: in-process it would hold the defaults instead.
+#[tokio::test]
+async fn chains_the_api_server_would_default_in_between_stay_on_the_webhook() {
+    scenario("gh-inmut-defaults", Options::url(), async |scene| {
+        let cluster = scene.cluster;
+        let ns = scene.ns().to_string();
+        let for_each = |name: &str, priority: i32, merge: Value| {
+            pod_policy(
+                name,
+                &ns,
+                &["CREATE"],
+                json!({"priority": priority, "enforcement": "Auto", "mutate": [{"forEach": "spec.containers", "merge": merge}]}),
+            )
+        };
+        let pod = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "defaults", "namespace": ns},
+            "spec": {"containers": [
+                {"name": "app", "image": "example.com/app:1.0"},
+                {"name": "tool", "image": "example.com/tool:2"},
+            ]},
+        });
+        // (what the first Policy merges, what the second merges, where the stored Pod shows
+        // which ran last)
+        let chains = [
+            (
+                json!({"livenessProbe": {"httpGet": {"port": 8080}}}),
+                json!({"livenessProbe": {"periodSeconds": 30}}),
+                ("/livenessProbe/periodSeconds", json!(30)),
+            ),
+            (
+                json!({"resources": {"limits": {"cpu": "1"}}}),
+                json!({"resources": {"requests": {"cpu": "250m"}}}),
+                ("/resources/requests/cpu", json!("250m")),
+            ),
+        ];
+        for (k, (first_merge, second_merge, (pointer, expected))) in chains.into_iter().enumerate()
+        {
+            let (first, second) = (
+                scene.policy(&format!("defaults-{k}-a")),
+                scene.policy(&format!("defaults-{k}-b")),
+            );
+            let policies = [
+                for_each(&first, 10, first_merge),
+                for_each(&second, 20, second_merge),
+            ];
+            apply_enforced(cluster, &policies, "Webhook").await?;
+            let ready = await_ready_condition(cluster, &first, "True").await?;
+            ensure!(
+                ready["message"].as_str().is_some_and(|m| m.contains(&format!(
+                    "Policy {second}'s mutate[0], later in the order, reads or writes what it \
+                     may append or create"
+                ))),
+                "{ready}"
+            );
+            await_members(cluster, &[]).await?;
+            let stored = dry_run_stored(cluster, &pod).await?;
+            for container in stored["spec"]["containers"].as_array().into_iter().flatten() {
+                ensure!(
+                    container.pointer(pointer) == Some(&expected),
+                    "{pointer} should be {expected}: {stored:#}"
+                );
+            }
+            cluster
+                .kubectl_ok(["delete", "policy", &first, &second], None)
+                .await?;
+        }
         Ok(())
     })
     .await;

@@ -15,6 +15,7 @@ use anyhow::{Context, bail, ensure};
 use futures::{StreamExt, TryStreamExt};
 use gatehouse::api::v1alpha1::Policy;
 use gatehouse::controller::wiring::mutating_policy;
+use gatehouse::controller::wiring::schema_fit::{SchemaFit, fits, kind_schema};
 use gatehouse::engine::{jsonpatch_cel, mutate, policy};
 use gatehouse_e2e::{TestNamespace, run_test};
 use kube::Client;
@@ -254,7 +255,8 @@ fn case_mutations(n: usize, case: &Case) -> anyhow::Result<Vec<Value>> {
     );
     let mut mutations = Vec::new();
     if case.gatehouse {
-        for m in mutating_policy::policy_mutations(&policy, false)
+        let footprints = mutating_policy::footprints_of(&policy, None);
+        for m in mutating_policy::policy_mutations(&policy, &footprints, false)
             .map_err(|e| anyhow::anyhow!("case {n} does not run in-process: {e}"))?
         {
             let mut m = serde_json::to_value(m)?;
@@ -608,6 +610,13 @@ async fn generated_merges_store_what_the_engine_stores() {
                     .unwrap_or(1)
             });
         eprintln!("PROPERTY_SEED={seed}");
+        // The structs the real Pod schema says may be absent, as Gatehouse reads them.
+        let core: Value = serde_json::from_str(
+            &cluster
+                .kubectl_ok(["get", "--raw", "/openapi/v3/api/v1"], None)
+                .await?,
+        )?;
+        let pod_schema = kind_schema(&core, "", "v1", "Pod").context("no Pod schema")?;
         let mut generator = crate::generated_merges::Generator::new(seed);
         let mut cases = Vec::new();
         let mut left_out = 0;
@@ -618,12 +627,20 @@ async fn generated_merges_store_what_the_engine_stores() {
                 object: generator.pod(),
                 gatehouse: true,
             };
-            // What Gatehouse would run in-process: translated, and no mutation depending on
-            // what another may append.
+            // What Gatehouse would run in-process: fitting the schema, translated, and no
+            // mutation depending on what another may append or create.
             let exact = gatehouse_policy(0, &case)
                 .ok()
                 .filter(|p| policy::compile(p).is_ok())
-                .is_some_and(|p| mutating_policy::policy_mutations(&p, false).is_ok());
+                .is_some_and(|p| {
+                    let fit = match fits(&p.spec.mutate, &pod_schema) {
+                        Ok(optional) => SchemaFit::Fits(optional),
+                        Err(reason) => SchemaFit::Unfit(reason),
+                    };
+                    let footprints = mutating_policy::footprints_of(&p, Some(&fit));
+                    matches!(fit, SchemaFit::Fits(_))
+                        && mutating_policy::policy_mutations(&p, &footprints, false).is_ok()
+                });
             if exact {
                 cases.push(case);
             } else {

@@ -217,13 +217,14 @@ pub fn explain(policies: &[CompiledPolicy]) -> Vec<String> {
         validating: true,
         mutating: true,
     };
-    // Offline there are no schemas to read: the merges are taken to fit them.
+    // Offline there are no schemas to read: the merges are taken to fit them, into structs
+    // that exist.
     let fit = refs
         .iter()
         .map(|p| {
             (
                 p.metadata.name.clone().unwrap_or_default(),
-                crate::controller::wiring::schema_fit::SchemaFit::Fits,
+                crate::controller::wiring::schema_fit::SchemaFit::Fits(Vec::new()),
             )
         })
         .collect();

@@ -9,7 +9,7 @@ use serde_json::Value;
 use tracing::debug;
 
 use super::SpecVersion;
-use super::wiring::schema_fit::{SchemaFit, fits, kind_schema};
+use super::wiring::schema_fit::{OptionalStruct, SchemaFit, fits, kind_schema};
 use crate::api::v1alpha1::{Enforcement, Policy};
 use crate::engine::policy::is_mutating;
 
@@ -77,7 +77,7 @@ pub async fn judge(
         match judge_one(client, p, &mut documents, &mut kinds).await {
             Ok(verdict) => {
                 let fit = match verdict {
-                    Ok(()) => SchemaFit::Fits,
+                    Ok(optional) => SchemaFit::Fits(optional),
                     Err(reason) => SchemaFit::Unfit(reason),
                 };
                 memory.judged.insert(
@@ -152,7 +152,9 @@ async fn judge_one(
     p: &Policy,
     documents: &mut HashMap<String, Option<Value>>,
     kinds: &mut HashMap<String, Option<Vec<(String, String)>>>,
-) -> Result<Result<(), String>, Unread> {
+) -> Result<Result<Vec<OptionalStruct>, String>, Unread> {
+    // The structs its merges may create, over every kind it matches.
+    let mut optional: Vec<OptionalStruct> = Vec::new();
     for (i, rule) in p.spec.match_.rules.iter().enumerate() {
         let wildcard = rule
             .api_groups
@@ -196,16 +198,25 @@ async fn judge_one(
                              {kind} in {gv}"
                         )));
                     };
-                    if let Err(e) = fits(&p.spec.mutate, &schema) {
-                        return Ok(Err(format!(
-                            "{e} (a patch naming it fails every request in-process)"
-                        )));
+                    match fits(&p.spec.mutate, &schema) {
+                        Ok(found) => {
+                            for o in found {
+                                if !optional.contains(&o) {
+                                    optional.push(o);
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            return Ok(Err(format!(
+                                "{e} (a patch naming it fails every request in-process)"
+                            )));
+                        }
                     }
                 }
             }
         }
     }
-    Ok(Ok(()))
+    Ok(Ok(optional))
 }
 
 /// The resources (with their kinds) the API server serves in `gv`; `None` remembered when it

@@ -11,22 +11,26 @@
 //! a merge may append to an array of objects (and all below it) counts as defaulted, and a later
 //! mutation that reads or writes anything there interacts — even an overwrite, since some
 //! defaults are copied from other fields (a container's `resources.requests` from its limits)
-//! and would keep the value from before it. Maps are not counted: Kubernetes defaults live in
-//! the elements of lists and in structs that exist from the start.
+//! and would keep the value from before it. The same holds for a struct a merge may create (a
+//! container's `livenessProbe` gets `periodSeconds`): which keys are structs that may be absent
+//! only the schema says, so the caller adds those to [`Footprint::appends`]
+//! (`controller::wiring::schema_fit`). Maps of scalars have no defaults.
 use serde_json::Value;
 
 use super::cel;
 use crate::api::v1alpha1::Mutation;
 
 /// A place in the object: keys, with `[]` for "any element of this array".
-type Path = Vec<String>;
+pub type Path = Vec<String>;
 
-const ELEMENT: &str = "[]";
+/// The key standing for "any element of this array".
+pub const ELEMENT: &str = "[]";
 
 /// What one mutation may append and what it reads or sets only when absent.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Footprint {
-    /// Elements it may append to a named array (defaulted before the next mutation).
+    /// Elements it may append to a named array, and structs it may create: defaulted before the
+    /// next mutation.
     pub appends: Vec<Path>,
     /// Every field it writes (or sets only when absent).
     pub writes: Vec<Path>,

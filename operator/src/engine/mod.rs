@@ -18,6 +18,7 @@ pub mod chain;
 pub mod cost;
 pub mod coverage;
 pub mod defaulting;
+pub mod derived_defaults;
 pub mod entry;
 pub mod group;
 pub mod jsonpatch_cel;

@@ -10,6 +10,7 @@
 //! API server may call.
 pub mod admission_policy;
 pub mod mutating_policy;
+mod mutating_translation;
 pub mod schema_fit;
 
 use std::collections::{BTreeMap, BTreeSet};

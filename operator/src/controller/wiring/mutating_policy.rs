@@ -32,17 +32,14 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
+pub use super::mutating_translation::{match_expression, policy_mutations};
 use super::schema_fit::SchemaFit;
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, namespace_selector};
-use crate::api::v1alpha1::{
-    Enforcement, FailurePolicy, Operation, Policy, PolicySpec, ReinvocationPolicy, Rule,
-};
-use crate::engine::cel;
+use crate::api::v1alpha1::{Enforcement, Operation, Policy, PolicySpec, Rule};
 use crate::engine::coverage::Coverage;
-use crate::engine::defaulting::{
-    Footprint, footprint, independent, interacts, settles_in_one_pass,
-};
-use crate::engine::jsonpatch_cel::{self, string_literal};
+use crate::engine::defaulting::{Footprint, footprint, interacts};
+use crate::engine::derived_defaults::add_derived_defaults;
+use crate::engine::jsonpatch_cel::string_literal;
 use crate::engine::policy::is_mutating;
 
 /// Name of the generated MutatingAdmissionPolicy and its binding.
@@ -96,8 +93,14 @@ pub fn place_mutating(
     let mut member_specs: Vec<&PolicySpec> = Vec::new();
     // The first Policy in the order that runs on the webhook: every later one must too.
     let mut on_webhook: Option<&str> = None;
-    // What the in-process Policies so far may append, by Policy and mutation.
-    let mut appended: Vec<(&Policy, usize, Footprint)> = Vec::new();
+    // What the in-process Policies so far may append or create, by Policy and mutation.
+    let mut appended: Vec<Appended<'_>> = Vec::new();
+    // Every mutating Policy's footprints, once.
+    let footprints: HashMap<&str, Vec<Footprint>> = ordered
+        .iter()
+        .map(|p| (name(p), footprints_of(p, schema_fit.get(name(p)))))
+        .collect();
+    let no_footprints = Vec::new();
     for (i, p) in ordered.iter().enumerate() {
         let required = match p.spec.enforcement {
             Enforcement::Webhook => {
@@ -114,6 +117,7 @@ pub fn place_mutating(
         let later_overwrites = ordered[i + 1..]
             .iter()
             .any(|later| later.spec.mutate.iter().any(|m| m.overwrite));
+        let own_footprints = footprints.get(name(p)).unwrap_or(&no_footprints);
         let fit = schema_fit.get(name(p)).cloned().unwrap_or_else(|| {
             SchemaFit::Unread("the schemas of the kinds it matches are not read yet".to_string())
         });
@@ -129,11 +133,18 @@ pub fn place_mutating(
                  webhook, and in-process mutations run before every webhook"
             ))
         } else {
-            defaulted_before(p, &appended)
-                .and_then(|()| defaulted_after(p, &ordered[i + 1..]))
-                .and_then(|()| policy_mutations(p, later_overwrites))
+            let later: Vec<(&Policy, &[Footprint])> = ordered[i + 1..]
+                .iter()
+                .map(|q| {
+                    let fps = footprints.get(name(q)).unwrap_or(&no_footprints);
+                    (*q, fps.as_slice())
+                })
+                .collect();
+            defaulted_before(p, own_footprints, &appended)
+                .and_then(|()| defaulted_after(p, own_footprints, &later))
+                .and_then(|()| policy_mutations(p, own_footprints, later_overwrites))
                 .and_then(|own| match &fit {
-                    SchemaFit::Fits => Ok(own),
+                    SchemaFit::Fits(_) => Ok(own),
                     SchemaFit::Unfit(reason) | SchemaFit::Unread(reason) => Err(reason.clone()),
                 })
         };
@@ -142,8 +153,12 @@ pub fn place_mutating(
         let unread = matches!(fit, SchemaFit::Unread(_));
         let placement = match translated {
             Ok(own) => {
-                for (i, m) in p.spec.mutate.iter().enumerate() {
-                    appended.push((p, i, footprint(m)));
+                for (i, fp) in own_footprints.iter().enumerate() {
+                    appended.push(Appended {
+                        policy: p,
+                        mutation: i,
+                        footprint: fp.clone(),
+                    });
                 }
                 mutations.extend(own);
                 member_specs.push(&p.spec);
@@ -167,21 +182,69 @@ fn name(p: &Policy) -> &str {
     p.metadata.name.as_deref().unwrap_or_default()
 }
 
-/// Whether a mutation of `p` depends on what an earlier in-process Policy may append: the API
-/// server defaults what one mutation appends before the next runs, the webhook path only
-/// after the last ([`crate::engine::defaulting`]).
-fn defaulted_before(p: &Policy, earlier: &[(&Policy, usize, Footprint)]) -> Result<(), String> {
-    for (j, m) in p.spec.mutate.iter().enumerate() {
-        let later = footprint(m);
+/// What a mutation of an in-process Policy may append or create.
+struct Appended<'p> {
+    policy: &'p Policy,
+    /// Its `mutate[]` index.
+    mutation: usize,
+    footprint: Footprint,
+}
+
+/// The footprint of each of `p`'s mutations, with what the API server may default after it
+/// counted as appended: the structs its schema fit says it may create, and the fields of the
+/// derived defaults of the kinds it matches that it writes near
+/// ([`crate::engine::derived_defaults`]).
+pub fn footprints_of(p: &Policy, fit: Option<&SchemaFit>) -> Vec<Footprint> {
+    let optional = match fit {
+        Some(SchemaFit::Fits(optional)) => optional.as_slice(),
+        _ => &[],
+    };
+    let kinds: Vec<(&str, &str)> = p
+        .spec
+        .match_
+        .rules
+        .iter()
+        .flat_map(|r| {
+            r.api_groups.iter().flat_map(move |g| {
+                r.resources
+                    .iter()
+                    .map(move |res| (g.as_str(), res.as_str()))
+            })
+        })
+        .collect();
+    p.spec
+        .mutate
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let mut fp = footprint(m);
+            fp.appends.extend(
+                optional
+                    .iter()
+                    .filter(|o| o.mutation == i)
+                    .map(|o| o.path.clone()),
+            );
+            add_derived_defaults(&mut fp, &kinds);
+            fp
+        })
+        .collect()
+}
+
+/// Whether a mutation of `p` depends on what an earlier in-process Policy may append or create:
+/// the API server defaults what one mutation appends or creates before the next runs, the
+/// webhook path only after the last ([`crate::engine::defaulting`]).
+fn defaulted_before(p: &Policy, own: &[Footprint], earlier: &[Appended<'_>]) -> Result<(), String> {
+    for (j, later) in own.iter().enumerate() {
         let found = earlier
             .iter()
-            .find(|(q, _, fp)| interacts(fp, &later) && !disjoint_matches(q, p));
-        if let Some((policy, i, _)) = found {
-            let policy = name(policy);
+            .find(|e| interacts(&e.footprint, later) && !disjoint_matches(e.policy, p));
+        if let Some(e) = found {
             return Err(format!(
-                "spec.mutate[{j}]: it reads or writes what Policy {policy}'s \
-                 mutate[{i}] may append, and the API server defaults appended elements between \
-                 mutations (the webhook path only after the last)"
+                "spec.mutate[{j}]: it reads or writes what Policy {}'s mutate[{}] may append \
+                 or create, and the API server defaults appended elements and created structs \
+                 between mutations (the webhook path only after the last)",
+                name(e.policy),
+                e.mutation
             ));
         }
     }
@@ -237,290 +300,29 @@ fn disjoint_matches(a: &Policy, b: &Policy) -> bool {
 }
 
 /// Whether a later mutating Policy (in-process or not) reads or writes what a mutation of `p`
-/// may append: in-process, the API server defaults it before that Policy runs; on the webhook
-/// path the same entry may run both on one undefaulted copy.
-fn defaulted_after(p: &Policy, later: &[&Policy]) -> Result<(), String> {
-    for (i, m) in p.spec.mutate.iter().enumerate() {
-        let earlier = footprint(m);
+/// may append or create: in-process, the API server defaults it before that Policy runs; on
+/// the webhook path the same entry may run both on one undefaulted copy.
+fn defaulted_after(
+    p: &Policy,
+    own: &[Footprint],
+    later: &[(&Policy, &[Footprint])],
+) -> Result<(), String> {
+    for (i, earlier) in own.iter().enumerate() {
         if earlier.appends.is_empty() {
             continue;
         }
-        for q in later.iter().filter(|q| !disjoint_matches(p, q)) {
-            if let Some(j) = q
-                .spec
-                .mutate
-                .iter()
-                .position(|n| interacts(&earlier, &footprint(n)))
-            {
+        for (q, theirs) in later.iter().filter(|(q, _)| !disjoint_matches(p, q)) {
+            if let Some(j) = theirs.iter().position(|n| interacts(earlier, n)) {
                 return Err(format!(
                     "spec.mutate[{i}]: Policy {}'s mutate[{j}], later in the order, reads or \
-                     writes what it may append, and the API server would default that in \
-                     between",
+                     writes what it may append or create, and the API server would default \
+                     that in between",
                     name(q)
                 ));
             }
         }
     }
     Ok(())
-}
-
-/// The mutations of one Policy, each guarded by its match, or why it cannot run in-process.
-/// `later_overwrites`: whether a Policy after it in the order overwrites.
-pub fn policy_mutations(p: &Policy, later_overwrites: bool) -> Result<Vec<Mutation>, String> {
-    let spec = &p.spec;
-    if !spec.effects.is_empty() {
-        return Err(
-            "spec.effects: the marking for effects runs on the webhook (its scheduling gate \
-             and pool mark are not translated)"
-                .to_string(),
-        );
-    }
-    if !spec.validate.is_empty() {
-        return Err(
-            "spec.validate: a Policy with both mutations and validations runs on the webhook"
-                .to_string(),
-        );
-    }
-    for (i, rule) in spec.match_.rules.iter().enumerate() {
-        if rule.operations.contains(&Operation::Connect) {
-            return Err(format!(
-                "spec.match.rules[{i}].operations: CONNECT requests carry options, not the object"
-            ));
-        }
-        if let Some(r) = rule.resources.iter().find(|r| r.contains('/')) {
-            return Err(format!(
-                "spec.match.rules[{i}].resources: {r:?} is a subresource, which runs on the webhook"
-            ));
-        }
-    }
-    let guarded = spec.mutate.iter().any(|m| m.when.is_some());
-    if spec.failure_policy == FailurePolicy::Ignore
-        && (guarded || !spec.match_.conditions.is_empty())
-    {
-        return Err(
-            "spec.failurePolicy: Ignore with when guards or match conditions (the generated \
-             MutatingAdmissionPolicy fails closed for all its Policies, and these can fail at \
-             run time)"
-                .to_string(),
-        );
-    }
-    let reads_object = match_reads_object(p);
-    if spec.reinvocation_policy == ReinvocationPolicy::IfNeeded {
-        let plain = spec
-            .mutate
-            .iter()
-            .all(|m| m.for_each.is_none() && m.when.is_none() && !m.overwrite);
-        if !plain || reads_object || later_overwrites {
-            return Err(
-                "spec.reinvocationPolicy: IfNeeded runs in-process only for plain merges (no \
-                 forEach, when or overwrite), a match that does not read the object, and no \
-                 overwrite in a later Policy: the generated policy is never reinvoked, so a \
-                 reinvocation must be unable to change what the Policy did"
-                    .to_string(),
-            );
-        }
-    }
-    // The list runs pass after pass, so every mutation may follow every other.
-    let footprints: Vec<Footprint> = spec.mutate.iter().map(footprint).collect();
-    for (i, earlier) in footprints.iter().enumerate() {
-        for (j, later) in footprints.iter().enumerate() {
-            if i != j && interacts(earlier, later) {
-                return Err(format!(
-                    "spec.mutate[{j}]: it reads or writes what spec.mutate[{i}] \
-                     may append, and the API server defaults appended elements between \
-                     mutations (the webhook path only after the last)"
-                ));
-            }
-        }
-    }
-    let mut expressions = Vec::new();
-    for (i, m) in spec.mutate.iter().enumerate() {
-        let translated = jsonpatch_cel::mutation_expression(m, false)
-            .map_err(|e| format!("spec.mutate[{i}]: {e}"))?;
-        expressions.extend(translated);
-    }
-    // One pass when no guard reads what another mutation writes (a single merge without a
-    // per-element guard among them); otherwise as many passes as the engine makes at most.
-    let single = spec.mutate.len() == 1 && !(spec.mutate[0].for_each.is_some() && guarded);
-    let passes = if single || settles_in_one_pass(&footprints) {
-        1
-    } else {
-        spec.mutate.len() + 2
-    };
-    if reads_object && passes * expressions.len() > 1 {
-        return Err(
-            "spec.match: the match reads the object and the Policy has more than one mutation \
-             (the API server would match each mutation against the previous one's output, the \
-             webhook matches the Policy once)"
-                .to_string(),
-        );
-    }
-    let guard = match_expression(p);
-    let mutation = |expression: &str| Mutation {
-        patch_type: "JSONPatch".to_string(),
-        json_patch: Some(JSONPatch {
-            expression: Some(format!("{guard} ? ({expression}) : []")),
-        }),
-        apply_configuration: None,
-    };
-    // The API server decodes and defaults the object after every mutation, even an empty one:
-    // independent merges go in one.
-    if passes == 1 && expressions.len() > 1 && independent(&footprints) {
-        let joined: Vec<String> = expressions.iter().map(|e| format!("({e})")).collect();
-        return Ok(vec![mutation(&joined.join(" + "))]);
-    }
-    let mut mutations = Vec::new();
-    for _ in 0..passes {
-        for expression in &expressions {
-            mutations.push(mutation(expression));
-        }
-    }
-    Ok(mutations)
-}
-
-/// Whether `p`'s match depends on the object, which its own mutations may change: an
-/// objectSelector, a condition reading `object`, or a namespaceSelector that may judge a
-/// Namespace by its own labels.
-fn match_reads_object(p: &Policy) -> bool {
-    let m = &p.spec.match_;
-    let conditions = m.conditions.iter().any(|c| {
-        cel::compile(&c.expression).map_or(true, |program| cel::reads_variable(&program, "object"))
-    });
-    let namespaces = m.namespace_selector.is_some()
-        && m.rules.iter().any(|r| {
-            r.api_groups.iter().any(|g| g.is_empty() || g == "*")
-                && r.resources
-                    .iter()
-                    .any(|res| res == "namespaces" || res == "*")
-        });
-    m.object_selector.is_some() || conditions || namespaces
-}
-
-/// `p`'s match in CEL over the admission variables, with the meaning the webhook matcher gives
-/// it ([`crate::engine::matcher`]).
-pub fn match_expression(p: &Policy) -> String {
-    let m = &p.spec.match_;
-    let mut parts = vec![format!(
-        "({})",
-        m.rules
-            .iter()
-            .map(rule_expression)
-            .collect::<Vec<_>>()
-            .join(" || ")
-    )];
-    if let Some(selector) = &m.namespace_selector {
-        parts.push(format!(
-            "(request.resource.group == \"\" && request.resource.resource == \"namespaces\" ? {} \
-             : request.namespace == \"\" || {})",
-            selector_expression(selector, "object"),
-            selector_expression(selector, "namespaceObject")
-        ));
-    }
-    if let Some(selector) = &m.object_selector {
-        parts.push(format!(
-            "({} || (oldObject != null && {}))",
-            selector_expression(selector, "object"),
-            selector_expression(selector, "oldObject")
-        ));
-    }
-    // In order, as the matcher evaluates them: an error before a false condition is an error
-    // (CEL's `&&` would let the false one win).
-    if !m.conditions.is_empty() {
-        let mut nested = "true".to_string();
-        for c in m.conditions.iter().rev() {
-            nested = format!("(({}) ? {nested} : false)", c.expression);
-        }
-        parts.push(nested);
-    }
-    parts.join(" && ")
-}
-
-/// One rule: the operation, the scope, and the resource as converted (`request.resource`) or
-/// as asked for (`request.requestResource`), as `matchPolicy: Equivalent` matches.
-fn rule_expression(rule: &Rule) -> String {
-    let listed = |values: &[String], field: &str| -> String {
-        if values.iter().any(|v| v == "*") {
-            return "true".to_string();
-        }
-        let values: Vec<String> = values.iter().map(|v| string_literal(v)).collect();
-        format!("{field} in [{}]", values.join(", "))
-    };
-    let operations: Vec<String> = rule
-        .operations
-        .iter()
-        .flat_map(|o| match o {
-            Operation::All => vec!["CREATE", "UPDATE"],
-            Operation::Create => vec!["CREATE"],
-            Operation::Update => vec!["UPDATE"],
-            Operation::Delete | Operation::Connect => vec![],
-        })
-        .map(string_literal)
-        .collect();
-    let scope = match rule.scope {
-        crate::api::v1alpha1::Scope::All => "true",
-        crate::api::v1alpha1::Scope::Namespaced => "request.namespace != \"\"",
-        crate::api::v1alpha1::Scope::Cluster => "request.namespace == \"\"",
-    };
-    let resource = |var: &str| {
-        format!(
-            "({} && {} && {})",
-            listed(&rule.api_groups, &format!("{var}.group")),
-            listed(&rule.api_versions, &format!("{var}.version")),
-            listed(&rule.resources, &format!("{var}.resource"))
-        )
-    };
-    format!(
-        "(request.operation in [{}] && {scope} && ({} || {}))",
-        operations.join(", "),
-        resource("request.resource"),
-        resource("request.requestResource")
-    )
-}
-
-/// Whether the labels of `var` (an object variable) satisfy `selector`: matchLabels and
-/// matchExpressions ANDed, an empty selector true.
-fn selector_expression(selector: &LabelSelector, var: &str) -> String {
-    let has = |key: &str| {
-        format!(
-            "(has({var}.metadata.labels) && {} in {var}.metadata.labels)",
-            string_literal(key)
-        )
-    };
-    let value = |key: &str| format!("{var}.metadata.labels[{}]", string_literal(key));
-    let mut parts: Vec<String> = Vec::new();
-    for (k, v) in selector.match_labels.iter().flatten() {
-        parts.push(format!(
-            "({} && {} == {})",
-            has(k),
-            value(k),
-            string_literal(v)
-        ));
-    }
-    for req in selector.match_expressions.iter().flatten() {
-        let values: Vec<String> = req
-            .values
-            .iter()
-            .flatten()
-            .map(|v| string_literal(v))
-            .collect();
-        let listed = format!(
-            "({} && {} in [{}])",
-            has(&req.key),
-            value(&req.key),
-            values.join(", ")
-        );
-        parts.push(match req.operator.as_str() {
-            "In" => listed,
-            "NotIn" => format!("!{listed}"),
-            "Exists" => has(&req.key),
-            "DoesNotExist" => format!("!{}", has(&req.key)),
-            _ => "false".to_string(),
-        });
-    }
-    if parts.is_empty() {
-        return "true".to_string();
-    }
-    format!("({})", parts.join(" && "))
 }
 
 /// The generated policy and binding. Every mutation is guarded by its Policy's match, so the

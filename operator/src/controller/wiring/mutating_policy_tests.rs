@@ -4,9 +4,12 @@ use std::collections::HashMap;
 use serde_json::json;
 
 use super::*;
-use crate::api::v1alpha1::{MatchCondition, Mutation as Merge, PolicySpec, sample_spec};
-use crate::controller::wiring::schema_fit::SchemaFit;
+use crate::api::v1alpha1::{
+    FailurePolicy, MatchCondition, Mutation as Merge, PolicySpec, ReinvocationPolicy, sample_spec,
+};
+use crate::controller::wiring::schema_fit::{OptionalStruct, SchemaFit};
 use crate::controller::wiring::{Endpoint, Wiring};
+use crate::engine::cel;
 
 fn wiring() -> Wiring {
     Wiring {
@@ -40,7 +43,12 @@ fn place(
 ) -> (Vec<(String, MutatingPlacement)>, Option<InProcessMutation>) {
     let fit = policies
         .iter()
-        .map(|p| (p.metadata.name.clone().unwrap_or_default(), SchemaFit::Fits))
+        .map(|p| {
+            (
+                p.metadata.name.clone().unwrap_or_default(),
+                SchemaFit::Fits(Vec::new()),
+            )
+        })
         .collect();
     place_mutating(policies, &wiring(), served, &fit)
 }
@@ -181,8 +189,9 @@ fn with(spec: impl FnOnce(&mut PolicySpec)) -> Policy {
 
 #[test]
 fn what_one_fail_closed_never_reinvoked_policy_cannot_do_is_refused_with_the_field() {
-    let refused =
-        |p: Policy, later_overwrites: bool| policy_mutations(&p, later_overwrites).unwrap_err();
+    let refused = |p: Policy, later_overwrites: bool| {
+        policy_mutations(&p, &footprints_of(&p, None), later_overwrites).unwrap_err()
+    };
     let guarded_ignore = with(|s| {
         s.failure_policy = FailurePolicy::Ignore;
         s.mutate[0].when = Some("true".into());
@@ -194,7 +203,7 @@ fn what_one_fail_closed_never_reinvoked_policy_cannot_do_is_refused_with_the_fie
     });
     assert!(refused(if_needed_for_each, false).starts_with("spec.reinvocationPolicy"));
     let if_needed = with(|s| s.reinvocation_policy = ReinvocationPolicy::IfNeeded);
-    assert!(policy_mutations(&if_needed, false).is_ok());
+    assert!(policy_mutations(&if_needed, &footprints_of(&if_needed, None), false).is_ok());
     assert!(refused(if_needed, true).starts_with("spec.reinvocationPolicy"));
     let selected_twice = with(|s| {
         s.match_.object_selector = Some(LabelSelector::default());
@@ -202,7 +211,12 @@ fn what_one_fail_closed_never_reinvoked_policy_cannot_do_is_refused_with_the_fie
     });
     assert!(refused(selected_twice, false).starts_with("spec.match"));
     let selected_once = with(|s| s.match_.object_selector = Some(LabelSelector::default()));
-    assert_eq!(policy_mutations(&selected_once, false).unwrap().len(), 1);
+    assert_eq!(
+        policy_mutations(&selected_once, &footprints_of(&selected_once, None), false)
+            .unwrap()
+            .len(),
+        1
+    );
     let subresource = with(|s| s.match_.rules[0].resources = vec!["pods/status".into()]);
     assert!(refused(subresource, false).starts_with("spec.match.rules[0].resources"));
     let repeated_name = with(|s| {
@@ -221,7 +235,12 @@ fn a_list_of_mutations_is_repeated_as_the_engine_passes_and_every_one_is_guarded
     });
     // Two label merges that do not read each other: one pass, in two mutations (both may add
     // metadata.labels whole).
-    assert_eq!(policy_mutations(&p, false).unwrap().len(), 2);
+    assert_eq!(
+        policy_mutations(&p, &footprints_of(&p, None), false)
+            .unwrap()
+            .len(),
+        2
+    );
     // Writing apart, they go in one.
     let apart = with(|s| {
         s.mutate.push(Merge {
@@ -230,7 +249,7 @@ fn a_list_of_mutations_is_repeated_as_the_engine_passes_and_every_one_is_guarded
             ..Merge::default()
         });
     });
-    let joined = policy_mutations(&apart, false).unwrap();
+    let joined = policy_mutations(&apart, &footprints_of(&apart, None), false).unwrap();
     assert_eq!(joined.len(), 1);
     let expression = joined[0]
         .json_patch
@@ -251,7 +270,7 @@ fn a_list_of_mutations_is_repeated_as_the_engine_passes_and_every_one_is_guarded
             ..Merge::default()
         });
     });
-    let mutations = policy_mutations(&p, false).unwrap();
+    let mutations = policy_mutations(&p, &footprints_of(&p, None), false).unwrap();
     assert_eq!(mutations.len(), 2 * (2 + 2));
     let guard = match_expression(&p);
     for m in &mutations {
@@ -365,9 +384,63 @@ fn a_policy_appending_what_a_later_one_reads_stays_out() {
     let chained = with(|s| {
         s.mutate = vec![pull.spec.mutate[0].clone(), sidecar.spec.mutate[0].clone()];
     });
+    let reason = policy_mutations(&chained, &footprints_of(&chained, None), false).unwrap_err();
     assert!(
-        policy_mutations(&chained, false)
+        reason.starts_with("spec.mutate[0]: it reads or writes what spec.mutate[1]")
+            || reason.starts_with("spec.mutate[1]: it reads or writes what spec.mutate[0]"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_policy_creating_a_struct_a_later_one_fills_stays_out() {
+    let mut probe = policy("a-probe", 10, Enforcement::Auto);
+    probe.spec.mutate[0] = Merge {
+        for_each: Some("spec.containers".into()),
+        merge: json!({"livenessProbe": {"httpGet": {"port": 8080}}}),
+        ..Merge::default()
+    };
+    let mut period = policy("b-period", 20, Enforcement::Auto);
+    period.spec.mutate[0] = Merge {
+        for_each: Some("spec.containers".into()),
+        merge: json!({"livenessProbe": {"periodSeconds": 30}}),
+        ..Merge::default()
+    };
+    // Where the schema says the probe may be absent, the API server defaults the one the first
+    // Policy creates (periodSeconds 10) before the second runs: both stay on the webhook.
+    let created = |p: &Policy| {
+        let path = ["spec", "containers", "[]", "livenessProbe"].map(str::to_string);
+        (
+            p.metadata.name.clone().unwrap_or_default(),
+            SchemaFit::Fits(vec![OptionalStruct {
+                mutation: 0,
+                path: path.to_vec(),
+            }]),
+        )
+    };
+    let fit = HashMap::from([created(&probe), created(&period)]);
+    let (placements, generated) = place_mutating(&[&probe, &period], &wiring(), true, &fit);
+    assert!(generated.is_none(), "{placements:?}");
+    let MutatingPlacement::Webhook(reason) = placement_of(&placements, "a-probe") else {
+        panic!("{placements:?}");
+    };
+    assert!(
+        reason.starts_with("spec.mutate[0]: Policy b-period's mutate[0], later in the order"),
+        "{reason}"
+    );
+    // Into a struct present from the start (no optional struct), both move in.
+    let (_, generated) = place(&[&probe, &period], true);
+    assert_eq!(generated.unwrap().members, ["a-probe", "b-period"]);
+    // In one Policy, the second pass would fill the probe the first created and defaulted.
+    let both = with(|s| {
+        s.mutate = vec![probe.spec.mutate[0].clone(), period.spec.mutate[0].clone()];
+    });
+    let footprints = footprints_of(&both, fit.get("a-probe"));
+    assert!(
+        policy_mutations(&both, &footprints, false)
             .unwrap_err()
-            .starts_with("spec.mutate[0]: it reads or writes what spec.mutate[1]")
+            .starts_with(
+                "spec.mutate[1]: it reads or writes what spec.mutate[0] may append or create"
+            )
     );
 }

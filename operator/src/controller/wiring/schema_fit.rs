@@ -6,18 +6,40 @@
 //! under `failurePolicy: Ignore`), where the webhook path's patch is decoded leniently and the
 //! field dropped. So a mutating Policy runs in-process only when every field its merges name
 //! exists with a type the value fits.
+//!
+//! The walk also says where a merge may create a struct: the API server defaults the fields of
+//! a struct a mutation creates before the next mutation runs, the webhook path only after the
+//! last ([`crate::engine::defaulting`]). A struct the schema marks `default: {}` (a Go value
+//! field: `spec`, a container's `resources`) is always present and defaulted before admission;
+//! one without (a pointer: `securityContext`, `livenessProbe`, a map's struct values) may be
+//! absent, and a merge into it may create it. Creating it matters when it gets defaults: a
+//! field of its schema has a `default` (a constant, or the zero value of a field always
+//! serialized), or its type has a defaulting function
+//! ([`crate::engine::derived_defaults::DEFAULTED_TYPES`]: a `livenessProbe` gets
+//! `periodSeconds`); a container's `securityContext` gets none.
 use serde_json::{Map, Value};
 
 use crate::api::v1alpha1::Mutation;
+use crate::engine::derived_defaults::DEFAULTED_TYPES;
 
 /// What is known of whether a Policy's merges fit its kinds' schemas.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SchemaFit {
-    Fits,
+    /// The merges fit; where they may create a struct.
+    Fits(Vec<OptionalStruct>),
     /// A field or type the schemas lack, or a rule whose kinds cannot be known.
     Unfit(String),
     /// The schemas could not be read this time: nothing is known.
     Unread(String),
+}
+
+/// A struct that may be absent, which a `mutate[]` entry's merge writes into.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OptionalStruct {
+    /// The `mutate[]` index.
+    pub mutation: usize,
+    /// Its place: keys, with `[]` for "any element of this array".
+    pub path: Vec<String>,
 }
 
 /// One kind's schema: the document's named schemas and the kind's own.
@@ -57,14 +79,21 @@ pub fn kind_schema<'a>(
     })
 }
 
-/// Whether every `mutate[]` entry's merge fits `schema`, or the first field that does not.
-pub fn fits(mutations: &[Mutation], schema: &KindSchema<'_>) -> Result<(), String> {
+/// Whether every `mutate[]` entry's merge fits `schema`, or the first field that does not; when
+/// they fit, the structs they may create.
+pub fn fits(
+    mutations: &[Mutation],
+    schema: &KindSchema<'_>,
+) -> Result<Vec<OptionalStruct>, String> {
+    let mut optional = Vec::new();
     for (i, m) in mutations.iter().enumerate() {
         let mut node = schema.root;
         let mut at = String::new();
+        let mut place: Vec<String> = Vec::new();
         if let Some(path) = &m.for_each {
             for key in path.split('.') {
                 at = join(&at, key);
+                place.push(key.to_string());
                 node = match child(schema, node, key) {
                     Child::Schema(n) => n,
                     Child::Anything => break,
@@ -87,10 +116,23 @@ pub fn fits(mutations: &[Mutation], schema: &KindSchema<'_>) -> Result<(), Strin
                 }
             };
             at.push_str("[]");
+            place.push("[]".to_string());
         }
-        value_fits(schema, node, &m.merge, &at).map_err(|e| format!("spec.mutate[{i}]: {e}"))?;
+        let mut found = Vec::new();
+        let mut walk = Walk {
+            schema,
+            place,
+            optional: &mut found,
+        };
+        walk.value_fits(node, &m.merge, &at)
+            .map_err(|e| format!("spec.mutate[{i}]: {e}"))?;
+        optional.extend(
+            found
+                .into_iter()
+                .map(|path| OptionalStruct { mutation: i, path }),
+        );
     }
-    Ok(())
+    Ok(optional)
 }
 
 fn join(at: &str, key: &str) -> String {
@@ -125,6 +167,46 @@ fn resolve<'a>(schema: &KindSchema<'a>, mut node: &'a Value) -> &'a Value {
         }
     }
     node
+}
+
+/// The name of the named schema `node` refers to (through `allOf` and `$ref`), if any.
+fn referred_name<'a>(schema: &KindSchema<'a>, mut node: &'a Value) -> Option<&'a str> {
+    let mut name = None;
+    for _ in 0..32 {
+        if let Some(r) = node
+            .get("$ref")
+            .and_then(Value::as_str)
+            .and_then(|r| r.strip_prefix("#/components/schemas/"))
+        {
+            name = Some(r);
+            match schema.schemas.get(r) {
+                Some(n) => node = n,
+                None => break,
+            }
+        } else if let Some(first) = node
+            .get("allOf")
+            .and_then(Value::as_array)
+            .filter(|all| all.len() == 1)
+            .map(|all| &all[0])
+        {
+            node = first;
+        } else {
+            break;
+        }
+    }
+    name
+}
+
+/// Whether a struct of schema `node`, once created, gets defaults: a field of it has a
+/// `default`, or its type has a defaulting function.
+fn defaulted_when_created(schema: &KindSchema<'_>, node: &Value) -> bool {
+    let by_function =
+        referred_name(schema, node).is_some_and(|name| DEFAULTED_TYPES.contains(&name));
+    let by_schema = resolve(schema, node)
+        .get("properties")
+        .and_then(Value::as_object)
+        .is_some_and(|fields| fields.values().any(|f| f.get("default").is_some()));
+    by_function || by_schema
 }
 
 fn unknown_allowed(node: &Value) -> bool {
@@ -174,73 +256,94 @@ fn accepted_types(node: &Value) -> Vec<&str> {
         .collect()
 }
 
-fn value_fits(
-    schema: &KindSchema<'_>,
-    node: &Value,
-    value: &Value,
-    at: &str,
-) -> Result<(), String> {
-    let node = resolve(schema, node);
-    if value.is_null() {
-        // A removal (with overwrite): nothing is written.
-        return Ok(());
-    }
-    let types = accepted_types(node);
-    let json_type = match value {
-        Value::Object(_) => "object",
-        Value::Array(_) => "array",
-        Value::String(_) => "string",
-        Value::Bool(_) => "boolean",
-        Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
-        Value::Number(_) => "number",
-        Value::Null => "null",
-    };
-    let fits_type = types.is_empty()
-        || types.contains(&json_type)
-        || (json_type == "integer" && types.contains(&"number"));
-    if !fits_type {
-        let shown = if at.is_empty() { "the merge" } else { at };
-        let article = if json_type.starts_with(['a', 'e', 'i', 'o', 'u']) {
-            "an"
-        } else {
-            "a"
+/// One merge's walk through the schema.
+struct Walk<'s, 'a> {
+    schema: &'s KindSchema<'a>,
+    /// Where the walk is, as keys with `[]` for elements.
+    place: Vec<String>,
+    /// The structs without a `default` the merge writes into.
+    optional: &'s mut Vec<Vec<String>>,
+}
+
+impl Walk<'_, '_> {
+    fn value_fits(&mut self, node: &Value, value: &Value, at: &str) -> Result<(), String> {
+        let schema = self.schema;
+        let node = resolve(schema, node);
+        if value.is_null() {
+            // A removal (with overwrite): nothing is written.
+            return Ok(());
+        }
+        let types = accepted_types(node);
+        let json_type = match value {
+            Value::Object(_) => "object",
+            Value::Array(_) => "array",
+            Value::String(_) => "string",
+            Value::Bool(_) => "boolean",
+            Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+            Value::Number(_) => "number",
+            Value::Null => "null",
         };
-        return Err(format!(
-            "{shown}: {article} {json_type} where the {} schema wants {}",
-            schema.kind,
-            types.join(" or ")
-        ));
-    }
-    match value {
-        Value::Object(fields) => {
-            if unknown_allowed(node) {
-                return Ok(());
-            }
-            for (key, v) in fields {
-                let here = join(at, key);
-                match child(schema, node, key) {
-                    Child::Schema(c) => value_fits(schema, c, v, &here)?,
-                    Child::Anything => {}
-                    Child::Missing => {
-                        return Err(format!(
-                            "{here}: the {} schema has no such field",
-                            schema.kind
-                        ));
+        let fits_type = types.is_empty()
+            || types.contains(&json_type)
+            || (json_type == "integer" && types.contains(&"number"));
+        if !fits_type {
+            let shown = if at.is_empty() { "the merge" } else { at };
+            let article = if json_type.starts_with(['a', 'e', 'i', 'o', 'u']) {
+                "an"
+            } else {
+                "a"
+            };
+            return Err(format!(
+                "{shown}: {article} {json_type} where the {} schema wants {}",
+                schema.kind,
+                types.join(" or ")
+            ));
+        }
+        match value {
+            Value::Object(fields) => {
+                if unknown_allowed(node) {
+                    return Ok(());
+                }
+                for (key, v) in fields {
+                    let here = join(at, key);
+                    match child(schema, node, key) {
+                        Child::Schema(c) => {
+                            self.place.push(key.clone());
+                            if v.is_object()
+                                && c.get("default").is_none()
+                                && defaulted_when_created(schema, c)
+                            {
+                                self.optional.push(self.place.clone());
+                            }
+                            let fitted = self.value_fits(c, v, &here);
+                            self.place.pop();
+                            fitted?;
+                        }
+                        Child::Anything => {}
+                        Child::Missing => {
+                            return Err(format!(
+                                "{here}: the {} schema has no such field",
+                                schema.kind
+                            ));
+                        }
                     }
                 }
+                Ok(())
             }
-            Ok(())
+            Value::Array(items) => match node.get("items") {
+                Some(item) => {
+                    let here = format!("{at}[]");
+                    self.place.push("[]".to_string());
+                    let fitted = items
+                        .iter()
+                        .try_for_each(|v| self.value_fits(item, v, &here));
+                    self.place.pop();
+                    fitted
+                }
+                None => Ok(()),
+            },
+            _ => Ok(()),
         }
-        Value::Array(items) => match node.get("items") {
-            Some(item) => {
-                let here = format!("{at}[]");
-                items
-                    .iter()
-                    .try_for_each(|v| value_fits(schema, item, v, &here))
-            }
-            None => Ok(()),
-        },
-        _ => Ok(()),
     }
 }
 

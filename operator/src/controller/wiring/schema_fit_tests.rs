@@ -10,8 +10,8 @@ fn document() -> Value {
             "type": "object",
             "x-kubernetes-group-version-kind": [{"group": "", "kind": "Pod", "version": "v1"}],
             "properties": {
-                "metadata": {"allOf": [{"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}]},
-                "spec": {"allOf": [{"$ref": "#/components/schemas/io.k8s.api.core.v1.PodSpec"}]},
+                "metadata": {"default": {}, "allOf": [{"$ref": "#/components/schemas/io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta"}]},
+                "spec": {"default": {}, "allOf": [{"$ref": "#/components/schemas/io.k8s.api.core.v1.PodSpec"}]},
             },
         },
         "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta": {
@@ -31,9 +31,25 @@ fn document() -> Value {
                 "name": {"type": "string"},
                 "image": {"type": "string"},
                 "args": {"type": "array", "items": {"type": "string"}},
-                "resources": {"allOf": [{"$ref": "#/components/schemas/io.k8s.api.core.v1.ResourceRequirements"}]},
-                "securityContext": {"type": "object", "properties": {"runAsUser": {"type": "integer"}}},
+                "resources": {"default": {}, "allOf": [{"$ref": "#/components/schemas/io.k8s.api.core.v1.ResourceRequirements"}]},
+                "securityContext": {"allOf": [{"$ref": "#/components/schemas/io.k8s.api.core.v1.SecurityContext"}]},
+                "livenessProbe": {"allOf": [{"$ref": "#/components/schemas/io.k8s.api.core.v1.Probe"}]},
             },
+        },
+        "io.k8s.api.core.v1.SecurityContext": {
+            "type": "object",
+            "properties": {
+                "runAsUser": {"type": "integer"},
+                "seccompProfile": {"allOf": [{"$ref": "#/components/schemas/io.k8s.api.core.v1.SeccompProfile"}]},
+            },
+        },
+        "io.k8s.api.core.v1.SeccompProfile": {
+            "type": "object",
+            "properties": {"type": {"type": "string", "default": ""}, "localhostProfile": {"type": "string"}},
+        },
+        "io.k8s.api.core.v1.Probe": {
+            "type": "object",
+            "properties": {"periodSeconds": {"type": "integer"}, "httpGet": {"type": "object", "properties": {"port": {"type": "integer"}}}},
         },
         "io.k8s.api.core.v1.ResourceRequirements": {
             "type": "object",
@@ -70,8 +86,35 @@ fn merges_naming_fields_of_the_schema_fit() {
             Some("spec.containers"),
         ),
         m(json!({"metadata": {"labels": {"gone": null}}}), None),
+        m(
+            json!({"livenessProbe": {"httpGet": {"port": 8080}}, "securityContext": {"seccompProfile": {"localhostProfile": "p"}}}),
+            Some("spec.containers"),
+        ),
     ];
-    assert_eq!(fits(&ok, &pod), Ok(()));
+    // Created structs that get defaults: the probe (a type with a defaulting function) and the
+    // seccomp profile (a field with a `default`). Not the securityContext (a pointer without
+    // defaults), nor the probe's inline httpGet (neither), nor `spec` and `resources` (value
+    // fields, present from the start), nor labels (a map).
+    let at = |keys: &[&str]| -> Vec<String> {
+        ["spec", "containers", "[]"]
+            .iter()
+            .chain(keys)
+            .map(|k| k.to_string())
+            .collect()
+    };
+    assert_eq!(
+        fits(&ok, &pod),
+        Ok(vec![
+            OptionalStruct {
+                mutation: 5,
+                path: at(&["livenessProbe"]),
+            },
+            OptionalStruct {
+                mutation: 5,
+                path: at(&["securityContext", "seccompProfile"]),
+            },
+        ])
+    );
     assert!(kind_schema(&doc, "", "v1", "ConfigMap").is_none());
 }
 
