@@ -15,7 +15,7 @@ use crate::fixtures::{WAIT, apply, await_ready, container_names, get_json, pod, 
 use crate::scene::Stage;
 
 /// `config/rbac` rendered by kustomize, bound in `namespace` instead of gatehouse-system.
-async fn install_rbac(cluster: &Cluster, namespace: &str) -> anyhow::Result<()> {
+pub(crate) async fn install_rbac(cluster: &Cluster, namespace: &str) -> anyhow::Result<()> {
     let dir = cluster.repo_root().join("config/rbac");
     let rendered = cluster
         .kubectl_ok(["kustomize", &dir.to_string_lossy()], None)
@@ -37,6 +37,11 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
         let id = stage.id();
         let _role = cluster.delete_on_drop("clusterrole", "gatehouse", None);
         let _binding = cluster.delete_on_drop("clusterrolebinding", "gatehouse", None);
+        let _audit = [
+            cluster.delete_on_drop("clusterrole", "gatehouse-audit", None),
+            cluster.delete_on_drop("clusterrole", "gatehouse-audit-default", None),
+            cluster.delete_on_drop("clusterrolebinding", "gatehouse-audit", None),
+        ];
         install_rbac(cluster, stage.home()).await?;
         let kubeconfig = cluster
             .service_account_kubeconfig(stage.home(), "gatehouse", &format!("kubeconfig-sa-{id}"))

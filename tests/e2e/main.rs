@@ -1,5 +1,6 @@
 //! End-to-end tests against a real kube-apiserver (see `tests/cluster/up`).
 
+mod audit;
 mod cel;
 mod chart;
 mod faults;

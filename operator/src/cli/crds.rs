@@ -3,6 +3,7 @@ use std::path::{Path, PathBuf};
 
 use kube::CustomResourceExt;
 
+use crate::api::reports::{ReportKind, report_crd};
 use crate::api::v1alpha1::{IPAllocation, IPPool, Policy};
 
 /// Arguments of `gatehouse crds`.
@@ -16,6 +17,10 @@ pub struct CrdsArgs {
     /// only; Helm would read a kustomization.yaml there as a manifest.
     #[arg(long, requires = "dir")]
     pub chart: bool,
+    /// The wgpolicyk8s.io PolicyReport and ClusterPolicyReport CRDs the audit writes, instead of
+    /// Gatehouse's own (the opt-in config/reports component; skip it where they are installed).
+    #[arg(long, conflicts_with = "chart")]
+    pub reports: bool,
 }
 
 /// Errors of CRD generation.
@@ -33,9 +38,17 @@ pub enum CrdsError {
     },
 }
 
-/// Every generated file as (file name, contents); `kustomization.yaml` last.
-pub fn generate() -> Result<Vec<(String, String)>, CrdsError> {
-    let crds = [Policy::crd(), IPPool::crd(), IPAllocation::crd()];
+/// Every generated file as (file name, contents); `kustomization.yaml` last. `reports`: the
+/// report CRDs instead of Gatehouse's own.
+pub fn generate(reports: bool) -> Result<Vec<(String, String)>, CrdsError> {
+    let crds = if reports {
+        vec![
+            report_crd(ReportKind::Namespaced),
+            report_crd(ReportKind::Cluster),
+        ]
+    } else {
+        vec![Policy::crd(), IPPool::crd(), IPAllocation::crd()]
+    };
     let mut files = Vec::with_capacity(crds.len() + 1);
     for crd in crds {
         let name = crd.metadata.name.clone().unwrap_or_default();
@@ -68,7 +81,7 @@ fn file_stem(crd_name: &str) -> String {
 
 /// Runs `gatehouse crds`.
 pub fn run(args: &CrdsArgs, out: &mut impl std::io::Write) -> Result<(), CrdsError> {
-    let files = generate()?;
+    let files = generate(args.reports)?;
     match &args.dir {
         Some(dir) => {
             for (name, contents) in &files {
@@ -108,7 +121,7 @@ mod tests {
     #[test]
     fn committed_crds_match_the_types() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds");
-        for (name, contents) in generate().unwrap() {
+        for (name, contents) in generate(false).unwrap() {
             let committed = std::fs::read_to_string(dir.join(&name)).unwrap_or_else(|e| {
                 panic!("crds/{name} missing ({e}); run `gatehouse crds --dir crds`")
             });
@@ -119,13 +132,28 @@ mod tests {
         }
     }
 
+    /// The opt-in report component holds exactly the generated report CRDs.
+    #[test]
+    fn committed_report_crds_match_the_types() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/reports");
+        for (name, contents) in generate(true).unwrap() {
+            let committed = std::fs::read_to_string(dir.join(&name)).unwrap_or_else(|e| {
+                panic!("config/reports/{name} missing ({e}); run `gatehouse crds --reports --dir config/reports`")
+            });
+            assert_eq!(
+                committed, contents,
+                "config/reports/{name} drifted; run `gatehouse crds --reports --dir config/reports`"
+            );
+        }
+    }
+
     /// The Helm chart installs the same CRDs, and only them: its crds/ holds exactly the
     /// generated CRD files (Helm reads every file there as a manifest).
     #[test]
     fn the_charts_crds_are_the_generated_ones() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/gatehouse/crds");
         let fix = "run `gatehouse crds --dir charts/gatehouse/crds --chart`";
-        let expected: Vec<(String, String)> = generate()
+        let expected: Vec<(String, String)> = generate(false)
             .unwrap()
             .into_iter()
             .filter(|(name, _)| name != "kustomization.yaml")

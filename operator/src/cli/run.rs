@@ -13,6 +13,7 @@ use tokio::sync::watch;
 use tracing::{error, info};
 
 use crate::admin::{self, AdminState, Readiness};
+use crate::audit::{self, AuditConfig, AuditContext, AuditMetrics};
 use crate::controller::wiring::{CONFIGURATION_NAME, Endpoint, Wiring};
 use crate::controller::{self, ControllerContext};
 use crate::effects::ipam::{self, IpamConfig, IpamContext, IpamMetrics};
@@ -103,6 +104,24 @@ pub struct RunArgs {
     /// How old an orphaned IP allocation must be before it is collected.
     #[arg(long, env = "GATEHOUSE_GC_GRACE", default_value = "30s", value_parser = super::duration::parse)]
     pub gc_grace: Duration,
+
+    /// Time between audit passes over the stored objects the validating Policies match (a
+    /// pass also runs soon after a Policy's generation changes).
+    #[arg(long, env = "GATEHOUSE_AUDIT_INTERVAL", default_value = "1h", value_parser = super::duration::parse)]
+    pub audit_interval: Duration,
+
+    /// The audit's LIST calls per second, at most: it must never crowd admission out.
+    #[arg(long, env = "GATEHOUSE_AUDIT_QPS", default_value_t = 5.0)]
+    pub audit_qps: f64,
+
+    /// Objects per audit LIST page: the audit holds one page at a time.
+    #[arg(long, env = "GATEHOUSE_AUDIT_PAGE_SIZE", default_value_t = 500)]
+    pub audit_page_size: u32,
+
+    /// Results listed per report, at most (the summary counts them all, and a report listing
+    /// fewer says so in its gatehouse.dev/results-truncated annotation).
+    #[arg(long, env = "GATEHOUSE_AUDIT_MAX_RESULTS", default_value_t = 1000)]
+    pub audit_max_results: usize,
 
     /// Log format: `plain` text or `json` lines. The level comes from RUST_LOG (default info).
     #[arg(long, env = "GATEHOUSE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
@@ -219,6 +238,18 @@ impl RunArgs {
         }
     }
 
+    /// The audit's settings.
+    pub fn audit_config(&self) -> AuditConfig {
+        AuditConfig {
+            interval: self.audit_interval,
+            settle: Duration::from_secs(3),
+            qps: self.audit_qps,
+            page_size: self.audit_page_size.max(1),
+            max_results: self.audit_max_results,
+            excluded_namespaces: self.excluded_namespaces(),
+        }
+    }
+
     /// The effects loop's timings.
     pub fn ipam_config(&self) -> IpamConfig {
         IpamConfig {
@@ -292,6 +323,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         recorder: process.recorder.clone(),
         config: args.ipam_config(),
     };
+    let audit_context = AuditContext {
+        client: process.client.clone(),
+        config: args.audit_config(),
+        metrics: AuditMetrics::register(&mut registry),
+    };
+    let audit_task = audit::run(Arc::new(audit_context), leader_rx.clone(), stopped());
     let ipam_task = ipam::run(Arc::new(ipam), leader_rx, stopped());
 
     let (namespaces, namespaces_watch) = webhook::Namespaces::watch(process.client.clone());
@@ -305,6 +342,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         lease_task,
         controller_task,
         ipam_task,
+        audit_task,
         until(namespaces_watch, stopped()),
     );
     info!("stopped");

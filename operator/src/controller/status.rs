@@ -142,10 +142,12 @@ pub fn desired_status(policy: &Policy, outcome: &Verdict, now: Time) -> Option<P
         observed_generation: generation,
         last_transition_time,
     });
+    // The audit's time is the audit's to write (a merge patch leaves it as it is).
     Some(PolicyStatus {
         observed_generation: generation,
         conditions,
         enforcement,
+        last_audit_time: None,
     })
 }
 

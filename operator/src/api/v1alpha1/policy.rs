@@ -391,6 +391,10 @@ pub struct PolicyStatus {
     /// a Policy whose status says `InProcess` at its current generation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enforcement: Option<EnforcementPoint>,
+    /// When the last audit pass judged the stored objects this Policy matches (validating
+    /// Policies; the `Audited` condition says whether it covered every kind the Policy names).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_audit_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
 
 fn preserved_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {

@@ -182,6 +182,47 @@ fn validating(req: &Request, policy: &CompiledPolicy) -> Response {
     validating_with(policy, &Variables::new(req).activation())
 }
 
+/// What one `validate[]` rule made of a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RuleOutcome {
+    /// Its expression held.
+    Held,
+    /// Its expression was false: its action applies, with its message.
+    Violated(ValidationAction),
+    /// Its expression could not be evaluated: why, and whether the budget ran out.
+    Failed { error: String, over_budget: bool },
+}
+
+/// Each `validate[]` rule's outcome, by index, in order. As the API server, no rule runs once
+/// the call's budget is spent: the rules after it are missing.
+pub fn rule_outcomes(policy: &CompiledPolicy, vars: &cel::Activation<'_>) -> Vec<RuleOutcome> {
+    let mut outcomes = Vec::new();
+    let mut budget = CallBudget::validations();
+    for program in &policy.validations {
+        match program.eval_bool_within(vars, &mut budget) {
+            Ok(true) => outcomes.push(RuleOutcome::Held),
+            Ok(false) => {
+                let action = policy
+                    .spec()
+                    .validate
+                    .get(outcomes.len())
+                    .map_or(ValidationAction::Deny, |rule| rule.action);
+                outcomes.push(RuleOutcome::Violated(action));
+            }
+            Err(e) => {
+                outcomes.push(RuleOutcome::Failed {
+                    over_budget: matches!(e, cel::CelError::OverBudget(_)),
+                    error: e.to_string(),
+                });
+                if budget.ran_out() {
+                    break;
+                }
+            }
+        }
+    }
+    outcomes
+}
+
 /// The validating [`decide`] with the request's variables bound already.
 pub fn validating_with(policy: &CompiledPolicy, vars: &cel::Activation<'_>) -> Response {
     if !policy.has_validations() {
@@ -190,36 +231,34 @@ pub fn validating_with(policy: &CompiledPolicy, vars: &cel::Activation<'_>) -> R
     let (mut denials, mut failures, mut warnings) = (Vec::new(), Vec::new(), Vec::new());
     let mut ignored = false;
     let mut over_budget = false;
-    let mut budget = CallBudget::validations();
-    for (i, (rule, program)) in policy
+    for (i, (rule, outcome)) in policy
         .spec()
         .validate
         .iter()
-        .zip(&policy.validations)
+        .zip(rule_outcomes(policy, vars))
         .enumerate()
     {
-        match program.eval_bool_within(vars, &mut budget) {
-            Ok(true) => {}
-            Ok(false) => {
+        match outcome {
+            RuleOutcome::Held => {}
+            RuleOutcome::Violated(action) => {
                 let message = format!("{}: {}", prefix(policy), rule.message);
-                match rule.action {
+                match action {
                     ValidationAction::Deny => denials.push(message),
                     ValidationAction::Warn => warnings.push(message),
                 }
             }
-            Err(e) => {
-                over_budget |= matches!(e, cel::CelError::OverBudget(_));
-                let message = format!("{}: spec.validate[{i}].expression: {e}", prefix(policy));
+            RuleOutcome::Failed {
+                error,
+                over_budget: spent,
+            } => {
+                over_budget |= spent;
+                let message = format!("{}: spec.validate[{i}].expression: {error}", prefix(policy));
                 match policy.spec().failure_policy {
                     FailurePolicy::Fail => failures.push(message),
                     FailurePolicy::Ignore => {
                         warnings.push(format!("{message} (ignored: failurePolicy is Ignore)"));
                         ignored = true;
                     }
-                }
-                if budget.ran_out() {
-                    // As the API server: no further validation is run.
-                    break;
                 }
             }
         }

@@ -10,7 +10,8 @@ pub mod encode;
 pub mod request;
 
 pub use decision::{
-    Phase, Response, Status, decide, decide_in_place, decide_policy_object, validating_with,
+    Phase, Response, RuleOutcome, Status, decide, decide_in_place, decide_policy_object,
+    rule_outcomes, validating_with,
 };
 pub use encode::{encoded_review, review_value};
 pub use request::{

@@ -1,0 +1,265 @@
+//! The audit's judgement of one stored object, pure: the object as an UPDATE onto itself
+//! (`oldObject` = `object`, no user, as Gatekeeper's audit does), matched and judged by the
+//! admission engine, rule by rule.
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::api::reports::{ReportResult, ResourceReference, ResultKind, Timestamp};
+use crate::api::v1alpha1::{Operation, Policy, ValidationAction};
+use crate::engine::admission::{
+    GroupVersionKind, GroupVersionResource, Request, RuleOutcome, Variables, rule_outcomes,
+};
+use crate::engine::matcher::{self, Namespace};
+use crate::engine::policy::{self, CompiledPolicy, InvalidPolicy};
+
+/// The `source` of every result.
+pub const SOURCE: &str = "gatehouse";
+
+/// A kind the audit lists, as discovery gives it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AuditedKind {
+    pub group: String,
+    pub version: String,
+    pub resource: String,
+    pub kind: String,
+    pub namespaced: bool,
+}
+
+impl AuditedKind {
+    /// `apiVersion` of its objects.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+}
+
+/// The Policy as the audit runs it: every rule matches every operation (stored objects are
+/// judged whatever the operations their Policy admits), subresource rules left out (they name
+/// no stored object).
+pub fn audit_copy(p: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
+    let mut copy = p.clone();
+    copy.spec.match_.rules.retain(|r| {
+        r.resources.iter().all(|res| !res.contains('/'))
+            && r.operations
+                .iter()
+                .any(|o| matches!(o, Operation::All | Operation::Create | Operation::Update))
+    });
+    for rule in &mut copy.spec.match_.rules {
+        rule.operations = vec![Operation::All];
+    }
+    policy::compile(&copy)
+}
+
+/// The review the audit makes of `object`, of `kind`.
+pub fn audit_request(kind: &AuditedKind, object: &Value) -> Request {
+    let metadata = &object["metadata"];
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_string();
+    Request {
+        uid: format!("audit-{}", text(&metadata["uid"])),
+        kind: GroupVersionKind {
+            group: kind.group.clone(),
+            version: kind.version.clone(),
+            kind: kind.kind.clone(),
+        },
+        resource: GroupVersionResource {
+            group: kind.group.clone(),
+            version: kind.version.clone(),
+            resource: kind.resource.clone(),
+        },
+        sub_resource: None,
+        request_kind: None,
+        request_resource: None,
+        request_sub_resource: None,
+        name: text(&metadata["name"]),
+        namespace: text(&metadata["namespace"]),
+        operation: Operation::Update,
+        user_info: Default::default(),
+        object: Some(object.clone()),
+        old_object: Some(object.clone()),
+        dry_run: false,
+        options: None,
+    }
+}
+
+/// What one Policy made of one object.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Judgement {
+    /// The Policy does not match it.
+    NotMatched,
+    /// Matched: every rule that did not hold (empty when all held), as report results.
+    Judged(Vec<ReportResult>),
+}
+
+/// Judges `object` (of `kind`) by `policy` (an [`audit_copy`]); `namespace` holds the labels of
+/// its Namespace (for a namespaced object).
+pub fn judge(
+    policy: &CompiledPolicy,
+    kind: &AuditedKind,
+    object: &Value,
+    namespace: Namespace<'_>,
+    now: &Timestamp,
+) -> Judgement {
+    let req = audit_request(kind, object);
+    let reference = ResourceReference {
+        api_version: kind.api_version(),
+        kind: kind.kind.clone(),
+        namespace: req.namespace.clone(),
+        name: req.name.clone(),
+        uid: object["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    };
+    let result = |rule: String, result: ResultKind, severity: &str, message: String| ReportResult {
+        source: SOURCE.to_string(),
+        policy: policy.name().to_string(),
+        rule,
+        result,
+        severity: Some(severity.to_string()),
+        message,
+        resources: vec![reference.clone()],
+        timestamp: now.clone(),
+        scored: true,
+        properties: BTreeMap::new(),
+    };
+    match matcher::matches(&req, policy, namespace) {
+        Ok(false) => Judgement::NotMatched,
+        Err(e) => Judgement::Judged(vec![result(
+            "match".to_string(),
+            ResultKind::Error,
+            "high",
+            format!("the match could not be decided: {e}"),
+        )]),
+        Ok(true) => {
+            let variables = Variables::new(&req);
+            let outcomes = rule_outcomes(policy, &variables.activation());
+            let mut failing = Vec::new();
+            for (i, (rule, outcome)) in policy.spec().validate.iter().zip(outcomes).enumerate() {
+                let name = format!("validate[{i}]");
+                match outcome {
+                    RuleOutcome::Held => {}
+                    RuleOutcome::Violated(ValidationAction::Deny) => {
+                        failing.push(result(name, ResultKind::Fail, "high", rule.message.clone()))
+                    }
+                    RuleOutcome::Violated(ValidationAction::Warn) => failing.push(result(
+                        name,
+                        ResultKind::Warn,
+                        "medium",
+                        rule.message.clone(),
+                    )),
+                    RuleOutcome::Failed { error, .. } => failing.push(result(
+                        name,
+                        ResultKind::Error,
+                        "high",
+                        format!("spec.validate[{i}].expression: {error}"),
+                    )),
+                }
+            }
+            Judgement::Judged(failing)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pods() -> AuditedKind {
+        AuditedKind {
+            group: String::new(),
+            version: "v1".into(),
+            resource: "pods".into(),
+            kind: "Pod".into(),
+            namespaced: true,
+        }
+    }
+
+    fn team_policy(action: &str) -> Policy {
+        serde_json::from_value(json!({
+            "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy",
+            "metadata": {"name": "team"},
+            "spec": {
+                "match": {
+                    "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+                    "namespaceSelector": {"matchLabels": {"env": "prod"}},
+                },
+                "validate": [
+                    {"expression": "has(object.metadata.labels) && 'team' in object.metadata.labels", "message": "pods need a team label", "action": action},
+                    {"expression": "request.operation == 'UPDATE' && oldObject == object && request.userInfo.username == ''", "message": "an audit is an UPDATE onto itself without a user"},
+                ],
+            },
+        }))
+        .unwrap()
+    }
+
+    fn pod(labels: Value) -> Value {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "a", "uid": "u1", "labels": labels}, "spec": {}})
+    }
+
+    #[test]
+    fn a_create_only_rule_judges_stored_objects_as_updates_onto_themselves() {
+        let policy = audit_copy(&team_policy("Warn")).unwrap();
+        let prod = BTreeMap::from([("env".to_string(), "prod".to_string())]);
+        let now = Timestamp {
+            seconds: 10,
+            nanos: 0,
+        };
+        let Judgement::Judged(results) = judge(
+            &policy,
+            &pods(),
+            &pod(json!({})),
+            Namespace::Labels(&prod),
+            &now,
+        ) else {
+            panic!("not matched");
+        };
+        assert_eq!(results.len(), 1, "{results:?}");
+        let r = &results[0];
+        assert_eq!(
+            (r.rule.as_str(), r.result, r.message.as_str()),
+            ("validate[0]", ResultKind::Warn, "pods need a team label")
+        );
+        assert_eq!(r.resources[0].name, "p");
+        assert_eq!(r.resources[0].uid, "u1");
+        assert_eq!(
+            judge(
+                &policy,
+                &pods(),
+                &pod(json!({"team": "x"})),
+                Namespace::Labels(&prod),
+                &now
+            ),
+            Judgement::Judged(vec![])
+        );
+        // The namespace selector selects as in admission.
+        let dev = BTreeMap::from([("env".to_string(), "dev".to_string())]);
+        assert_eq!(
+            judge(
+                &policy,
+                &pods(),
+                &pod(json!({})),
+                Namespace::Labels(&dev),
+                &now
+            ),
+            Judgement::NotMatched
+        );
+        // Deny rules fail.
+        let deny = audit_copy(&team_policy("Deny")).unwrap();
+        let Judgement::Judged(results) = judge(
+            &deny,
+            &pods(),
+            &pod(json!({})),
+            Namespace::Labels(&prod),
+            &now,
+        ) else {
+            panic!("not matched");
+        };
+        assert_eq!(results[0].result, ResultKind::Fail);
+    }
+}

@@ -1,0 +1,197 @@
+//! The background audit: the leader judges the stored objects every validating Policy names
+//! (webhook or in-process alike, Deny and Warn rules) with the admission engine, and writes the
+//! results as `wgpolicyk8s.io` PolicyReports (per namespace) and ClusterPolicyReports (for
+//! cluster-scoped objects), one report per Policy and scope, replaced whole by every pass.
+//!
+//! A pass runs every `--audit-interval`, and soon after a Policy's generation changes. Objects
+//! are read with paginated LISTs of just the kinds the Policies name, at most `--audit-qps`
+//! calls per second, so the audit never crowds admission out of the API server. A kind
+//! Gatehouse may not list leaves its Policies `Audited=False` with the reason, never a silent
+//! gap; the grant is the aggregated ClusterRole `gatehouse-audit`.
+mod judge;
+mod pass;
+mod report;
+mod source;
+mod writes;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::Client;
+use kube::api::Api;
+use kube::runtime::watcher::{self, Event};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::api::v1alpha1::Policy;
+use crate::error_chain::chain;
+use crate::lease::Leadership;
+
+pub use judge::{AuditedKind, Judgement, audit_copy, audit_request, judge};
+pub use report::{POLICY_LABEL, Scope, TRUNCATED_ANNOTATION, Tally, report_name, report_object};
+
+/// Condition type saying whether the last audit pass covered every kind the Policy names.
+pub const AUDITED: &str = "Audited";
+
+/// The audit's settings (`gatehouse run` flags).
+#[derive(Clone, Debug)]
+pub struct AuditConfig {
+    /// Time between passes.
+    pub interval: Duration,
+    /// How long after a Policy's generation changes the next pass starts (changes close
+    /// together share one pass).
+    pub settle: Duration,
+    /// LIST calls per second, at most.
+    pub qps: f64,
+    /// Objects per LIST page.
+    pub page_size: u32,
+    /// Results listed per report, at most (the summary counts them all).
+    pub max_results: usize,
+    /// Namespaces admission never touches: not audited either.
+    pub excluded_namespaces: Vec<String>,
+}
+
+/// Labels of `gatehouse_audit_objects_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuditLabels {
+    pub policy: String,
+    /// `pass`, `fail`, `warn` or `error`: the worst of the object's results.
+    pub result: &'static str,
+}
+
+/// The audit's metrics.
+pub struct AuditMetrics {
+    pub objects: Family<AuditLabels, Counter>,
+    pub duration: Histogram,
+}
+
+impl AuditMetrics {
+    /// Registers them in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = AuditMetrics {
+            objects: Family::default(),
+            duration: Histogram::new(exponential_buckets(0.1, 2.0, 14)),
+        };
+        let audit = registry.sub_registry_with_prefix("audit");
+        audit.register(
+            "objects",
+            "Objects judged by the audit, by Policy and the worst result",
+            metrics.objects.clone(),
+        );
+        audit.register(
+            "duration_seconds",
+            "Duration of an audit pass",
+            metrics.duration.clone(),
+        );
+        metrics
+    }
+}
+
+/// Errors of the audit.
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    #[error("listing Policies")]
+    ListPolicies(#[source] kube::Error),
+    #[error("asking whether Gatehouse may list {resource}")]
+    AccessReview {
+        resource: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error(
+        "Gatehouse may not list {resource}{}: grant it through a ClusterRole labelled \
+         gatehouse.dev/aggregate-to-audit=\"true\" (aggregated into gatehouse-audit)",
+        if reason.is_empty() { String::new() } else { format!(" ({reason})") }
+    )]
+    NotAllowed { resource: String, reason: String },
+    #[error("listing {resource}")]
+    List {
+        resource: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("writing report {name}")]
+    WriteReport {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("deleting report {name}")]
+    DeleteReport {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("leadership ended during the pass")]
+    NotLeading,
+}
+
+/// What the audit loop shares.
+pub struct AuditContext {
+    pub client: Client,
+    pub config: AuditConfig,
+    pub metrics: AuditMetrics,
+}
+
+/// Runs the audit until `shutdown`: passes on the leader only.
+pub async fn run(
+    ctx: Arc<AuditContext>,
+    mut leader: watch::Receiver<Leadership>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let policies: Api<Policy> = Api::all(ctx.client.clone());
+    let mut events = watcher::watcher(policies, watcher::Config::default()).boxed();
+    // Generations seen, by Policy: a change brings the next pass forward.
+    let mut generations: HashMap<String, Option<i64>> = HashMap::new();
+    let mut due = Instant::now() + ctx.config.settle;
+    let mut was_leading = false;
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return,
+            event = events.next() => match event {
+                Some(Ok(Event::Apply(p) | Event::InitApply(p))) => {
+                    let name = p.metadata.name.clone().unwrap_or_default();
+                    if generations.insert(name, p.metadata.generation) != Some(p.metadata.generation)
+                        && !p.spec.validate.is_empty()
+                    {
+                        due = due.min(Instant::now() + ctx.config.settle);
+                    }
+                }
+                Some(Ok(Event::Delete(p))) => {
+                    generations.remove(&p.metadata.name.unwrap_or_default());
+                }
+                Some(Ok(Event::Init | Event::InitDone)) => {}
+                Some(Err(e)) => warn!(error = %chain(&e), "watching Policies for the audit"),
+                None => return,
+            },
+            _ = leader.changed() => {
+                // A new term audits soon: the last leader's passes say nothing of when.
+                let leading = leader.borrow().is_leading();
+                if leading && !was_leading {
+                    due = due.min(Instant::now() + ctx.config.settle);
+                }
+                was_leading = leading;
+            }
+            () = tokio::time::sleep_until(due) => {
+                if leader.borrow().is_leading() {
+                    let started = Instant::now();
+                    match pass::run_pass(&ctx, &leader).await {
+                        Ok(summary) => info!(%summary, "audit pass done"),
+                        Err(e) => warn!(error = %chain(&e), "audit pass failed; next pass retries"),
+                    }
+                    ctx.metrics.duration.observe(started.elapsed().as_secs_f64());
+                }
+                due = Instant::now() + ctx.config.interval;
+            }
+        }
+    }
+}

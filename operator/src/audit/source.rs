@@ -1,0 +1,179 @@
+//! What the audit reads from the API server: which kinds the Policies name (discovery), whether
+//! Gatehouse may list them (a SelfSubjectAccessReview), and their objects, page by page at a
+//! bounded rate: no watch cache of everything, memory bounded by the page size.
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
+use kube::discovery::{Scope, oneshot};
+use kube::{Client, core::GroupVersion};
+use serde_json::Value;
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+
+use super::AuditError;
+use super::judge::AuditedKind;
+
+/// Paces the audit's LIST calls: at most `qps` per second.
+pub struct Pace {
+    interval: Interval,
+}
+
+impl Pace {
+    pub fn new(qps: f64) -> Self {
+        let period = Duration::from_secs_f64(1.0 / qps.max(0.01));
+        let mut interval = tokio::time::interval_at(Instant::now(), period);
+        interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        Pace { interval }
+    }
+
+    async fn wait(&mut self) {
+        self.interval.tick().await;
+    }
+}
+
+/// The kind `resource` names in `group`/`version`, or why none.
+pub async fn resolve_kind(
+    client: &Client,
+    group: &str,
+    version: &str,
+    resource: &str,
+) -> Result<AuditedKind, String> {
+    let gv = GroupVersion::gv(group, version);
+    let served = oneshot::pinned_group(client, &gv)
+        .await
+        .map_err(|e| format!("the API server serves no {}: {e}", gv.api_version()))?;
+    served
+        .versioned_resources(version)
+        .into_iter()
+        .find(|(ar, _)| ar.plural == resource)
+        .map(|(ar, caps)| AuditedKind {
+            group: group.to_string(),
+            version: version.to_string(),
+            resource: resource.to_string(),
+            kind: ar.kind,
+            namespaced: caps.scope == Scope::Namespaced,
+        })
+        .ok_or_else(|| {
+            format!(
+                "the API server serves no resource {resource:?} in {}",
+                gv.api_version()
+            )
+        })
+}
+
+/// Whether Gatehouse may list `kind` in every namespace; `Err` with the reason when not.
+pub async fn may_list(client: &Client, kind: &AuditedKind) -> Result<(), AuditError> {
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                verb: Some("list".into()),
+                group: Some(kind.group.clone()),
+                version: Some(kind.version.clone()),
+                resource: Some(kind.resource.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: Api<SelfSubjectAccessReview> = Api::all(client.clone());
+    let answer = api
+        .create(&PostParams::default(), &review)
+        .await
+        .map_err(|source| AuditError::AccessReview {
+            resource: kind.resource.clone(),
+            source,
+        })?;
+    let status = answer.status.unwrap_or_default();
+    if status.allowed {
+        Ok(())
+    } else {
+        Err(AuditError::NotAllowed {
+            resource: if kind.group.is_empty() {
+                kind.resource.clone()
+            } else {
+                format!("{}.{}", kind.resource, kind.group)
+            },
+            reason: status.reason.unwrap_or_default(),
+        })
+    }
+}
+
+/// The labels of every Namespace, by name.
+pub async fn namespace_labels(
+    client: &Client,
+    page_size: u32,
+    pace: &mut Pace,
+) -> Result<BTreeMap<String, BTreeMap<String, String>>, AuditError> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    let mut labels = BTreeMap::new();
+    let mut token: Option<String> = None;
+    loop {
+        pace.wait().await;
+        let mut params = ListParams::default().limit(page_size);
+        if let Some(t) = &token {
+            params = params.continue_token(t);
+        }
+        let page = api
+            .list_metadata(&params)
+            .await
+            .map_err(|source| AuditError::List {
+                resource: "namespaces".into(),
+                source,
+            })?;
+        for ns in page.items {
+            labels.insert(
+                ns.metadata.name.unwrap_or_default(),
+                ns.metadata.labels.unwrap_or_default(),
+            );
+        }
+        token = page.metadata.continue_.filter(|t| !t.is_empty());
+        if token.is_none() {
+            return Ok(labels);
+        }
+    }
+}
+
+/// Lists every object of `kind`, a page at a time, paced, handing each page to `each_page`.
+pub async fn for_each_page(
+    client: &Client,
+    kind: &AuditedKind,
+    page_size: u32,
+    pace: &mut Pace,
+    mut each_page: impl FnMut(Vec<Value>),
+) -> Result<(), AuditError> {
+    let resource = ApiResource {
+        group: kind.group.clone(),
+        version: kind.version.clone(),
+        api_version: kind.api_version(),
+        kind: kind.kind.clone(),
+        plural: kind.resource.clone(),
+    };
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let mut token: Option<String> = None;
+    loop {
+        pace.wait().await;
+        let mut params = ListParams::default().limit(page_size);
+        if let Some(t) = &token {
+            params = params.continue_token(t);
+        }
+        let page = api.list(&params).await.map_err(|source| AuditError::List {
+            resource: kind.resource.clone(),
+            source,
+        })?;
+        token = page.metadata.continue_.clone().filter(|t| !t.is_empty());
+        let objects: Vec<Value> = page
+            .items
+            .into_iter()
+            .filter_map(|o| serde_json::to_value(o).ok())
+            .collect();
+        each_page(objects);
+        if token.is_none() {
+            return Ok(());
+        }
+    }
+}

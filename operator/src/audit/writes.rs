@@ -1,0 +1,206 @@
+//! What a pass writes: every Policy's reports (server-side apply, replaced whole), the deletion
+//! of reports no Policy has any more, and each Policy's `Audited` condition and last pass time.
+use std::collections::BTreeSet;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use serde_json::json;
+use tokio::sync::watch;
+use tracing::warn;
+
+use super::pass::AuditedPolicy;
+use super::report::{POLICY_LABEL, Scope, Tallies, report_name, report_object};
+use super::{AUDITED, AuditContext, AuditError};
+use crate::api::reports::{GROUP, ReportKind, VERSION};
+use crate::api::v1alpha1::Policy;
+use crate::controller::wiring::MANAGED_BY_LABEL;
+use crate::error_chain::chain;
+use crate::lease::Leadership;
+use crate::reconcile::{FIELD_MANAGER, fenced};
+
+fn report_resource(kind: ReportKind) -> ApiResource {
+    ApiResource {
+        group: GROUP.into(),
+        version: VERSION.into(),
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: kind.kind().into(),
+        plural: kind.plural().into(),
+    }
+}
+
+fn api(ctx: &AuditContext, scope: &Scope) -> Api<DynamicObject> {
+    match scope {
+        Scope::Namespace(ns) => Api::namespaced_with(
+            ctx.client.clone(),
+            ns,
+            &report_resource(ReportKind::Namespaced),
+        ),
+        Scope::Cluster => Api::all_with(ctx.client.clone(), &report_resource(ReportKind::Cluster)),
+    }
+}
+
+/// Writes every Policy's reports and deletes the Gatehouse reports not written; the number
+/// written. A Policy whose report could not be written gets the reason among its problems.
+pub async fn write_reports(
+    ctx: &AuditContext,
+    audited: &mut [AuditedPolicy],
+    tallies: &Tallies,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<usize, AuditError> {
+    let mut written: BTreeSet<(Scope, String)> = BTreeSet::new();
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    for entry in audited.iter_mut() {
+        let name = entry.name().to_string();
+        let uid = entry.policy.metadata.uid.clone().unwrap_or_default();
+        for (scope, tally) in tallies.get(&name).into_iter().flatten() {
+            let report = report_object(&name, &uid, scope, tally);
+            let report_name = report_name(&name);
+            let applied = fenced(
+                leader,
+                || format!("report {report_name}"),
+                api(ctx, scope).patch(&report_name, &params, &Patch::Apply(&report)),
+            )
+            .await
+            .map_err(|_| AuditError::NotLeading)?;
+            match applied {
+                Ok(_) => {
+                    written.insert((scope.clone(), report_name));
+                }
+                Err(source) => {
+                    let e = AuditError::WriteReport {
+                        name: report_name,
+                        source,
+                    };
+                    let reason = chain(&e).to_string();
+                    if !entry.problems.contains(&reason) {
+                        entry.problems.push(reason);
+                    }
+                }
+            }
+        }
+    }
+    // Reports of Policies gone, of scopes left without matched objects, and of Policies that
+    // no longer validate.
+    let selector = format!(
+        "{}={},{POLICY_LABEL}",
+        MANAGED_BY_LABEL.0, MANAGED_BY_LABEL.1
+    );
+    for kind in [ReportKind::Namespaced, ReportKind::Cluster] {
+        let all: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &report_resource(kind));
+        let existing = match all
+            .list_metadata(&ListParams::default().labels(&selector))
+            .await
+        {
+            Ok(list) => list.items,
+            // The report CRDs may not be installed: nothing to delete.
+            Err(e) => {
+                warn!(error = %chain(&e), kind = kind.kind(), "listing reports");
+                continue;
+            }
+        };
+        for report in existing {
+            let name = report.metadata.name.clone().unwrap_or_default();
+            let scope = match (kind, report.metadata.namespace.clone()) {
+                (ReportKind::Namespaced, Some(ns)) => Scope::Namespace(ns),
+                _ => Scope::Cluster,
+            };
+            if written.contains(&(scope.clone(), name.clone())) {
+                continue;
+            }
+            let deleted = fenced(
+                leader,
+                || format!("report {name}"),
+                api(ctx, &scope).delete(&name, &DeleteParams::default()),
+            )
+            .await
+            .map_err(|_| AuditError::NotLeading)?;
+            match deleted {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(source) => {
+                    let e = AuditError::DeleteReport { name, source };
+                    warn!(error = %chain(&e), "deleting a stale report");
+                }
+            }
+        }
+    }
+    Ok(written.len())
+}
+
+/// Sets each Policy's `Audited` condition and `status.lastAuditTime`. A Policy changed since
+/// the pass listed it is left for the next pass.
+pub async fn write_statuses(
+    ctx: &AuditContext,
+    audited: &[AuditedPolicy],
+    leader: &watch::Receiver<Leadership>,
+) {
+    let api: Api<Policy> = Api::all(ctx.client.clone());
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    for entry in audited {
+        let condition = audited_condition(entry, now.clone());
+        let mut conditions: Vec<Condition> = entry
+            .policy
+            .status
+            .as_ref()
+            .map(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let previous = conditions.iter().position(|c| c.type_ == AUDITED);
+        let condition = match previous.map(|i| conditions.remove(i)) {
+            Some(old) if old.status == condition.status => Condition {
+                last_transition_time: old.last_transition_time,
+                ..condition
+            },
+            _ => condition,
+        };
+        conditions.push(condition);
+        let patch = json!({
+            "metadata": {"resourceVersion": entry.policy.metadata.resource_version},
+            "status": {"conditions": conditions, "lastAuditTime": now},
+        });
+        let name = entry.name().to_string();
+        let written = fenced(
+            leader,
+            || format!("status of Policy {name}"),
+            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await;
+        match written {
+            Ok(Ok(_)) => {}
+            Ok(Err(kube::Error::Api(e))) if e.code == 404 || e.code == 409 => {}
+            Ok(Err(e)) => warn!(policy = %name, error = %chain(&e), "writing the audit status"),
+            Err(_) => return,
+        }
+    }
+}
+
+/// The `Audited` condition a pass gives `entry`.
+fn audited_condition(entry: &AuditedPolicy, now: Time) -> Condition {
+    let (status, reason, message) = if entry.problems.is_empty() {
+        (
+            "True",
+            "Audited",
+            format!(
+                "the last audit pass judged {} stored objects it matches",
+                entry.matched
+            ),
+        )
+    } else {
+        (
+            "False",
+            "NotAudited",
+            format!(
+                "the last audit pass judged {} stored objects it matches, but not all: {}",
+                entry.matched,
+                entry.problems.join("; ")
+            ),
+        )
+    };
+    Condition {
+        type_: AUDITED.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message,
+        observed_generation: entry.policy.metadata.generation,
+        last_transition_time: now,
+    }
+}

@@ -1,0 +1,326 @@
+//! The audit of stored objects (issue 29): validating Policies judged against what is already
+//! in the cluster, results in `wgpolicyk8s.io` PolicyReports and ClusterPolicyReports.
+
+use std::collections::BTreeSet;
+
+use anyhow::{Context, ensure};
+use gatehouse_e2e::instance::Options;
+use gatehouse_e2e::{Cluster, TestNamespace, await_condition};
+use serde_json::{Value, json};
+
+use crate::fixtures::{WAIT, apply, get_json, policy_object};
+use crate::install::install_rbac;
+use crate::scene::{Stage, scenario};
+
+/// Passes close together: every test sees a few.
+const INTERVAL: &str = "4s";
+
+/// The report CRDs, from the opt-in component.
+async fn install_report_crds(cluster: &Cluster) -> anyhow::Result<()> {
+    let dir = cluster.repo_root().join("config/reports");
+    cluster
+        .kubectl_ok(["apply", "-k", &dir.to_string_lossy()], None)
+        .await?;
+    cluster
+        .kubectl_ok(
+            [
+                "wait",
+                "--for=condition=Established",
+                "crd/policyreports.wgpolicyk8s.io",
+                "crd/clusterpolicyreports.wgpolicyk8s.io",
+            ],
+            None,
+        )
+        .await?;
+    Ok(())
+}
+
+/// The Gatehouse report of Policy `policy` (`-n namespace`, or the cluster's), once `ready`
+/// holds for it.
+async fn await_report(
+    cluster: &Cluster,
+    policy: &str,
+    namespace: Option<&str>,
+    what: &str,
+    ready: impl Fn(&Value) -> bool,
+) -> anyhow::Result<Value> {
+    let name = format!("gatehouse-{policy}");
+    await_condition(what, WAIT, || async {
+        let report = match namespace {
+            Some(ns) => get_json(cluster, &["policyreport", &name, "-n", ns]).await?,
+            None => get_json(cluster, &["clusterpolicyreport", &name]).await?,
+        };
+        Ok(report.filter(|r| ready(r)))
+    })
+    .await
+}
+
+/// The names of the objects a report lists.
+fn listed(report: &Value) -> BTreeSet<String> {
+    report["results"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["resources"][0]["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// The Policy's `Audited` condition, once its status is `status`.
+async fn await_audited(cluster: &Cluster, policy: &str, status: &str) -> anyhow::Result<Value> {
+    await_condition(
+        &format!("Policy {policy} Audited={status}"),
+        WAIT,
+        || async {
+            let Some(p) = get_json(cluster, &["policy", policy]).await? else {
+                return Ok(None);
+            };
+            let audited = p["status"]["conditions"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|c| c["type"] == "Audited"))
+                .cloned();
+            Ok(audited
+                .filter(|c| c["status"] == status && p["status"]["lastAuditTime"].is_string()))
+        },
+    )
+    .await
+}
+
+fn pod(name: &str, ns: &str, labels: Value) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {"containers": [{"name": "app", "image": "example.com/app:1"}]},
+    })
+}
+
+#[tokio::test]
+async fn a_warn_policy_applied_afterwards_reports_exactly_the_stored_pods_violating_it() {
+    let options = Options::url().arg("--audit-interval", INTERVAL);
+    scenario("gh-audit", options, async |scene| {
+        let cluster = scene.cluster;
+        install_report_crds(cluster).await?;
+        let ns = scene.ns().to_string();
+        // 30 Pods stored before the Policy exists; 10 lack the label.
+        let mut items = Vec::new();
+        for i in 0..30 {
+            let labels = if i % 3 == 0 {
+                json!({"app": "web"})
+            } else {
+                json!({"app": "web", "team": "a"})
+            };
+            items.push(pod(&format!("p{i:02}"), &ns, labels));
+        }
+        apply(cluster, &json!({"apiVersion": "v1", "kind": "List", "items": items})).await?;
+        let violating: BTreeSet<String> = (0..30)
+            .filter(|i| i % 3 == 0)
+            .map(|i| format!("p{i:02}"))
+            .collect();
+        let policy = scene.policy("team");
+        apply(
+            cluster,
+            &policy_object(
+                &policy,
+                json!({
+                    "enforcement": "Auto",
+                    "match": {
+                        "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                    },
+                    "validate": [{"expression": "has(object.metadata.labels) && 'team' in object.metadata.labels", "message": "every Pod needs a team label", "action": "Warn"}],
+                }),
+            ),
+        )
+        .await?;
+        let report = await_report(cluster, &policy, Some(&ns), "a report of 30 Pods", |r| {
+            r["summary"]["pass"].as_u64().unwrap_or(0) + r["summary"]["warn"].as_u64().unwrap_or(0) == 30
+        })
+        .await?;
+        ensure!(listed(&report) == violating, "listed {:?}, expected {violating:?}", listed(&report));
+        ensure!(
+            report["summary"] == json!({"pass": 20, "fail": 0, "warn": 10, "error": 0, "skip": 0}),
+            "{:#}",
+            report["summary"]
+        );
+        for result in report["results"].as_array().into_iter().flatten() {
+            ensure!(
+                result["result"] == "warn"
+                    && result["message"] == "every Pod needs a team label"
+                    && result["policy"] == policy.as_str()
+                    && result["source"] == "gatehouse"
+                    && result["resources"][0]["kind"] == "Pod"
+                    && result["resources"][0]["namespace"] == ns.as_str()
+                    && result["timestamp"]["seconds"].as_i64().is_some_and(|s| s > 0),
+                "{result:#}"
+            );
+        }
+        await_audited(cluster, &policy, "True").await?;
+        // The counts are printer columns.
+        let table = cluster
+            .kubectl_ok(["get", "policyreports", "-n", &ns], None)
+            .await?;
+        ensure!(
+            table.contains("PASS") && table.contains("WARN") && table.lines().any(|l| {
+                let cells: Vec<&str> = l.split_whitespace().collect();
+                cells.len() >= 6 && cells[1] == "20" && cells[3] == "10"
+            }),
+            "{table}"
+        );
+        let judged = scene
+            .gh
+            .metric_sum("gatehouse_audit_objects_total", "result=\"warn\"")
+            .await?;
+        ensure!(judged >= 10.0, "gatehouse_audit_objects_total warn = {judged}");
+        // Fixed: it leaves the report at the next pass.
+        cluster
+            .kubectl_ok(["label", "pod", "p00", "team=a", "-n", &ns], None)
+            .await?;
+        let report = await_report(cluster, &policy, Some(&ns), "p00 out of the report", |r| {
+            r["summary"]["warn"] == 9
+        })
+        .await?;
+        ensure!(!listed(&report).contains("p00") && listed(&report).len() == 9, "{report:#}");
+        // Deleting the Policy deletes its reports.
+        cluster.kubectl_ok(["delete", "policy", &policy], None).await?;
+        await_condition("the report gone with its Policy", WAIT, || async {
+            let report = get_json(cluster, &["policyreport", &format!("gatehouse-{policy}"), "-n", &ns]).await?;
+            Ok(report.is_none().then_some(()))
+        })
+        .await?;
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn cluster_scoped_objects_land_in_a_cluster_policy_report() {
+    let options = Options::url().arg("--audit-interval", INTERVAL);
+    scenario("gh-audit-cluster", options, async |scene| {
+        let cluster = scene.cluster;
+        install_report_crds(cluster).await?;
+        let mark = scene.policy("mark");
+        let (owned, unowned) = (
+            TestNamespace::new(cluster, "gh-audit-owned").await?,
+            TestNamespace::new(cluster, "gh-audit-unowned").await?,
+        );
+        cluster
+            .kubectl_ok(["label", "namespace", owned.name(), &format!("audit-mark={mark}"), "owner=platform"], None)
+            .await?;
+        cluster
+            .kubectl_ok(["label", "namespace", unowned.name(), &format!("audit-mark={mark}")], None)
+            .await?;
+        let policy = scene.policy("owner");
+        apply(
+            cluster,
+            &policy_object(
+                &policy,
+                json!({
+                    "enforcement": "Auto",
+                    "match": {
+                        "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces"], "scope": "Cluster"}],
+                        "objectSelector": {"matchLabels": {"audit-mark": mark}},
+                    },
+                    "validate": [{"expression": "'owner' in object.metadata.labels", "message": "a Namespace needs an owner"}],
+                }),
+            ),
+        )
+        .await?;
+        let report = await_report(cluster, &policy, None, "a cluster report of 2 Namespaces", |r| {
+            r["summary"]["pass"] == 1 && r["summary"]["fail"] == 1
+        })
+        .await?;
+        ensure!(report["kind"] == "ClusterPolicyReport", "{report:#}");
+        let result = &report["results"][0];
+        ensure!(
+            result["result"] == "fail"
+                && result["severity"] == "high"
+                && result["resources"][0]["kind"] == "Namespace"
+                && result["resources"][0]["name"] == unowned.name()
+                && result["message"] == "a Namespace needs an owner",
+            "{report:#}"
+        );
+        cluster.kubectl_ok(["delete", "policy", &policy], None).await?;
+        owned.cleanup().await?;
+        unowned.cleanup().await?;
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_kind_gatehouse_may_not_list_is_not_audited_until_the_aggregated_role_grants_it() {
+    gatehouse_e2e::run_test(|cluster| async move {
+        let stage = Stage::open(cluster, "gh-audit-rbac").await?;
+        let id = stage.id();
+        let _guards = [
+            cluster.delete_on_drop("clusterrole", "gatehouse", None),
+            cluster.delete_on_drop("clusterrolebinding", "gatehouse", None),
+            cluster.delete_on_drop("clusterrole", "gatehouse-audit", None),
+            cluster.delete_on_drop("clusterrole", "gatehouse-audit-default", None),
+            cluster.delete_on_drop("clusterrolebinding", "gatehouse-audit", None),
+        ];
+        install_rbac(cluster, stage.home()).await?;
+        install_report_crds(cluster).await?;
+        let kubeconfig = cluster
+            .service_account_kubeconfig(stage.home(), "gatehouse", &format!("kubeconfig-audit-{id}"))
+            .await?;
+        let options = Options::url()
+            .kubeconfig(kubeconfig)
+            .arg("--audit-interval", INTERVAL);
+        stage.start(options).await?.run(async |scene| {
+            let ns = scene.ns().to_string();
+            apply(
+                cluster,
+                &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "unowned", "namespace": ns}, "data": {"a": "b"}}),
+            )
+            .await?;
+            let policy = scene.policy("cm-owner");
+            apply(
+                cluster,
+                &policy_object(
+                    &policy,
+                    json!({
+                        "match": {
+                            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"], "scope": "Namespaced"}],
+                            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                        },
+                        "validate": [{"expression": "has(object.data) && 'owner' in object.data", "message": "a ConfigMap names its owner", "action": "Warn"}],
+                    }),
+                ),
+            )
+            .await?;
+            let refused = await_audited(cluster, &policy, "False").await?;
+            let message = refused["message"].as_str().unwrap_or_default();
+            ensure!(
+                message.contains("Gatehouse may not list configmaps")
+                    && message.contains("gatehouse.dev/aggregate-to-audit"),
+                "{refused:#}"
+            );
+            ensure!(
+                get_json(cluster, &["policyreport", &format!("gatehouse-{policy}"), "-n", &ns]).await?.is_none(),
+                "a report of a kind that was not listed"
+            );
+            // Granted through the aggregated role: audited.
+            let grant = format!("gh-audit-configmaps-{id}");
+            let _grant = cluster.delete_on_drop("clusterrole", &grant, None);
+            apply(
+                cluster,
+                &json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                    "metadata": {"name": grant, "labels": {"gatehouse.dev/aggregate-to-audit": "true"}},
+                    "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}],
+                }),
+            )
+            .await?;
+            await_audited(cluster, &policy, "True").await?;
+            let report = await_report(cluster, &policy, Some(&ns), "the ConfigMaps' report", |r| {
+                listed(r).contains("unowned")
+            })
+            .await?;
+            ensure!(report["summary"]["warn"].as_u64().unwrap_or(0) >= 1, "{report:#}");
+            cluster.kubectl_ok(["delete", "policy", &policy], None).await.context("deleting the Policy")?;
+            Ok(())
+        })
+        .await
+    })
+    .await;
+}
