@@ -2,10 +2,13 @@
 //! in the cluster, results in `wgpolicyk8s.io` PolicyReports and ClusterPolicyReports.
 
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use gatehouse_e2e::instance::Options;
 use gatehouse_e2e::{Cluster, TestNamespace, await_condition};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
 use crate::fixtures::{WAIT, apply, get_json, policy_object};
@@ -18,9 +21,14 @@ const INTERVAL: &str = "4s";
 /// The report CRDs, from the opt-in component.
 async fn install_report_crds(cluster: &Cluster) -> anyhow::Result<()> {
     let dir = cluster.repo_root().join("config/reports");
-    cluster
-        .kubectl_ok(["apply", "-k", &dir.to_string_lossy()], None)
-        .await?;
+    for file in [
+        "wgpolicyk8s.io_policyreports.yaml",
+        "wgpolicyk8s.io_clusterpolicyreports.yaml",
+    ] {
+        cluster
+            .kubectl_ok(["apply", "-f", &dir.join(file).to_string_lossy()], None)
+            .await?;
+    }
     cluster
         .kubectl_ok(
             [
@@ -321,6 +329,138 @@ async fn a_kind_gatehouse_may_not_list_is_not_audited_until_the_aggregated_role_
             Ok(())
         })
         .await
+    })
+    .await;
+}
+
+/// The 99th percentile of `samples` (sorted in place).
+fn p99(samples: &mut [Duration]) -> Duration {
+    samples.sort();
+    samples
+        .get((samples.len() * 99 / 100).min(samples.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or_default()
+}
+
+/// Creates Pods named `<prefix>-<worker>-<i>` in `ns` (server dry run) for `length`, `WORKERS`
+/// at a time, through Gatehouse's mutating webhook: each create's latency, or the first failure.
+async fn create_for(
+    client: &kube::Client,
+    ns: &str,
+    prefix: &str,
+    length: Duration,
+) -> anyhow::Result<Vec<Duration>> {
+    const WORKERS: usize = 8;
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + length;
+    let workers = (0..WORKERS).map(|w| {
+        let api = api.clone();
+        async move {
+            let mut latencies = Vec::new();
+            let mut i = 0;
+            while Instant::now() < deadline {
+                let name = format!("{prefix}-{w}-{i}");
+                let pod: Pod = serde_json::from_value(pod(&name, ns, json!({})))?;
+                let started = Instant::now();
+                let params = PostParams {
+                    dry_run: true,
+                    ..PostParams::default()
+                };
+                let created = api
+                    .create(&params, &pod)
+                    .await
+                    .with_context(|| format!("creating {name}"))?;
+                ensure!(
+                    created
+                        .metadata
+                        .labels
+                        .unwrap_or_default()
+                        .get("team")
+                        .map(String::as_str)
+                        == Some("platform"),
+                    "{name} was not mutated"
+                );
+                latencies.push(started.elapsed());
+                i += 1;
+            }
+            anyhow::Ok(latencies)
+        }
+    });
+    let per_worker = futures::future::try_join_all(workers).await?;
+    Ok(per_worker.into_iter().flatten().collect())
+}
+
+#[tokio::test]
+async fn admission_keeps_its_pace_while_the_audit_lists_and_judges() {
+    let options = Options::url().arg("--audit-interval", "2s");
+    scenario("gh-audit-load", options, async |scene| {
+        let cluster = scene.cluster;
+        install_report_crds(cluster).await?;
+        let ns = scene.ns().to_string();
+        let client = cluster.client().await?;
+        // What admission runs: a mutating Policy on Pods, on the webhook (mutating Policies are
+        // not audited: the audit's work is only the ConfigMaps below).
+        let images = scene.policy("label");
+        apply(
+            cluster,
+            &policy_object(
+                &images,
+                json!({
+                    "enforcement": "Webhook",
+                    "match": {
+                        "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                    },
+                    "mutate": [{"merge": {"metadata": {"labels": {"team": "platform"}}}}],
+                }),
+            ),
+        )
+        .await?;
+        crate::fixtures::await_ready(cluster, &images, "True").await?;
+        // What the audit reads: 1000 stored ConfigMaps (two pages).
+        let items: Vec<Value> = (0..1000)
+            .map(|i| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": format!("cm-{i}"), "namespace": ns}, "data": {"i": i.to_string()}}))
+            .collect();
+        apply(cluster, &json!({"apiVersion": "v1", "kind": "List", "items": items})).await?;
+        const LENGTH: Duration = Duration::from_secs(15);
+        let mut without = create_for(&client, &ns, "before", LENGTH).await?;
+        // Now every pass (one every 2 s) lists and judges the 1000 ConfigMaps.
+        let owners = scene.policy("owners");
+        apply(
+            cluster,
+            &policy_object(
+                &owners,
+                json!({
+                    "enforcement": "Webhook",
+                    "match": {
+                        "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["configmaps"], "scope": "Namespaced"}],
+                        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                    },
+                    "validate": [{"expression": "'owner' in object.data", "message": "a ConfigMap names its owner", "action": "Warn"}],
+                }),
+            ),
+        )
+        .await?;
+        await_report(cluster, &owners, Some(&ns), "the first pass over 1000 ConfigMaps", |r| {
+            r["summary"]["warn"].as_u64().unwrap_or(0) >= 1000
+        })
+        .await?;
+        let passes = || async {
+            scene.gh.metric_sum("gatehouse_audit_duration_seconds_count", "").await
+        };
+        let passes_before = passes().await?;
+        let mut during = create_for(&client, &ns, "during", LENGTH).await?;
+        let passes_during = passes().await? - passes_before;
+        ensure!(passes_during >= 2.0, "{passes_during} audit passes ran during the creates");
+        let (quiet, busy) = (p99(&mut without), p99(&mut during));
+        eprintln!(
+            "audit load: {} creates without a pass (p99 {quiet:?}), {} during {passes_during} \
+             passes (p99 {busy:?}), every one admitted: {:.2}x",
+            without.len(),
+            during.len(),
+            busy.as_secs_f64() / quiet.as_secs_f64().max(1e-9)
+        );
+        Ok(())
     })
     .await;
 }
