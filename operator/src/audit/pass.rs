@@ -183,8 +183,8 @@ pub async fn run_pass(
     if !leader.borrow().is_leading() {
         return Err(AuditError::NotLeading);
     }
-    let reports = write_reports(ctx, &mut audited, &tallies, leader).await?;
-    write_statuses(ctx, &audited, leader).await;
+    let reports = write_reports(ctx, &mut audited, &tallies, leader, &mut pace).await?;
+    write_statuses(ctx, &audited, leader, &mut pace).await;
     Ok(format!(
         "{} Policies, {} kinds, {objects} objects listed, {reports} reports",
         audited.len(),

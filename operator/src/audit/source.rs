@@ -17,7 +17,7 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 use super::AuditError;
 use super::judge::AuditedKind;
 
-/// Paces the audit's LIST calls: at most `qps` per second.
+/// Paces the audit's calls (LISTs and writes): at most `qps` per second.
 pub struct Pace {
     interval: Interval,
 }
@@ -30,7 +30,7 @@ impl Pace {
         Pace { interval }
     }
 
-    async fn wait(&mut self) {
+    pub async fn wait(&mut self) {
         self.interval.tick().await;
     }
 }

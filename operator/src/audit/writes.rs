@@ -1,5 +1,7 @@
 //! What a pass writes: every Policy's reports (server-side apply, replaced whole), the deletion
-//! of reports no Policy has any more, and each Policy's `Audited` condition and last pass time.
+//! of reports no Policy has any more, and each Policy's `Audited` condition and last pass time,
+//! at the pace of the LISTs (a server-side apply of a report is costly for the API server: the
+//! larger the report, the more; see `--audit-max-results`).
 use std::collections::BTreeSet;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -10,6 +12,7 @@ use tracing::warn;
 
 use super::pass::AuditedPolicy;
 use super::report::{POLICY_LABEL, Scope, Tallies, report_name, report_object};
+use super::source::Pace;
 use super::{AUDITED, AuditContext, AuditError};
 use crate::api::reports::{GROUP, ReportKind, VERSION};
 use crate::api::v1alpha1::Policy;
@@ -46,6 +49,7 @@ pub async fn write_reports(
     audited: &mut [AuditedPolicy],
     tallies: &Tallies,
     leader: &watch::Receiver<Leadership>,
+    pace: &mut Pace,
 ) -> Result<usize, AuditError> {
     let mut written: BTreeSet<(Scope, String)> = BTreeSet::new();
     let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -55,6 +59,7 @@ pub async fn write_reports(
         for (scope, tally) in tallies.get(&name).into_iter().flatten() {
             let report = report_object(&name, &uid, scope, tally);
             let report_name = report_name(&name);
+            pace.wait().await;
             let applied = fenced(
                 leader,
                 || format!("report {report_name}"),
@@ -107,6 +112,7 @@ pub async fn write_reports(
             if written.contains(&(scope.clone(), name.clone())) {
                 continue;
             }
+            pace.wait().await;
             let deleted = fenced(
                 leader,
                 || format!("report {name}"),
@@ -133,6 +139,7 @@ pub async fn write_statuses(
     ctx: &AuditContext,
     audited: &[AuditedPolicy],
     leader: &watch::Receiver<Leadership>,
+    pace: &mut Pace,
 ) {
     let api: Api<Policy> = Api::all(ctx.client.clone());
     let now = Time(k8s_openapi::jiff::Timestamp::now());
@@ -158,6 +165,7 @@ pub async fn write_statuses(
             "status": {"conditions": conditions, "lastAuditTime": now},
         });
         let name = entry.name().to_string();
+        pace.wait().await;
         let written = fenced(
             leader,
             || format!("status of Policy {name}"),

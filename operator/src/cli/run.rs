@@ -110,7 +110,8 @@ pub struct RunArgs {
     #[arg(long, env = "GATEHOUSE_AUDIT_INTERVAL", default_value = "1h", value_parser = super::duration::parse)]
     pub audit_interval: Duration,
 
-    /// The audit's LIST calls per second, at most: it must never crowd admission out.
+    /// The audit's calls per second (LISTs and report writes), at most: it must never crowd
+    /// admission out.
     #[arg(long, env = "GATEHOUSE_AUDIT_QPS", default_value_t = 5.0)]
     pub audit_qps: f64,
 
@@ -119,8 +120,9 @@ pub struct RunArgs {
     pub audit_page_size: u32,
 
     /// Results listed per report, at most (the summary counts them all, and a report listing
-    /// fewer says so in its gatehouse.dev/results-truncated annotation).
-    #[arg(long, env = "GATEHOUSE_AUDIT_MAX_RESULTS", default_value_t = 1000)]
+    /// fewer says so in its gatehouse.dev/results-truncated annotation). Every pass applies each
+    /// report whole: the API server's cost grows with this number.
+    #[arg(long, env = "GATEHOUSE_AUDIT_MAX_RESULTS", default_value_t = 100)]
     pub audit_max_results: usize,
 
     /// Log format: `plain` text or `json` lines. The level comes from RUST_LOG (default info).
@@ -328,7 +330,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         config: args.audit_config(),
         metrics: AuditMetrics::register(&mut registry),
     };
-    let audit_task = audit::run(Arc::new(audit_context), leader_rx.clone(), stopped());
+    // A task of its own: a pass judges pages of objects without awaiting, which must not hold
+    // up the lease, the controller and the effects loop that share this task.
+    let audit = tokio::spawn(audit::run(
+        Arc::new(audit_context),
+        leader_rx.clone(),
+        stopped(),
+    ));
+    let audit_task = async move {
+        if let Err(e) = audit.await {
+            error!(error = %e, "the audit task ended abnormally");
+        }
+    };
     let ipam_task = ipam::run(Arc::new(ipam), leader_rx, stopped());
 
     let (namespaces, namespaces_watch) = webhook::Namespaces::watch(process.client.clone());
