@@ -90,8 +90,11 @@ pub fn audit_request(kind: &AuditedKind, object: &Value) -> Request {
 pub enum Judgement {
     /// The Policy does not match it.
     NotMatched,
-    /// Matched: every rule that did not hold (empty when all held), as report results.
-    Judged(Vec<ReportResult>),
+    /// Matched: every rule that did not hold, as report results, and how many held.
+    Judged {
+        failing: Vec<ReportResult>,
+        held: u64,
+    },
 }
 
 /// Judges `object` (of `kind`) by `policy` (an [`audit_copy`]); `namespace` holds the labels of
@@ -128,20 +131,24 @@ pub fn judge(
     };
     match matcher::matches(&req, policy, namespace) {
         Ok(false) => Judgement::NotMatched,
-        Err(e) => Judgement::Judged(vec![result(
-            "match".to_string(),
-            ResultKind::Error,
-            "high",
-            format!("the match could not be decided: {e}"),
-        )]),
+        Err(e) => Judgement::Judged {
+            failing: vec![result(
+                "match".to_string(),
+                ResultKind::Error,
+                "high",
+                format!("the match could not be decided: {e}"),
+            )],
+            held: 0,
+        },
         Ok(true) => {
             let variables = Variables::new(&req);
             let outcomes = rule_outcomes(policy, &variables.activation());
             let mut failing = Vec::new();
+            let mut held = 0;
             for (i, (rule, outcome)) in policy.spec().validate.iter().zip(outcomes).enumerate() {
                 let name = format!("validate[{i}]");
                 match outcome {
-                    RuleOutcome::Held => {}
+                    RuleOutcome::Held => held += 1,
                     RuleOutcome::Violated(ValidationAction::Deny) => {
                         failing.push(result(name, ResultKind::Fail, "high", rule.message.clone()))
                     }
@@ -159,7 +166,7 @@ pub fn judge(
                     )),
                 }
             }
-            Judgement::Judged(failing)
+            Judgement::Judged { failing, held }
         }
     }
 }
@@ -210,16 +217,22 @@ mod tests {
             seconds: 10,
             nanos: 0,
         };
-        let Judgement::Judged(results) = judge(
+        let Judgement::Judged {
+            failing: results,
+            held,
+        } = judge(
             &policy,
             &pods(),
             &pod(json!({})),
             Namespace::Labels(&prod),
             &now,
-        ) else {
+        )
+        else {
             panic!("not matched");
         };
         assert_eq!(results.len(), 1, "{results:?}");
+        // The second rule (an audit is an UPDATE onto itself without a user) held.
+        assert_eq!(held, 1);
         let r = &results[0];
         assert_eq!(
             (r.rule.as_str(), r.result, r.message.as_str()),
@@ -235,7 +248,10 @@ mod tests {
                 Namespace::Labels(&prod),
                 &now
             ),
-            Judgement::Judged(vec![])
+            Judgement::Judged {
+                failing: vec![],
+                held: 2
+            }
         );
         // The namespace selector selects as in admission.
         let dev = BTreeMap::from([("env".to_string(), "dev".to_string())]);
@@ -251,13 +267,16 @@ mod tests {
         );
         // Deny rules fail.
         let deny = audit_copy(&team_policy("Deny")).unwrap();
-        let Judgement::Judged(results) = judge(
+        let Judgement::Judged {
+            failing: results, ..
+        } = judge(
             &deny,
             &pods(),
             &pod(json!({})),
             Namespace::Labels(&prod),
             &now,
-        ) else {
+        )
+        else {
             panic!("not matched");
         };
         assert_eq!(results[0].result, ResultKind::Fail);

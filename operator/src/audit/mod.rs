@@ -21,6 +21,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::Client;
 use kube::api::Api;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -36,7 +37,13 @@ use crate::error_chain::chain;
 use crate::lease::Leadership;
 
 pub use judge::{AuditedKind, Judgement, audit_copy, audit_request, judge};
-pub use report::{POLICY_LABEL, Scope, TRUNCATED_ANNOTATION, Tally, report_name, report_object};
+pub use report::{
+    POLICY_ANNOTATION, POLICY_UID_LABEL, Scope, TRUNCATED_ANNOTATION, Tally, report_name,
+    report_object,
+};
+
+/// How soon a failed pass is tried again (at most `--audit-interval`).
+const RETRY: Duration = Duration::from_secs(30);
 
 /// Condition type saying whether the last audit pass covered every kind the Policy names.
 pub const AUDITED: &str = "Audited";
@@ -149,7 +156,10 @@ pub async fn run(
 ) {
     tokio::pin!(shutdown);
     let policies: Api<Policy> = Api::all(ctx.client.clone());
-    let mut events = watcher::watcher(policies, watcher::Config::default()).boxed();
+    // Backoff: a failing watch (API server away, CRD missing) must not spin.
+    let mut events = watcher::watcher(policies, watcher::Config::default())
+        .default_backoff()
+        .boxed();
     // Generations seen, by Policy: a change brings the next pass forward.
     let mut generations: HashMap<String, Option<i64>> = HashMap::new();
     let mut due = Instant::now() + ctx.config.settle;
@@ -173,7 +183,10 @@ pub async fn run(
                 Some(Err(e)) => warn!(error = %chain(&e), "watching Policies for the audit"),
                 None => return,
             },
-            _ = leader.changed() => {
+            changed = leader.changed() => {
+                if changed.is_err() {
+                    return;
+                }
                 // A new term audits soon: the last leader's passes say nothing of when.
                 let leading = leader.borrow().is_leading();
                 if leading && !was_leading {
@@ -182,15 +195,23 @@ pub async fn run(
                 was_leading = leading;
             }
             () = tokio::time::sleep_until(due) => {
+                due = Instant::now() + ctx.config.interval;
                 if leader.borrow().is_leading() {
                     let started = Instant::now();
-                    match pass::run_pass(&ctx, &leader).await {
+                    // Shutdown does not wait for a pass.
+                    let outcome = tokio::select! {
+                        outcome = pass::run_pass(&ctx, &leader) => outcome,
+                        () = &mut shutdown => return,
+                    };
+                    match outcome {
                         Ok(summary) => info!(%summary, "audit pass done"),
-                        Err(e) => warn!(error = %chain(&e), "audit pass failed; next pass retries"),
+                        Err(e) => {
+                            warn!(error = %chain(&e), "audit pass failed; retried soon");
+                            due = due.min(Instant::now() + RETRY);
+                        }
                     }
                     ctx.metrics.duration.observe(started.elapsed().as_secs_f64());
                 }
-                due = Instant::now() + ctx.config.interval;
             }
         }
     }

@@ -151,7 +151,7 @@ pub async fn run_pass(
                 };
                 for &i in &members {
                     let entry = &mut audited[i];
-                    let Judgement::Judged(failing) =
+                    let Judgement::Judged { failing, held } =
                         judge(&entry.compiled, kind, &object, labels, &now)
                     else {
                         continue;
@@ -169,7 +169,7 @@ pub async fn run_pass(
                         .or_default()
                         .entry(scope.clone())
                         .or_default()
-                        .add(failing, config.max_results);
+                        .add(failing, held, config.max_results);
                 }
             }
         })

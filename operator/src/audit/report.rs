@@ -13,8 +13,11 @@ use crate::api::reports::{
 };
 use crate::controller::wiring::MANAGED_BY_LABEL;
 
-/// Label naming the Policy a report is about.
-pub const POLICY_LABEL: &str = "gatehouse.dev/policy";
+/// Label holding the UID of the Policy a report is about (a name may be longer than a label
+/// value can be).
+pub const POLICY_UID_LABEL: &str = "gatehouse.dev/policy-uid";
+/// Annotation naming the Policy a report is about.
+pub const POLICY_ANNOTATION: &str = "gatehouse.dev/policy";
 /// Annotation on a report that lists fewer results than it counts: `<listed> of <failing>`.
 pub const TRUNCATED_ANNOTATION: &str = "gatehouse.dev/results-truncated";
 
@@ -36,12 +39,10 @@ pub struct Tally {
 }
 
 impl Tally {
-    /// Counts one matched object's failing results (none: it passed), keeping at most `cap`.
-    pub fn add(&mut self, failing: Vec<ReportResult>, cap: usize) {
-        if failing.is_empty() {
-            self.summary.pass += 1;
-            return;
-        }
+    /// Counts one matched object's results: `held` rules passed, `failing` did not (kept, at
+    /// most `cap` in all).
+    pub fn add(&mut self, failing: Vec<ReportResult>, held: u64, cap: usize) {
+        self.summary.pass += held;
         for r in failing {
             match r.result {
                 ResultKind::Fail => self.summary.fail += 1,
@@ -92,7 +93,8 @@ pub fn report_object(policy: &str, uid: &str, scope: &Scope, tally: &Tally) -> V
     };
     let mut metadata = json!({
         "name": report_name(policy),
-        "labels": {MANAGED_BY_LABEL.0: MANAGED_BY_LABEL.1, POLICY_LABEL: policy},
+        "labels": {MANAGED_BY_LABEL.0: MANAGED_BY_LABEL.1, POLICY_UID_LABEL: uid},
+        "annotations": {POLICY_ANNOTATION: policy},
         // Reports go with their Policy.
         "ownerReferences": [{
             "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "name": policy, "uid": uid,
@@ -103,9 +105,8 @@ pub fn report_object(policy: &str, uid: &str, scope: &Scope, tally: &Tally) -> V
     }
     let failing = tally.results.len() as u64 + tally.left_out;
     if tally.left_out > 0 {
-        metadata["annotations"] = json!({
-            TRUNCATED_ANNOTATION: format!("{} of {failing}", tally.results.len()),
-        });
+        metadata["annotations"][TRUNCATED_ANNOTATION] =
+            json!(format!("{} of {failing}", tally.results.len()));
     }
     let body = ReportBody {
         summary: tally.summary.clone(),
@@ -147,14 +148,15 @@ mod tests {
     #[test]
     fn the_summary_counts_everything_and_the_results_stop_at_the_cap() {
         let mut tally = Tally::default();
-        tally.add(vec![], 2);
-        tally.add(vec![failing("a", ResultKind::Warn)], 2);
-        tally.add(vec![failing("b", ResultKind::Fail)], 2);
+        tally.add(vec![], 1, 2);
+        tally.add(vec![failing("a", ResultKind::Warn)], 0, 2);
+        tally.add(vec![failing("b", ResultKind::Fail)], 0, 2);
         tally.add(
             vec![
                 failing("c", ResultKind::Warn),
                 failing("c", ResultKind::Error),
             ],
+            0,
             2,
         );
         assert_eq!(
@@ -183,7 +185,13 @@ mod tests {
         let cluster = report_object("p", "uid-1", &Scope::Cluster, &Tally::default());
         assert_eq!(cluster["kind"], "ClusterPolicyReport");
         assert!(cluster["metadata"].get("namespace").is_none());
-        assert!(cluster["metadata"].get("annotations").is_none());
+        assert_eq!(cluster["metadata"]["annotations"][POLICY_ANNOTATION], "p");
+        assert!(
+            cluster["metadata"]["annotations"]
+                .get(TRUNCATED_ANNOTATION)
+                .is_none()
+        );
+        assert_eq!(cluster["metadata"]["labels"][POLICY_UID_LABEL], "uid-1");
     }
 
     #[test]

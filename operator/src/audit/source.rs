@@ -24,7 +24,14 @@ pub struct Pace {
 
 impl Pace {
     pub fn new(qps: f64) -> Self {
-        let period = Duration::from_secs_f64(1.0 / qps.max(0.01));
+        // Between 1 ms and 100 s, whatever the flag says (0, inf, NaN).
+        let seconds = 1.0 / qps;
+        let seconds = if seconds.is_nan() {
+            1.0
+        } else {
+            seconds.clamp(0.001, 100.0)
+        };
+        let period = Duration::from_secs_f64(seconds);
         let mut interval = tokio::time::interval_at(Instant::now(), period);
         interval.set_missed_tick_behavior(MissedTickBehavior::Delay);
         Pace { interval }
@@ -166,10 +173,16 @@ pub async fn for_each_page(
             source,
         })?;
         token = page.metadata.continue_.clone().filter(|t| !t.is_empty());
+        // A LIST's items lack apiVersion and kind; the object admission sees has them.
         let objects: Vec<Value> = page
             .items
             .into_iter()
             .filter_map(|o| serde_json::to_value(o).ok())
+            .map(|mut o| {
+                o["apiVersion"] = Value::String(kind.api_version());
+                o["kind"] = Value::String(kind.kind.clone());
+                o
+            })
             .collect();
         each_page(objects);
         if token.is_none() {

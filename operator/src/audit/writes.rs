@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use super::pass::AuditedPolicy;
-use super::report::{POLICY_LABEL, Scope, Tallies, report_name, report_object};
+use super::report::{POLICY_UID_LABEL, Scope, Tallies, report_name, report_object};
 use super::source::Pace;
 use super::{AUDITED, AuditContext, AuditError};
 use crate::api::reports::{GROUP, ReportKind, VERSION};
@@ -85,9 +85,15 @@ pub async fn write_reports(
         }
     }
     // Reports of Policies gone, of scopes left without matched objects, and of Policies that
-    // no longer validate.
+    // no longer validate; not of a Policy this pass could not fully list or write (its last
+    // reports stand until a pass succeeds).
+    let kept: BTreeSet<String> = audited
+        .iter()
+        .filter(|a| !a.problems.is_empty())
+        .filter_map(|a| a.policy.metadata.uid.clone())
+        .collect();
     let selector = format!(
-        "{}={},{POLICY_LABEL}",
+        "{}={},{POLICY_UID_LABEL}",
         MANAGED_BY_LABEL.0, MANAGED_BY_LABEL.1
     );
     for kind in [ReportKind::Namespaced, ReportKind::Cluster] {
@@ -109,7 +115,14 @@ pub async fn write_reports(
                 (ReportKind::Namespaced, Some(ns)) => Scope::Namespace(ns),
                 _ => Scope::Cluster,
             };
-            if written.contains(&(scope.clone(), name.clone())) {
+            let owner = report
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(POLICY_UID_LABEL))
+                .cloned()
+                .unwrap_or_default();
+            if written.contains(&(scope.clone(), name.clone())) || kept.contains(&owner) {
                 continue;
             }
             pace.wait().await;
