@@ -8,7 +8,7 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, ObjectList, PostParams};
 use kube::discovery::{Scope, oneshot};
 use kube::{Client, core::GroupVersion};
 use serde_json::Value;
@@ -110,6 +110,38 @@ pub async fn may_list(client: &Client, kind: &AuditedKind) -> Result<(), AuditEr
     }
 }
 
+/// Every page of a LIST, paced: `list` fetches the page the parameters say; each page's items
+/// go to `each_page`. `resource` names what is listed, for errors.
+async fn for_each_list_page<T, Fut>(
+    page_size: u32,
+    pace: &mut Pace,
+    resource: &str,
+    mut list: impl FnMut(ListParams) -> Fut,
+    mut each_page: impl FnMut(Vec<T>),
+) -> Result<(), AuditError>
+where
+    T: Clone,
+    Fut: std::future::Future<Output = kube::Result<ObjectList<T>>>,
+{
+    let mut token: Option<String> = None;
+    loop {
+        pace.wait().await;
+        let mut params = ListParams::default().limit(page_size);
+        if let Some(t) = &token {
+            params = params.continue_token(t);
+        }
+        let page = list(params).await.map_err(|source| AuditError::List {
+            resource: resource.to_string(),
+            source,
+        })?;
+        token = page.metadata.continue_.clone().filter(|t| !t.is_empty());
+        each_page(page.items);
+        if token.is_none() {
+            return Ok(());
+        }
+    }
+}
+
 /// The labels of every Namespace, by name.
 pub async fn namespace_labels(
     client: &Client,
@@ -118,31 +150,25 @@ pub async fn namespace_labels(
 ) -> Result<BTreeMap<String, BTreeMap<String, String>>, AuditError> {
     let api: Api<Namespace> = Api::all(client.clone());
     let mut labels = BTreeMap::new();
-    let mut token: Option<String> = None;
-    loop {
-        pace.wait().await;
-        let mut params = ListParams::default().limit(page_size);
-        if let Some(t) = &token {
-            params = params.continue_token(t);
-        }
-        let page = api
-            .list_metadata(&params)
-            .await
-            .map_err(|source| AuditError::List {
-                resource: "namespaces".into(),
-                source,
-            })?;
-        for ns in page.items {
-            labels.insert(
-                ns.metadata.name.unwrap_or_default(),
-                ns.metadata.labels.unwrap_or_default(),
-            );
-        }
-        token = page.metadata.continue_.filter(|t| !t.is_empty());
-        if token.is_none() {
-            return Ok(labels);
-        }
-    }
+    for_each_list_page(
+        page_size,
+        pace,
+        "namespaces",
+        |params| {
+            let api = api.clone();
+            async move { api.list_metadata(&params).await }
+        },
+        |page| {
+            for ns in page {
+                labels.insert(
+                    ns.metadata.name.unwrap_or_default(),
+                    ns.metadata.labels.unwrap_or_default(),
+                );
+            }
+        },
+    )
+    .await?;
+    Ok(labels)
 }
 
 /// Lists every object of `kind`, a page at a time, paced, handing each page to `each_page`.
@@ -161,32 +187,27 @@ pub async fn for_each_page(
         plural: kind.resource.clone(),
     };
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-    let mut token: Option<String> = None;
-    loop {
-        pace.wait().await;
-        let mut params = ListParams::default().limit(page_size);
-        if let Some(t) = &token {
-            params = params.continue_token(t);
-        }
-        let page = api.list(&params).await.map_err(|source| AuditError::List {
-            resource: kind.resource.clone(),
-            source,
-        })?;
-        token = page.metadata.continue_.clone().filter(|t| !t.is_empty());
-        // A LIST's items lack apiVersion and kind; the object admission sees has them.
-        let objects: Vec<Value> = page
-            .items
-            .into_iter()
-            .filter_map(|o| serde_json::to_value(o).ok())
-            .map(|mut o| {
-                o["apiVersion"] = Value::String(kind.api_version());
-                o["kind"] = Value::String(kind.kind.clone());
-                o
-            })
-            .collect();
-        each_page(objects);
-        if token.is_none() {
-            return Ok(());
-        }
-    }
+    for_each_list_page(
+        page_size,
+        pace,
+        &kind.resource,
+        |params| {
+            let api = api.clone();
+            async move { api.list(&params).await }
+        },
+        |page| {
+            // A LIST's items lack apiVersion and kind; the object admission sees has them.
+            let objects: Vec<Value> = page
+                .into_iter()
+                .filter_map(|o| serde_json::to_value(o).ok())
+                .map(|mut o| {
+                    o["apiVersion"] = Value::String(kind.api_version());
+                    o["kind"] = Value::String(kind.kind.clone());
+                    o
+                })
+                .collect();
+            each_page(objects);
+        },
+    )
+    .await
 }
