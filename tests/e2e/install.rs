@@ -75,7 +75,8 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
             ] {
                 apply(cluster, &doc).await?;
             }
-            await_ready(cluster, &inject, "True").await?;
+            let injected = await_ready(cluster, &inject, "True").await?;
+            ensure!(injected["reason"] == "InProcess", "{injected}");
             await_ready(cluster, &ipam, "True").await?;
             let in_process = await_ready(cluster, &limits, "True").await?;
             ensure!(in_process["reason"] == "InProcess", "{in_process}");
@@ -100,6 +101,8 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
                 ("validatingwebhookconfiguration", "gatehouse"),
                 ("validatingadmissionpolicy", generated.as_str()),
                 ("validatingadmissionpolicybinding", generated.as_str()),
+                ("mutatingadmissionpolicy", "gatehouse-mutating"),
+                ("mutatingadmissionpolicybinding", "gatehouse-mutating"),
             ] {
                 let cfg = get_json(cluster, &[kind, name]).await?.context("configuration")?;
                 let owner = &cfg["metadata"]["ownerReferences"][0];
@@ -142,18 +145,23 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
                 let v = get_json(cluster, &["validatingwebhookconfiguration", "gatehouse"]).await?;
                 let generated = cluster
                     .kubectl_ok(
-                        ["get", "validatingadmissionpolicy,validatingadmissionpolicybinding", "-l", "app.kubernetes.io/managed-by=gatehouse", "-o", "name"],
+                        ["get", "validatingadmissionpolicy,validatingadmissionpolicybinding,mutatingadmissionpolicy,mutatingadmissionpolicybinding", "-l", "app.kubernetes.io/managed-by=gatehouse", "-o", "name"],
                         None,
                     )
                     .await?;
                 Ok((m.is_none() && v.is_none() && generated.trim().is_empty()).then_some(()))
             })
             .await?;
-            // The API server drops a deleted admission policy from its cache a moment later.
+            // The API server drops a deleted admission policy from its cache a moment later: wait
+            // until neither the validating nor the mutating one acts on a dry run.
             let unlimited = pod("bare", &ns).replace("    resources: {limits: {cpu: 100m, memory: 64Mi}}\n", "");
-            await_condition("a Pod without limits admitted after uninstalling", WAIT, || async {
-                let out = cluster.kubectl_output(["create", "--dry-run=server", "-f", "-"], Some(&unlimited)).await?;
-                Ok(out.status.success().then_some(()))
+            await_condition("a Pod without limits admitted unmutated after uninstalling", WAIT, || async {
+                let out = cluster.kubectl_output(["create", "--dry-run=server", "-f", "-", "-o", "json"], Some(&unlimited)).await?;
+                if !out.status.success() {
+                    return Ok(None);
+                }
+                let previewed: Value = serde_json::from_slice(&out.stdout)?;
+                Ok((container_names(&previewed) == ["app"]).then_some(()))
             })
             .await?;
             let out = cluster.kubectl_output(["create", "-f", "-", "-o", "json"], Some(&pod("after", &ns))).await?;
