@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, ensure};
 use futures::StreamExt;
 use gatehouse_e2e::cpu::{cpu_snapshot, processes};
-use gatehouse_e2e::instance::{Gatehouse, Options, ensure_crds};
-use gatehouse_e2e::{Cluster, TestNamespace, await_condition, cluster};
+use gatehouse_e2e::instance::{Gatehouse, Options, ensure_crds, ensure_report_crds};
+use gatehouse_e2e::{TestNamespace, await_condition, cluster};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::Api;
 use kube::api::PostParams;
@@ -80,19 +80,6 @@ fn p99(samples: &mut [Duration]) -> Duration {
         .unwrap_or_default()
 }
 
-async fn install_report_crds(cluster: &Cluster) -> anyhow::Result<()> {
-    let dir = cluster.repo_root().join("config/reports");
-    for file in [
-        "wgpolicyk8s.io_policyreports.yaml",
-        "wgpolicyk8s.io_clusterpolicyreports.yaml",
-    ] {
-        cluster
-            .kubectl_ok(["apply", "-f", &dir.join(file).to_string_lossy()], None)
-            .await?;
-    }
-    Ok(())
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let config_maps = env_usize("CONFIGMAPS", 10_000);
@@ -102,7 +89,7 @@ async fn main() -> anyhow::Result<()> {
     let max_results = env_usize("MAX_RESULTS", 100);
     let cluster = cluster().await;
     ensure_crds(cluster).await?;
-    install_report_crds(cluster).await?;
+    ensure_report_crds(cluster).await?;
     let home = TestNamespace::new(cluster, "bench-home").await?;
     let stored = TestNamespace::new(cluster, "bench-audit").await?;
     let admitted = TestNamespace::new(cluster, "bench-admit").await?;

@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
-use gatehouse_e2e::instance::Options;
+use gatehouse_e2e::instance::{Options, ensure_report_crds};
 use gatehouse_e2e::{Cluster, TestNamespace, await_condition};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
@@ -17,31 +17,6 @@ use crate::scene::{Stage, scenario};
 
 /// Passes close together: every test sees a few.
 const INTERVAL: &str = "4s";
-
-/// The report CRDs, from the opt-in component.
-async fn install_report_crds(cluster: &Cluster) -> anyhow::Result<()> {
-    let dir = cluster.repo_root().join("config/reports");
-    for file in [
-        "wgpolicyk8s.io_policyreports.yaml",
-        "wgpolicyk8s.io_clusterpolicyreports.yaml",
-    ] {
-        cluster
-            .kubectl_ok(["apply", "-f", &dir.join(file).to_string_lossy()], None)
-            .await?;
-    }
-    cluster
-        .kubectl_ok(
-            [
-                "wait",
-                "--for=condition=Established",
-                "crd/policyreports.wgpolicyk8s.io",
-                "crd/clusterpolicyreports.wgpolicyk8s.io",
-            ],
-            None,
-        )
-        .await?;
-    Ok(())
-}
 
 /// The Gatehouse report of Policy `policy` (`-n namespace`, or the cluster's), once `ready`
 /// holds for it.
@@ -106,7 +81,7 @@ async fn a_warn_policy_applied_afterwards_reports_exactly_the_stored_pods_violat
     let options = Options::url().arg("--audit-interval", INTERVAL);
     scenario("gh-audit", options, async |scene| {
         let cluster = scene.cluster;
-        install_report_crds(cluster).await?;
+        ensure_report_crds(cluster).await?;
         let ns = scene.ns().to_string();
         // 30 Pods stored before the Policy exists; 10 lack the label.
         let mut items = Vec::new();
@@ -162,6 +137,14 @@ async fn a_warn_policy_applied_afterwards_reports_exactly_the_stored_pods_violat
             );
         }
         await_audited(cluster, &policy, "True").await?;
+        // So is the condition, on the Policy.
+        let table = cluster.kubectl_ok(["get", "policy", &policy], None).await?;
+        let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
+        let column = rows.first().and_then(|h| h.iter().position(|c| *c == "AUDITED"));
+        ensure!(
+            column.is_some_and(|i| rows.get(1).and_then(|r| r.get(i)) == Some(&"True")),
+            "{table}"
+        );
         // The counts are printer columns.
         let table = cluster
             .kubectl_ok(["get", "policyreports", "-n", &ns], None)
@@ -204,7 +187,7 @@ async fn cluster_scoped_objects_land_in_a_cluster_policy_report() {
     let options = Options::url().arg("--audit-interval", INTERVAL);
     scenario("gh-audit-cluster", options, async |scene| {
         let cluster = scene.cluster;
-        install_report_crds(cluster).await?;
+        ensure_report_crds(cluster).await?;
         let mark = scene.policy("mark");
         let (owned, unowned) = (
             TestNamespace::new(cluster, "gh-audit-owned").await?,
@@ -255,6 +238,114 @@ async fn cluster_scoped_objects_land_in_a_cluster_policy_report() {
 }
 
 #[tokio::test]
+async fn what_the_audit_cannot_judge_is_said_and_policies_that_stop_validating_drop_their_audit() {
+    let options = Options::url()
+        .arg("--audit-interval", INTERVAL)
+        .arg("--audit-max-results", "1000");
+    scenario("gh-audit-edges", options, async |scene| {
+        let cluster = scene.cluster;
+        ensure_report_crds(cluster).await?;
+        let ns = scene.ns().to_string();
+        apply(cluster, &pod("unlabelled", &ns, json!({"app": "web"}))).await?;
+        let selector = json!({"matchLabels": {"kubernetes.io/metadata.name": ns}});
+        let team = json!([{"expression": "has(object.metadata.labels) && 'team' in object.metadata.labels", "message": "needs a team", "action": "Warn"}]);
+        // Groups and resources multiply as in the API server: apps/pods and core/deployments
+        // exist nowhere, and are no gap; a subresource beside them is no stored object.
+        let crossed = scene.policy("crossed");
+        apply(
+            cluster,
+            &policy_object(
+                &crossed,
+                json!({
+                    "match": {
+                        "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": ["", "apps"], "apiVersions": ["v1"], "resources": ["pods", "deployments", "pods/status"], "scope": "Namespaced"}],
+                        "namespaceSelector": selector,
+                    },
+                    "validate": team,
+                }),
+            ),
+        )
+        .await?;
+        // Only the API server can say what the requesting user may do; an audit has no user.
+        let by_user = scene.policy("by-user");
+        apply(
+            cluster,
+            &policy_object(
+                &by_user,
+                json!({
+                    "match": {
+                        "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
+                        "namespaceSelector": selector,
+                        "conditions": [{"name": "not-admin", "expression": "!authorizer.requestResource.check('delete').allowed()"}],
+                    },
+                    "validate": team,
+                }),
+            ),
+        )
+        .await?;
+        // Every Namespace, but never the ones admission leaves alone.
+        let namespaces = scene.policy("namespaces");
+        apply(
+            cluster,
+            &policy_object(
+                &namespaces,
+                json!({
+                    "match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces"], "scope": "Cluster"}]},
+                    "validate": [
+                        {"expression": "request.namespace == object.metadata.name", "message": "request.namespace is not the Namespace's name"},
+                        {"expression": "false", "message": "listed", "action": "Warn"},
+                    ],
+                }),
+            ),
+        )
+        .await?;
+        let audited = await_audited(cluster, &crossed, "True").await?;
+        ensure!(audited["message"].as_str().unwrap_or_default().contains("judged 1 "), "{audited:#}");
+        let report = await_report(cluster, &crossed, Some(&ns), "the crossed Policy's report", |r| r["summary"]["warn"] == 1).await?;
+        ensure!(listed(&report) == BTreeSet::from(["unlabelled".to_string()]), "{report:#}");
+        let refused = await_audited(cluster, &by_user, "False").await?;
+        ensure!(refused["message"].as_str().unwrap_or_default().contains("authorizer"), "{refused:#}");
+        // A Namespace's request names the Namespace itself, as the API server's does.
+        let report = await_report(cluster, &namespaces, None, "the Namespaces' report", |r| listed(r).contains(&ns)).await?;
+        let names = listed(&report);
+        for system in ["kube-system", "kube-node-lease", scene.home()] {
+            ensure!(!names.contains(system), "{system} audited: {names:?}");
+        }
+        ensure!(report["summary"]["error"] == 0 && report["summary"]["fail"] == 0, "{report:#}");
+
+        // No validate rules any more: the audit's condition, time and report go.
+        apply(
+            cluster,
+            &policy_object(
+                &crossed,
+                json!({
+                    "match": {
+                        "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
+                        "namespaceSelector": selector,
+                    },
+                    "mutate": [{"merge": {"metadata": {"labels": {"audited": "no"}}}}],
+                }),
+            ),
+        )
+        .await?;
+        await_condition("the audit's status gone from a Policy that no longer validates", WAIT, || async {
+            let Some(p) = get_json(cluster, &["policy", &crossed]).await? else {
+                return Ok(None);
+            };
+            let audited = p["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == "Audited");
+            let report = get_json(cluster, &["policyreport", &format!("gatehouse-{crossed}"), "-n", &ns]).await?;
+            Ok((!audited && p["status"]["lastAuditTime"].is_null() && report.is_none()).then_some(()))
+        })
+        .await?;
+        for p in [&crossed, &by_user, &namespaces] {
+            cluster.kubectl_ok(["delete", "policy", p], None).await?;
+        }
+        Ok(())
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_kind_gatehouse_may_not_list_is_not_audited_until_the_aggregated_role_grants_it() {
     gatehouse_e2e::run_test(|cluster| async move {
         let stage = Stage::open(cluster, "gh-audit-rbac").await?;
@@ -267,7 +358,7 @@ async fn a_kind_gatehouse_may_not_list_is_not_audited_until_the_aggregated_role_
             cluster.delete_on_drop("clusterrolebinding", "gatehouse-audit", None),
         ];
         install_rbac(cluster, stage.home()).await?;
-        install_report_crds(cluster).await?;
+        ensure_report_crds(cluster).await?;
         let kubeconfig = cluster
             .service_account_kubeconfig(stage.home(), "gatehouse", &format!("kubeconfig-audit-{id}"))
             .await?;
@@ -395,7 +486,7 @@ async fn admission_keeps_its_pace_while_the_audit_lists_and_judges() {
     let options = Options::url().arg("--audit-interval", "2s");
     scenario("gh-audit-load", options, async |scene| {
         let cluster = scene.cluster;
-        install_report_crds(cluster).await?;
+        ensure_report_crds(cluster).await?;
         let ns = scene.ns().to_string();
         let client = cluster.client().await?;
         // What admission runs: a mutating Policy on Pods, on the webhook (mutating Policies are

@@ -139,37 +139,84 @@ pub async fn ensure_crds(cluster: &Cluster) -> anyhow::Result<()> {
                     None,
                 )
                 .await?;
-            // Polled rather than `kubectl wait`: that fails outright on a CRD whose status has
-            // no conditions yet, as one just applied may not.
-            for crd in [
-                "policies.gatehouse.dev",
-                "ippools.gatehouse.dev",
-                "ipallocations.gatehouse.dev",
-            ] {
-                await_condition(
-                    &format!("CRD {crd} established"),
-                    Duration::from_secs(60),
-                    || async {
-                        let established = cluster
-                            .kubectl_ok(
-                                [
-                                    "get",
-                                    "crd",
-                                    crd,
-                                    "-o",
-                                    "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
-                                ],
-                                None,
-                            )
-                            .await?;
-                        Ok((established.trim() == "True").then_some(()))
-                    },
-                )
-                .await?;
-            }
-            Ok::<(), anyhow::Error>(())
+            await_established(
+                cluster,
+                &[
+                    "policies.gatehouse.dev",
+                    "ippools.gatehouse.dev",
+                    "ipallocations.gatehouse.dev",
+                ],
+            )
+            .await
         })
         .await?;
+    Ok(())
+}
+
+/// Installs the PolicyReport CRDs from the opt-in component `config/reports` (once per test
+/// process), as a user who wants the audit's reports does.
+pub async fn ensure_report_crds(cluster: &Cluster) -> anyhow::Result<()> {
+    static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    INSTALLED
+        .get_or_try_init(|| async {
+            // A kustomize Component is no root of its own: its files, one by one.
+            let dir = cluster.repo_root().join("config/reports");
+            for file in [
+                "wgpolicyk8s.io_policyreports.yaml",
+                "wgpolicyk8s.io_clusterpolicyreports.yaml",
+            ] {
+                let path = dir.join(file);
+                cluster
+                    .kubectl_ok(
+                        [
+                            "apply",
+                            "--server-side",
+                            "--force-conflicts",
+                            "-f",
+                            &path.to_string_lossy(),
+                        ],
+                        None,
+                    )
+                    .await?;
+            }
+            await_established(
+                cluster,
+                &[
+                    "policyreports.wgpolicyk8s.io",
+                    "clusterpolicyreports.wgpolicyk8s.io",
+                ],
+            )
+            .await
+        })
+        .await?;
+    Ok(())
+}
+
+/// Waits until every CRD of `crds` is Established. Polled rather than `kubectl wait`: that
+/// fails outright on a CRD whose status has no conditions yet, as one just applied may not.
+async fn await_established(cluster: &Cluster, crds: &[&str]) -> anyhow::Result<()> {
+    for crd in crds {
+        await_condition(
+            &format!("CRD {crd} established"),
+            Duration::from_secs(60),
+            || async {
+                let established = cluster
+                    .kubectl_ok(
+                        [
+                            "get",
+                            "crd",
+                            crd,
+                            "-o",
+                            "jsonpath={.status.conditions[?(@.type==\"Established\")].status}",
+                        ],
+                        None,
+                    )
+                    .await?;
+                Ok((established.trim() == "True").then_some(()))
+            },
+        )
+        .await?;
+    }
     Ok(())
 }
 

@@ -27,6 +27,11 @@ pub struct AuditedKind {
 }
 
 impl AuditedKind {
+    /// Whether these are Namespaces (cluster-scoped, yet their requests name a namespace).
+    pub fn is_namespace(&self) -> bool {
+        self.group.is_empty() && self.version == "v1" && self.resource == "namespaces"
+    }
+
     /// `apiVersion` of its objects.
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {
@@ -37,13 +42,43 @@ impl AuditedKind {
     }
 }
 
-/// The Policy as the audit runs it: every rule matches every operation (stored objects are
-/// judged whatever the operations their Policy admits), subresource rules left out (they name
-/// no stored object).
-pub fn audit_copy(p: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
+/// A Policy as the audit runs it ([`audit_copy`]).
+pub struct AuditCopy {
+    /// Every rule matches every operation (stored objects are judged whatever the operations
+    /// their Policy admits); subresources are left out (they name no stored object).
+    pub compiled: CompiledPolicy,
+}
+
+impl AuditCopy {
+    pub fn name(&self) -> &str {
+        self.compiled.name()
+    }
+}
+
+/// Why a Policy cannot be audited at all.
+#[derive(Debug, thiserror::Error)]
+pub enum NotAuditable {
+    #[error(transparent)]
+    Invalid(#[from] InvalidPolicy),
+    /// Only the API server can decide such a match, for a requesting user.
+    #[error(
+        "spec.match.conditions read `authorizer`, which asks about the requesting user: an \
+         audit has none, so it cannot decide what the Policy matches"
+    )]
+    MatchNeedsUser,
+}
+
+/// `p` as the audit runs it.
+pub fn audit_copy(p: &Policy) -> Result<AuditCopy, NotAuditable> {
+    if policy::needs_own_entry(&p.spec) {
+        return Err(NotAuditable::MatchNeedsUser);
+    }
     let mut copy = p.clone();
+    for rule in &mut copy.spec.match_.rules {
+        rule.resources.retain(|res| !res.contains('/'));
+    }
     copy.spec.match_.rules.retain(|r| {
-        r.resources.iter().all(|res| !res.contains('/'))
+        !r.resources.is_empty()
             && r.operations
                 .iter()
                 .any(|o| matches!(o, Operation::All | Operation::Create | Operation::Update))
@@ -51,7 +86,9 @@ pub fn audit_copy(p: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
     for rule in &mut copy.spec.match_.rules {
         rule.operations = vec![Operation::All];
     }
-    policy::compile(&copy)
+    Ok(AuditCopy {
+        compiled: policy::compile(&copy)?,
+    })
 }
 
 /// The review the audit makes of `object`, of `kind`.
@@ -75,7 +112,12 @@ pub fn audit_request(kind: &AuditedKind, object: &Value) -> Request {
         request_resource: None,
         request_sub_resource: None,
         name: text(&metadata["name"]),
-        namespace: text(&metadata["namespace"]),
+        // As the API server sends it: a Namespace's request names the Namespace itself.
+        namespace: if kind.is_namespace() {
+            text(&metadata["name"])
+        } else {
+            text(&metadata["namespace"])
+        },
         operation: Operation::Update,
         user_info: Default::default(),
         object: Some(object.clone()),
@@ -97,15 +139,16 @@ pub enum Judgement {
     },
 }
 
-/// Judges `object` (of `kind`) by `policy` (an [`audit_copy`]); `namespace` holds the labels of
-/// its Namespace (for a namespaced object).
+/// Judges `object` (of `kind`) by `audited` (an [`audit_copy`]); `namespace` holds the labels
+/// of its Namespace (for a namespaced object).
 pub fn judge(
-    policy: &CompiledPolicy,
+    audited: &AuditCopy,
     kind: &AuditedKind,
     object: &Value,
     namespace: Namespace<'_>,
     now: &Timestamp,
 ) -> Judgement {
+    let policy = &audited.compiled;
     let req = audit_request(kind, object);
     let reference = ResourceReference {
         api_version: kind.api_version(),
@@ -220,6 +263,7 @@ mod tests {
         let Judgement::Judged {
             failing: results,
             held,
+            ..
         } = judge(
             &policy,
             &pods(),
@@ -250,7 +294,7 @@ mod tests {
             ),
             Judgement::Judged {
                 failing: vec![],
-                held: 2
+                held: 2,
             }
         );
         // The namespace selector selects as in admission.
@@ -280,5 +324,97 @@ mod tests {
             panic!("not matched");
         };
         assert_eq!(results[0].result, ResultKind::Fail);
+    }
+
+    fn policy(spec: Value) -> Policy {
+        serde_json::from_value(json!({
+            "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy",
+            "metadata": {"name": "p"}, "spec": spec,
+        }))
+        .unwrap()
+    }
+
+    fn now() -> Timestamp {
+        Timestamp {
+            seconds: 10,
+            nanos: 0,
+        }
+    }
+
+    #[test]
+    fn a_subresource_beside_a_resource_leaves_the_resource_audited() {
+        let p = policy(json!({
+            "match": {"rules": [{"operations": ["UPDATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods", "pods/status"]}]},
+            "validate": [{"expression": "false", "message": "never"}],
+        }));
+        let audited = audit_copy(&p).unwrap();
+        assert_eq!(audited.compiled.spec().match_.rules[0].resources, ["pods"]);
+        let labels = BTreeMap::new();
+        assert!(matches!(
+            judge(&audited, &pods(), &pod(json!({})), Namespace::Labels(&labels), &now()),
+            Judgement::Judged { ref failing, .. } if failing.len() == 1
+        ));
+    }
+
+    #[test]
+    fn a_match_asking_about_the_requesting_user_cannot_be_audited() {
+        // Only the API server evaluates `authorizer`, for the user of a request; an audit has
+        // none, so the Policy's matches cannot be decided.
+        let by_user = policy(json!({
+            "match": {
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+                "conditions": [{"name": "c", "expression": "authorizer.requestResource.check('get').allowed()"}],
+            },
+            "validate": [{"expression": "false", "message": "never"}],
+        }));
+        assert!(matches!(
+            audit_copy(&by_user),
+            Err(NotAuditable::MatchNeedsUser)
+        ));
+    }
+
+    #[test]
+    fn a_namespace_is_judged_as_admission_sees_it() {
+        let namespaces = AuditedKind {
+            group: String::new(),
+            version: "v1".into(),
+            resource: "namespaces".into(),
+            kind: "Namespace".into(),
+            namespaced: false,
+        };
+        let p = policy(json!({
+            "match": {
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces"], "scope": "Cluster"}],
+                "namespaceSelector": {"matchLabels": {"audited": "yes"}},
+            },
+            "validate": [{"expression": "request.namespace == object.metadata.name", "message": "named"}],
+        }));
+        let audited = audit_copy(&p).unwrap();
+        let none = BTreeMap::new();
+        let ns = |labels: Value| json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a", "uid": "n1", "labels": labels}});
+        assert_eq!(
+            judge(
+                &audited,
+                &namespaces,
+                &ns(json!({"audited": "yes"})),
+                Namespace::Labels(&none),
+                &now()
+            ),
+            Judgement::Judged {
+                failing: vec![],
+                held: 1,
+            }
+        );
+        // Its own labels decide the namespaceSelector.
+        assert_eq!(
+            judge(
+                &audited,
+                &namespaces,
+                &ns(json!({})),
+                Namespace::Labels(&none),
+                &now()
+            ),
+            Judgement::NotMatched
+        );
     }
 }

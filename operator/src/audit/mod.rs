@@ -35,8 +35,11 @@ use tracing::{info, warn};
 use crate::api::v1alpha1::Policy;
 use crate::error_chain::chain;
 use crate::lease::Leadership;
+use crate::webhook::Namespaces;
 
-pub use judge::{AuditedKind, Judgement, audit_copy, audit_request, judge};
+pub use judge::{
+    AuditCopy, AuditedKind, Judgement, NotAuditable, audit_copy, audit_request, judge,
+};
 pub use report::{
     POLICY_ANNOTATION, POLICY_UID_LABEL, Scope, TRUNCATED_ANNOTATION, Tally, report_name,
     report_object,
@@ -144,6 +147,8 @@ pub enum AuditError {
 /// What the audit loop shares.
 pub struct AuditContext {
     pub client: Client,
+    /// Namespace labels for the Policies' namespaceSelectors: admission's reflector.
+    pub namespaces: Namespaces,
     pub config: AuditConfig,
     pub metrics: AuditMetrics,
 }

@@ -4,24 +4,25 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use kube::api::{Api, ListParams};
+use serde_json::Value;
 use tokio::sync::watch;
 
-use super::judge::{AuditedKind, Judgement, audit_copy, judge};
+use super::judge::{AuditCopy, AuditedKind, Judgement, NotAuditable, audit_copy, judge};
 use super::report::{Scope, Tallies, Tally};
-use super::source::{Pace, for_each_page, may_list, namespace_labels, resolve_kind};
-use super::writes::{write_reports, write_statuses};
-use super::{AuditContext, AuditError, AuditLabels};
+use super::source::{Pace, Pages, may_list, resolve_kind};
+use super::writes::{clear_statuses, write_reports, write_statuses};
+use super::{AUDITED, AuditContext, AuditError, AuditLabels};
 use crate::api::reports::Timestamp;
 use crate::api::v1alpha1::Policy;
 use crate::engine::matcher::Namespace;
-use crate::engine::policy::CompiledPolicy;
 use crate::error_chain::chain;
 use crate::lease::Leadership;
 
 /// One validating Policy in a pass.
 pub struct AuditedPolicy {
     pub policy: Policy,
-    pub compiled: CompiledPolicy,
+    /// How the audit runs it; `None` when it cannot be audited (the reason is a problem).
+    pub copy: Option<AuditCopy>,
     /// The kinds it names that are listed.
     pub kinds: Vec<AuditedKind>,
     /// Why some of what it names is not audited.
@@ -32,8 +33,45 @@ pub struct AuditedPolicy {
 
 impl AuditedPolicy {
     pub fn name(&self) -> &str {
-        self.compiled.name()
+        self.policy.metadata.name.as_deref().unwrap_or_default()
     }
+
+    /// The Policy as a pass takes it: `None` when it has nothing to audit, or is invalid (it is
+    /// Ready=False already and judges nothing).
+    fn of(policy: Policy) -> Option<Self> {
+        if policy.spec.validate.is_empty() {
+            return None;
+        }
+        let (copy, problems) = match audit_copy(&policy) {
+            Ok(copy) => (Some(copy), Vec::new()),
+            Err(NotAuditable::Invalid(_)) => return None,
+            Err(e @ NotAuditable::MatchNeedsUser) => (None, vec![e.to_string()]),
+        };
+        Some(AuditedPolicy {
+            policy,
+            copy,
+            kinds: Vec::new(),
+            problems,
+            matched: 0,
+        })
+    }
+}
+
+/// Whether `p` carries what a pass wrote (the `Audited` condition or the last pass's time).
+fn carries_audit_status(p: &Policy) -> bool {
+    p.status.as_ref().is_some_and(|s| {
+        s.last_audit_time.is_some() || s.conditions.iter().any(|c| c.type_ == AUDITED)
+    })
+}
+
+/// What a pass has gathered so far.
+struct PassState {
+    audited: Vec<AuditedPolicy>,
+    tallies: Tallies,
+    /// Namespace labels read this pass, by name (the reflector's, or a read's when it has not
+    /// seen the Namespace yet); `Err` says why unknown.
+    namespace_labels: BTreeMap<String, Result<BTreeMap<String, String>, String>>,
+    objects: u64,
 }
 
 /// The time of a pass, as reports carry it.
@@ -44,6 +82,79 @@ fn timestamp() -> Timestamp {
     Timestamp {
         seconds: i64::try_from(since.as_secs()).unwrap_or(i64::MAX),
         nanos: 0,
+    }
+}
+
+/// The kinds each Policy names, resolved by discovery and access-checked once per pass. As the
+/// API server does, a rule matches the cross product of its groups, versions and resources, so a
+/// combination no API serves is no problem; a resource no combination of its rule serves is.
+async fn resolve_kinds(ctx: &AuditContext, audited: &mut [AuditedPolicy]) {
+    let mut resolved: BTreeMap<(String, String, String), Resolved> = BTreeMap::new();
+    for entry in audited.iter_mut() {
+        let Some(copy) = &entry.copy else { continue };
+        let rules = copy.compiled.spec().match_.rules.clone();
+        for (i, rule) in rules.iter().enumerate() {
+            for resource in &rule.resources {
+                let mut unserved = Vec::new();
+                for group in &rule.api_groups {
+                    for version in &rule.api_versions {
+                        if [group, version, resource].iter().any(|v| v.contains('*')) {
+                            push_once(
+                                &mut entry.problems,
+                                &format!(
+                                    "spec.match.rules[{i}]: a wildcard is not audited (the \
+                                     audit lists only the kinds a Policy names)"
+                                ),
+                            );
+                            continue;
+                        }
+                        let key = (group.clone(), version.clone(), resource.clone());
+                        if !resolved.contains_key(&key) {
+                            let answer =
+                                match resolve_kind(&ctx.client, group, version, resource).await {
+                                    Ok(kind) => match may_list(&ctx.client, &kind).await {
+                                        Ok(()) => Resolved::Listed(kind),
+                                        Err(e) => Resolved::Denied(chain(&e).to_string()),
+                                    },
+                                    Err(reason) => Resolved::NotServed(reason),
+                                };
+                            resolved.insert(key.clone(), answer);
+                        }
+                        match &resolved[&key] {
+                            Resolved::Listed(kind) => {
+                                if !entry.kinds.contains(kind) {
+                                    entry.kinds.push(kind.clone());
+                                }
+                            }
+                            Resolved::Denied(reason) => push_once(&mut entry.problems, reason),
+                            Resolved::NotServed(reason) => unserved.push(reason.clone()),
+                        }
+                    }
+                }
+                let combinations = rule.api_groups.len() * rule.api_versions.len();
+                if combinations > 0 && unserved.len() == combinations {
+                    push_once(
+                        &mut entry.problems,
+                        &format!("spec.match.rules[{i}]: {}", unserved[0]),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// What discovery and the access review made of one (group, version, resource).
+enum Resolved {
+    Listed(AuditedKind),
+    /// Served, but Gatehouse may not list it: why.
+    Denied(String),
+    /// No API serves it: why.
+    NotServed(String),
+}
+
+fn push_once(problems: &mut Vec<String>, reason: &str) {
+    if !problems.iter().any(|p| p == reason) {
+        problems.push(reason.to_string());
     }
 }
 
@@ -58,136 +169,139 @@ pub async fn run_pass(
         .list(&ListParams::default())
         .await
         .map_err(AuditError::ListPolicies)?;
-    let mut audited: Vec<AuditedPolicy> = listed
+    // Policies that no longer validate lose what earlier passes wrote on them.
+    let unaudited: Vec<Policy> = listed
         .items
-        .into_iter()
-        .filter(|p| !p.spec.validate.is_empty())
-        // An invalid Policy is Ready=False already and judges nothing.
-        .filter_map(|p| {
-            audit_copy(&p).ok().map(|compiled| AuditedPolicy {
-                policy: p,
-                compiled,
-                kinds: Vec::new(),
-                problems: Vec::new(),
-                matched: 0,
-            })
-        })
+        .iter()
+        .filter(|p| p.spec.validate.is_empty() && carries_audit_status(p))
+        .cloned()
         .collect();
-    // Each kind named, resolved and access-checked once.
-    let mut resolved: BTreeMap<(String, String, String), Result<AuditedKind, String>> =
-        BTreeMap::new();
-    for entry in &mut audited {
-        let rules = entry.compiled.spec().match_.rules.clone();
-        for (i, rule) in rules.iter().enumerate() {
-            for group in &rule.api_groups {
-                for version in &rule.api_versions {
-                    for resource in &rule.resources {
-                        if [group, version, resource].iter().any(|v| v.contains('*')) {
-                            entry.problems.push(format!(
-                                "spec.match.rules[{i}]: a wildcard is not audited (the audit \
-                                 lists only the kinds a Policy names)"
-                            ));
-                            continue;
-                        }
-                        let key = (group.clone(), version.clone(), resource.clone());
-                        if !resolved.contains_key(&key) {
-                            let kind =
-                                match resolve_kind(&ctx.client, group, version, resource).await {
-                                    Ok(kind) => match may_list(&ctx.client, &kind).await {
-                                        Ok(()) => Ok(kind),
-                                        Err(e) => Err(chain(&e).to_string()),
-                                    },
-                                    Err(reason) => Err(reason),
-                                };
-                            resolved.insert(key.clone(), kind);
-                        }
-                        match &resolved[&key] {
-                            Ok(kind) if !entry.kinds.contains(kind) => {
-                                entry.kinds.push(kind.clone())
-                            }
-                            Ok(_) => {}
-                            Err(reason) if !entry.problems.contains(reason) => {
-                                entry.problems.push(reason.clone())
-                            }
-                            Err(_) => {}
-                        }
-                    }
-                }
-            }
-        }
-    }
+    let mut state = PassState {
+        audited: listed
+            .items
+            .into_iter()
+            .filter_map(AuditedPolicy::of)
+            .collect(),
+        tallies: BTreeMap::new(),
+        namespace_labels: BTreeMap::new(),
+        objects: 0,
+    };
+    resolve_kinds(ctx, &mut state.audited).await;
     let mut pace = Pace::new(config.qps);
-    let namespaces = namespace_labels(&ctx.client, config.page_size, &mut pace).await?;
-    let no_labels = BTreeMap::new();
-    let kinds: BTreeSet<AuditedKind> = audited
+    let kinds: BTreeSet<AuditedKind> = state
+        .audited
         .iter()
         .flat_map(|a| a.kinds.iter().cloned())
         .collect();
-    let mut tallies: Tallies = BTreeMap::new();
-    let mut objects = 0u64;
     for kind in &kinds {
-        let members: Vec<usize> = (0..audited.len())
-            .filter(|&i| audited[i].kinds.contains(kind))
+        let members: Vec<usize> = (0..state.audited.len())
+            .filter(|&i| state.audited[i].kinds.contains(kind))
             .collect();
-        let listed = for_each_page(&ctx.client, kind, config.page_size, &mut pace, |page| {
-            for object in page {
-                objects += 1;
-                let scope = match object["metadata"]["namespace"].as_str() {
-                    Some(ns) if kind.namespaced => {
-                        if config.excluded_namespaces.iter().any(|e| e == ns) {
-                            continue;
-                        }
-                        Scope::Namespace(ns.to_string())
-                    }
-                    _ => Scope::Cluster,
-                };
-                let labels = match &scope {
-                    Scope::Namespace(ns) => match namespaces.get(ns) {
-                        Some(labels) => Namespace::Labels(labels),
-                        // Its Namespace came after the pass listed them: next pass.
-                        None => continue,
-                    },
-                    Scope::Cluster => Namespace::Labels(&no_labels),
-                };
-                for &i in &members {
-                    let entry = &mut audited[i];
-                    let Judgement::Judged { failing, held } =
-                        judge(&entry.compiled, kind, &object, labels, &now)
-                    else {
-                        continue;
-                    };
-                    entry.matched += 1;
-                    ctx.metrics
-                        .objects
-                        .get_or_create(&AuditLabels {
-                            policy: entry.name().to_string(),
-                            result: Tally::worst(&failing),
-                        })
-                        .inc();
-                    tallies
-                        .entry(entry.name().to_string())
-                        .or_default()
-                        .entry(scope.clone())
-                        .or_default()
-                        .add(failing, held, config.max_results);
-                }
+        let mut pages = Pages::new(&ctx.client, kind, config.page_size);
+        let listed = loop {
+            if !leader.borrow().is_leading() {
+                return Err(AuditError::NotLeading);
             }
-        })
-        .await;
+            match pages.next(&mut pace).await {
+                Ok(Some(page)) => {
+                    for object in page {
+                        state.judge_object(ctx, kind, &members, &object, &now).await;
+                        // A page is judged an object at a time: admission reviews served by
+                        // this runtime's workers never wait behind a whole page.
+                        tokio::task::yield_now().await;
+                    }
+                }
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
         if let Err(e) = listed {
             for &i in &members {
-                audited[i].problems.push(chain(&e).to_string());
+                push_once(&mut state.audited[i].problems, &chain(&e).to_string());
             }
         }
     }
     if !leader.borrow().is_leading() {
         return Err(AuditError::NotLeading);
     }
+    let PassState {
+        mut audited,
+        tallies,
+        objects,
+        ..
+    } = state;
     let reports = write_reports(ctx, &mut audited, &tallies, leader, &mut pace).await?;
     write_statuses(ctx, &audited, leader, &mut pace).await;
+    clear_statuses(ctx, &unaudited, leader, &mut pace).await;
     Ok(format!(
         "{} Policies, {} kinds, {objects} objects listed, {reports} reports",
         audited.len(),
         kinds.len()
     ))
+}
+
+impl PassState {
+    /// Judges `object` (of `kind`) by the Policies `members` (indexes into `audited`).
+    async fn judge_object(
+        &mut self,
+        ctx: &AuditContext,
+        kind: &AuditedKind,
+        members: &[usize],
+        object: &Value,
+        now: &Timestamp,
+    ) {
+        self.objects += 1;
+        let excluded = |ns: &str| ctx.config.excluded_namespaces.iter().any(|e| e == ns);
+        let name = object["metadata"]["name"].as_str().unwrap_or_default();
+        let scope = match object["metadata"]["namespace"].as_str() {
+            Some(ns) if kind.namespaced => Scope::Namespace(ns.to_string()),
+            _ => Scope::Cluster,
+        };
+        // What admission never touches is not audited: objects in the excluded namespaces,
+        // and those Namespaces themselves.
+        let untouched = match &scope {
+            Scope::Namespace(ns) => excluded(ns),
+            Scope::Cluster => kind.is_namespace() && excluded(name),
+        };
+        if untouched {
+            return;
+        }
+        let no_labels = BTreeMap::new();
+        if let Scope::Namespace(ns) = &scope
+            && !self.namespace_labels.contains_key(ns)
+        {
+            let labels = ctx.namespaces.labels(ns).await;
+            self.namespace_labels.insert(ns.clone(), labels);
+        }
+        let labels = match &scope {
+            Scope::Namespace(ns) => match self.namespace_labels.get(ns) {
+                Some(Ok(labels)) => Namespace::Labels(labels),
+                // Its Namespace is gone (it is being deleted with it) or unreadable: the next
+                // pass judges what remains.
+                Some(Err(_)) | None => return,
+            },
+            Scope::Cluster => Namespace::Labels(&no_labels),
+        };
+        for &i in members {
+            let entry = &mut self.audited[i];
+            let Some(copy) = &entry.copy else { continue };
+            let Judgement::Judged { failing, held } = judge(copy, kind, object, labels, now) else {
+                continue;
+            };
+            entry.matched += 1;
+            ctx.metrics
+                .objects
+                .get_or_create(&AuditLabels {
+                    policy: entry.name().to_string(),
+                    result: Tally::worst(&failing),
+                })
+                .inc();
+            self.tallies
+                .entry(entry.name().to_string())
+                .or_default()
+                .entry(scope.clone())
+                .or_default()
+                .add(failing, held, ctx.config.max_results);
+        }
+    }
 }

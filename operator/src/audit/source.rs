@@ -1,14 +1,12 @@
 //! What the audit reads from the API server: which kinds the Policies name (discovery), whether
 //! Gatehouse may list them (a SelfSubjectAccessReview), and their objects, page by page at a
 //! bounded rate: no watch cache of everything, memory bounded by the page size.
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
 };
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, ObjectList, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams};
 use kube::discovery::{Scope, oneshot};
 use kube::{Client, core::GroupVersion};
 use serde_json::Value;
@@ -110,104 +108,66 @@ pub async fn may_list(client: &Client, kind: &AuditedKind) -> Result<(), AuditEr
     }
 }
 
-/// Every page of a LIST, paced: `list` fetches the page the parameters say; each page's items
-/// go to `each_page`. `resource` names what is listed, for errors.
-async fn for_each_list_page<T, Fut>(
+/// The pages of one LIST of a kind, fetched one at a time, each when the pace allows: the
+/// audit holds one page at a time, and judges it between fetches.
+pub struct Pages {
+    api: Api<DynamicObject>,
+    kind: AuditedKind,
     page_size: u32,
-    pace: &mut Pace,
-    resource: &str,
-    mut list: impl FnMut(ListParams) -> Fut,
-    mut each_page: impl FnMut(Vec<T>),
-) -> Result<(), AuditError>
-where
-    T: Clone,
-    Fut: std::future::Future<Output = kube::Result<ObjectList<T>>>,
-{
-    let mut token: Option<String> = None;
-    loop {
-        pace.wait().await;
-        let mut params = ListParams::default().limit(page_size);
-        if let Some(t) = &token {
-            params = params.continue_token(t);
-        }
-        let page = list(params).await.map_err(|source| AuditError::List {
-            resource: resource.to_string(),
-            source,
-        })?;
-        token = page.metadata.continue_.clone().filter(|t| !t.is_empty());
-        each_page(page.items);
-        if token.is_none() {
-            return Ok(());
+    /// The continue token of the next page; `None` before the first and after the last.
+    token: Option<String>,
+    finished: bool,
+}
+
+impl Pages {
+    pub fn new(client: &Client, kind: &AuditedKind, page_size: u32) -> Self {
+        let resource = ApiResource {
+            group: kind.group.clone(),
+            version: kind.version.clone(),
+            api_version: kind.api_version(),
+            kind: kind.kind.clone(),
+            plural: kind.resource.clone(),
+        };
+        Pages {
+            api: Api::all_with(client.clone(), &resource),
+            kind: kind.clone(),
+            page_size,
+            token: None,
+            finished: false,
         }
     }
-}
 
-/// The labels of every Namespace, by name.
-pub async fn namespace_labels(
-    client: &Client,
-    page_size: u32,
-    pace: &mut Pace,
-) -> Result<BTreeMap<String, BTreeMap<String, String>>, AuditError> {
-    let api: Api<Namespace> = Api::all(client.clone());
-    let mut labels = BTreeMap::new();
-    for_each_list_page(
-        page_size,
-        pace,
-        "namespaces",
-        |params| {
-            let api = api.clone();
-            async move { api.list_metadata(&params).await }
-        },
-        |page| {
-            for ns in page {
-                labels.insert(
-                    ns.metadata.name.unwrap_or_default(),
-                    ns.metadata.labels.unwrap_or_default(),
-                );
-            }
-        },
-    )
-    .await?;
-    Ok(labels)
-}
-
-/// Lists every object of `kind`, a page at a time, paced, handing each page to `each_page`.
-pub async fn for_each_page(
-    client: &Client,
-    kind: &AuditedKind,
-    page_size: u32,
-    pace: &mut Pace,
-    mut each_page: impl FnMut(Vec<Value>),
-) -> Result<(), AuditError> {
-    let resource = ApiResource {
-        group: kind.group.clone(),
-        version: kind.version.clone(),
-        api_version: kind.api_version(),
-        kind: kind.kind.clone(),
-        plural: kind.resource.clone(),
-    };
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-    for_each_list_page(
-        page_size,
-        pace,
-        &kind.resource,
-        |params| {
-            let api = api.clone();
-            async move { api.list(&params).await }
-        },
-        |page| {
-            // A LIST's items lack apiVersion and kind; the object admission sees has them.
-            let objects: Vec<Value> = page
-                .into_iter()
-                .filter_map(|o| serde_json::to_value(o).ok())
-                .map(|mut o| {
-                    o["apiVersion"] = Value::String(kind.api_version());
-                    o["kind"] = Value::String(kind.kind.clone());
-                    o
-                })
-                .collect();
-            each_page(objects);
-        },
-    )
-    .await
+    /// The next page's objects, with apiVersion and kind as admission sees them (a LIST's
+    /// items lack both); `None` after the last page.
+    pub async fn next(&mut self, pace: &mut Pace) -> Result<Option<Vec<Value>>, AuditError> {
+        if self.finished {
+            return Ok(None);
+        }
+        pace.wait().await;
+        let mut params = ListParams::default().limit(self.page_size);
+        if let Some(t) = &self.token {
+            params = params.continue_token(t);
+        }
+        let page = self
+            .api
+            .list(&params)
+            .await
+            .map_err(|source| AuditError::List {
+                resource: self.kind.resource.clone(),
+                source,
+            })?;
+        self.token = page.metadata.continue_.clone().filter(|t| !t.is_empty());
+        self.finished = self.token.is_none();
+        let objects = page
+            .items
+            .into_iter()
+            .filter_map(|o| serde_json::to_value(o).ok())
+            .map(|mut o| {
+                o["apiVersion"] = Value::String(self.kind.api_version());
+                o["kind"] = Value::String(self.kind.kind.clone());
+                o
+            })
+            .collect();
+        Ok(Some(objects))
+    }
 }

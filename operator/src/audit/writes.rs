@@ -147,51 +147,127 @@ pub async fn write_reports(
 }
 
 /// Sets each Policy's `Audited` condition and `status.lastAuditTime`. A Policy changed since
-/// the pass listed it is left for the next pass.
+/// the pass listed it is left for the pass its change brings forward.
 pub async fn write_statuses(
     ctx: &AuditContext,
     audited: &[AuditedPolicy],
     leader: &watch::Receiver<Leadership>,
     pace: &mut Pace,
 ) {
-    let api: Api<Policy> = Api::all(ctx.client.clone());
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     for entry in audited {
+        let judged = entry.policy.metadata.generation;
         let condition = audited_condition(entry, now.clone());
-        let mut conditions: Vec<Condition> = entry
-            .policy
-            .status
-            .as_ref()
-            .map(|s| s.conditions.clone())
-            .unwrap_or_default();
-        let previous = conditions.iter().position(|c| c.type_ == AUDITED);
-        let condition = match previous.map(|i| conditions.remove(i)) {
-            Some(old) if old.status == condition.status => Condition {
-                last_transition_time: old.last_transition_time,
-                ..condition
-            },
-            _ => condition,
+        let patch_for = |current: &Policy| {
+            if current.metadata.generation != judged {
+                return None;
+            }
+            let mut conditions = conditions_of(current);
+            let previous = conditions.iter().position(|c| c.type_ == AUDITED);
+            let condition = match previous.map(|i| conditions.remove(i)) {
+                Some(old) if old.status == condition.status => Condition {
+                    last_transition_time: old.last_transition_time,
+                    ..condition.clone()
+                },
+                _ => condition.clone(),
+            };
+            conditions.push(condition);
+            Some(json!({"status": {"conditions": conditions, "lastAuditTime": now}}))
         };
-        conditions.push(condition);
-        let patch = json!({
-            "metadata": {"resourceVersion": entry.policy.metadata.resource_version},
-            "status": {"conditions": conditions, "lastAuditTime": now},
-        });
-        let name = entry.name().to_string();
+        if patch_status(ctx, &entry.policy, patch_for, leader, pace)
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Removes the `Audited` condition and `status.lastAuditTime` from Policies that no longer
+/// validate: no pass judges them any more.
+pub async fn clear_statuses(
+    ctx: &AuditContext,
+    unaudited: &[Policy],
+    leader: &watch::Receiver<Leadership>,
+    pace: &mut Pace,
+) {
+    for policy in unaudited {
+        let patch_for = |current: &Policy| {
+            if !current.spec.validate.is_empty() {
+                return None;
+            }
+            let mut conditions = conditions_of(current);
+            conditions.retain(|c| c.type_ != AUDITED);
+            Some(json!({"status": {"conditions": conditions, "lastAuditTime": null}}))
+        };
+        if patch_status(ctx, policy, patch_for, leader, pace)
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+}
+
+fn conditions_of(p: &Policy) -> Vec<Condition> {
+    p.status
+        .as_ref()
+        .map(|s| s.conditions.clone())
+        .unwrap_or_default()
+}
+
+/// How often a status write is tried against a Policy whose status changed under it.
+const STATUS_ATTEMPTS: usize = 3;
+
+/// Merge-patches the status `patch_for` makes of `policy`, under its resourceVersion (conditions
+/// are one list: a write must not drop the controller's). On a conflict (the controller wrote
+/// since) the Policy is read again and `patch_for` asked again; `None` means nothing to write
+/// any more. `Err` when leadership ended.
+async fn patch_status(
+    ctx: &AuditContext,
+    policy: &Policy,
+    patch_for: impl Fn(&Policy) -> Option<serde_json::Value>,
+    leader: &watch::Receiver<Leadership>,
+    pace: &mut Pace,
+) -> Result<(), AuditError> {
+    let api: Api<Policy> = Api::all(ctx.client.clone());
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    let mut current = policy.clone();
+    for _ in 0..STATUS_ATTEMPTS {
+        let Some(mut patch) = patch_for(&current) else {
+            return Ok(());
+        };
+        patch["metadata"] = json!({"resourceVersion": current.metadata.resource_version});
         pace.wait().await;
         let written = fenced(
             leader,
             || format!("status of Policy {name}"),
             api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)),
         )
-        .await;
+        .await
+        .map_err(|_| AuditError::NotLeading)?;
         match written {
-            Ok(Ok(_)) => {}
-            Ok(Err(kube::Error::Api(e))) if e.code == 404 || e.code == 409 => {}
-            Ok(Err(e)) => warn!(policy = %name, error = %chain(&e), "writing the audit status"),
-            Err(_) => return,
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                pace.wait().await;
+                match api.get_opt(&name).await {
+                    Ok(Some(fresh)) => current = fresh,
+                    Ok(None) => return Ok(()),
+                    Err(e) => {
+                        warn!(policy = %name, error = %chain(&e), "reading a Policy to write its audit status");
+                        return Ok(());
+                    }
+                }
+            }
+            Err(e) => {
+                warn!(policy = %name, error = %chain(&e), "writing the audit status");
+                return Ok(());
+            }
         }
     }
+    warn!(policy = %name, "the audit status was not written: the Policy kept changing");
+    Ok(())
 }
 
 /// The `Audited` condition a pass gives `entry`.

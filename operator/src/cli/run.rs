@@ -325,13 +325,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         recorder: process.recorder.clone(),
         config: args.ipam_config(),
     };
+    let (namespaces, namespaces_watch) = webhook::Namespaces::watch(process.client.clone());
     let audit_context = AuditContext {
         client: process.client.clone(),
+        namespaces: namespaces.clone(),
         config: args.audit_config(),
         metrics: AuditMetrics::register(&mut registry),
     };
-    // A task of its own: a pass judges pages of objects without awaiting, which must not hold
-    // up the lease, the controller and the effects loop that share this task.
+    // A task of its own: a pass judges objects between its awaits, which must not hold up the
+    // lease, the controller and the effects loop that share this task.
     let audit = tokio::spawn(audit::run(
         Arc::new(audit_context),
         leader_rx.clone(),
@@ -344,7 +346,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let ipam_task = ipam::run(Arc::new(ipam), leader_rx, stopped());
 
-    let (namespaces, namespaces_watch) = webhook::Namespaces::watch(process.client.clone());
     let ports = process.ports(&args, policies, namespaces, resolver, registry)?;
     let servers = serve::spawn(ports, stopped)?;
     info!(listen = %args.listen, admin = %args.admin_listen, "gatehouse running");

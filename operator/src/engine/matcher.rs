@@ -118,10 +118,14 @@ fn rule_matches_resource(
         .operations
         .iter()
         .any(|op| *op == Operation::All || *op == req.operation);
+    // The API server sets `request.namespace` of a Namespace object to its own name, yet the
+    // object is cluster-scoped: rules decide by the resource, as the API server's matcher does.
+    let namespace_object =
+        resource.group.is_empty() && resource.version == "v1" && resource.resource == "namespaces";
     let scope = match rule.scope {
         Scope::All => true,
-        Scope::Namespaced => !req.namespace.is_empty(),
-        Scope::Cluster => req.namespace.is_empty(),
+        Scope::Namespaced => !namespace_object && !req.namespace.is_empty(),
+        Scope::Cluster => namespace_object || req.namespace.is_empty(),
     };
     let names = rule.resources.iter().any(|entry| {
         let (res, sub) = entry.split_once('/').unwrap_or((entry, ""));
@@ -206,4 +210,53 @@ pub fn selector_matches<'l>(
         }
     });
     by_labels && by_expressions
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::api::v1alpha1::Policy;
+    use crate::engine::policy;
+
+    fn scoped(scope: &str) -> CompiledPolicy {
+        let p: Policy = serde_json::from_value(json!({
+            "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy",
+            "metadata": {"name": "scoped"},
+            "spec": {
+                "match": {"rules": [{"operations": ["CREATE"], "apiGroups": ["*"], "apiVersions": ["*"], "resources": ["*"], "scope": scope}]},
+                "validate": [{"expression": "true", "message": "m"}],
+            },
+        }))
+        .expect("policy");
+        policy::compile(&p).expect("compiles")
+    }
+
+    fn request(resource: &str, kind: &str, namespace: &str) -> Request {
+        serde_json::from_value(json!({
+            "uid": "u", "operation": "CREATE", "name": "x", "namespace": namespace,
+            "kind": {"group": "", "version": "v1", "kind": kind},
+            "resource": {"group": "", "version": "v1", "resource": resource},
+            "userInfo": {}, "object": {"metadata": {"name": "x"}},
+        }))
+        .expect("request")
+    }
+
+    #[test]
+    fn a_namespace_object_is_cluster_scoped_though_its_request_names_a_namespace() {
+        // As the API server sends it: request.namespace is the Namespace's own name.
+        let namespace = request("namespaces", "Namespace", "x");
+        let pod = request("pods", "Pod", "x");
+        let node = request("nodes", "Node", "");
+        let judged = |scope: &str, req: &Request| {
+            matches(req, &scoped(scope), Namespace::Assumed).expect("decided")
+        };
+        assert!(judged("Cluster", &namespace));
+        assert!(!judged("Namespaced", &namespace));
+        assert!(judged("Namespaced", &pod));
+        assert!(!judged("Cluster", &pod));
+        assert!(judged("Cluster", &node));
+        assert!(judged("*", &namespace));
+    }
 }

@@ -30,6 +30,7 @@ pub const GROUP: &str = "gatehouse.dev";
     printcolumn = r#"{"name":"Ready","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Ready\")].reason"}"#,
     printcolumn = r#"{"name":"Enforcement","type":"string","jsonPath":".status.enforcement"}"#,
+    printcolumn = r#"{"name":"Audited","type":"string","jsonPath":".status.conditions[?(@.type==\"Audited\")].status"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase")]
