@@ -312,6 +312,11 @@ async fn what_the_audit_cannot_judge_is_said_and_policies_that_stop_validating_d
             ensure!(!names.contains(system), "{system} audited: {names:?}");
         }
         ensure!(report["summary"]["error"] == 0 && report["summary"]["fail"] == 0, "{report:#}");
+        // The reference is the object's: a Namespace is in none.
+        ensure!(
+            report["results"].as_array().into_iter().flatten().all(|r| r["resources"][0].get("namespace").is_none()),
+            "{report:#}"
+        );
 
         // No validate rules any more: the audit's condition, time and report go.
         apply(

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use crate::api::reports::{ReportResult, ResourceReference, ResultKind, Timestamp};
-use crate::api::v1alpha1::{Operation, Policy, ValidationAction};
+use crate::api::v1alpha1::{Operation, Policy, Rule, ValidationAction};
 use crate::engine::admission::{
     GroupVersionKind, GroupVersionResource, Request, RuleOutcome, Variables, rule_outcomes,
 };
@@ -68,24 +68,47 @@ pub enum NotAuditable {
     MatchNeedsUser,
 }
 
+/// The resources of `rule` whose stored objects the audit judges, or `None` when the rule
+/// admits neither CREATE nor UPDATE (nothing it admits is stored by it). A subresource names no
+/// stored object, but `x/*` also matches `x` itself, as in the API server.
+pub fn audited_resources(rule: &Rule) -> Option<Vec<String>> {
+    let stores = rule
+        .operations
+        .iter()
+        .any(|o| matches!(o, Operation::All | Operation::Create | Operation::Update));
+    let resources: Vec<String> = rule
+        .resources
+        .iter()
+        .filter_map(|res| match res.split_once('/') {
+            None => Some(res.clone()),
+            Some((base, "*")) => Some(base.to_string()),
+            Some(_) => None,
+        })
+        .collect();
+    (stores && !resources.is_empty()).then_some(resources)
+}
+
 /// `p` as the audit runs it.
 pub fn audit_copy(p: &Policy) -> Result<AuditCopy, NotAuditable> {
+    // An invalid Policy is Ready=False already, whatever else it is.
+    policy::compile(p)?;
     if policy::needs_own_entry(&p.spec) {
         return Err(NotAuditable::MatchNeedsUser);
     }
     let mut copy = p.clone();
-    for rule in &mut copy.spec.match_.rules {
-        rule.resources.retain(|res| !res.contains('/'));
-    }
-    copy.spec.match_.rules.retain(|r| {
-        !r.resources.is_empty()
-            && r.operations
-                .iter()
-                .any(|o| matches!(o, Operation::All | Operation::Create | Operation::Update))
-    });
-    for rule in &mut copy.spec.match_.rules {
-        rule.operations = vec![Operation::All];
-    }
+    copy.spec.match_.rules = p
+        .spec
+        .match_
+        .rules
+        .iter()
+        .filter_map(|rule| {
+            audited_resources(rule).map(|resources| Rule {
+                operations: vec![Operation::All],
+                resources,
+                ..rule.clone()
+            })
+        })
+        .collect();
     Ok(AuditCopy {
         compiled: policy::compile(&copy)?,
     })
@@ -153,7 +176,11 @@ pub fn judge(
     let reference = ResourceReference {
         api_version: kind.api_version(),
         kind: kind.kind.clone(),
-        namespace: req.namespace.clone(),
+        // The object's own (none for a Namespace, whose request names itself).
+        namespace: object["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
         name: req.name.clone(),
         uid: object["metadata"]["uid"]
             .as_str()
@@ -349,6 +376,13 @@ mod tests {
         }));
         let audited = audit_copy(&p).unwrap();
         assert_eq!(audited.compiled.spec().match_.rules[0].resources, ["pods"]);
+        // `pods/*` matches the Pods themselves too.
+        let all_of_pods = policy(json!({
+            "match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods/*"]}]},
+            "validate": [{"expression": "false", "message": "never"}],
+        }));
+        let copy = audit_copy(&all_of_pods).unwrap();
+        assert_eq!(copy.compiled.spec().match_.rules[0].resources, ["pods"]);
         let labels = BTreeMap::new();
         assert!(matches!(
             judge(&audited, &pods(), &pod(json!({})), Namespace::Labels(&labels), &now()),

@@ -165,8 +165,9 @@ pub async fn run(
     let mut events = watcher::watcher(policies, watcher::Config::default())
         .default_backoff()
         .boxed();
-    // Generations seen, by Policy: a change brings the next pass forward.
-    let mut generations: HashMap<String, Option<i64>> = HashMap::new();
+    // Generation seen and whether it validates, by Policy: a change of one that validates, or
+    // did, brings the next pass forward (one that stopped loses its audit status in it).
+    let mut generations: HashMap<String, (Option<i64>, bool)> = HashMap::new();
     let mut due = Instant::now() + ctx.config.settle;
     let mut was_leading = false;
     loop {
@@ -175,9 +176,11 @@ pub async fn run(
             event = events.next() => match event {
                 Some(Ok(Event::Apply(p) | Event::InitApply(p))) => {
                     let name = p.metadata.name.clone().unwrap_or_default();
-                    if generations.insert(name, p.metadata.generation) != Some(p.metadata.generation)
-                        && !p.spec.validate.is_empty()
-                    {
+                    let validates = !p.spec.validate.is_empty();
+                    let seen = generations.insert(name, (p.metadata.generation, validates));
+                    let changed = seen.map(|(g, _)| g) != Some(p.metadata.generation);
+                    let validated = seen.is_some_and(|(_, v)| v);
+                    if changed && (validates || validated) {
                         due = due.min(Instant::now() + ctx.config.settle);
                     }
                 }

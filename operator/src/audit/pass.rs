@@ -7,9 +7,11 @@ use kube::api::{Api, ListParams};
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::judge::{AuditCopy, AuditedKind, Judgement, NotAuditable, audit_copy, judge};
+use super::judge::{
+    AuditCopy, AuditedKind, Judgement, NotAuditable, audit_copy, audited_resources, judge,
+};
 use super::report::{Scope, Tallies, Tally};
-use super::source::{Pace, Pages, may_list, resolve_kind};
+use super::source::{KindUnknown, Pace, Pages, may_list, resolve_kind};
 use super::writes::{clear_statuses, write_reports, write_statuses};
 use super::{AUDITED, AuditContext, AuditError, AuditLabels};
 use crate::api::reports::Timestamp;
@@ -17,6 +19,7 @@ use crate::api::v1alpha1::Policy;
 use crate::engine::matcher::Namespace;
 use crate::error_chain::chain;
 use crate::lease::Leadership;
+use crate::webhook::NO_SUCH_NAMESPACE;
 
 /// One validating Policy in a pass.
 pub struct AuditedPolicy {
@@ -27,6 +30,10 @@ pub struct AuditedPolicy {
     pub kinds: Vec<AuditedKind>,
     /// Why some of what it names is not audited.
     pub problems: Vec<String>,
+    /// Whether a problem may pass by itself (a LIST, a write, a permission, discovery failed):
+    /// its last reports stand until a pass succeeds. A Policy that cannot be audited as written
+    /// loses them.
+    pub keeps_reports: bool,
     /// Objects it matched.
     pub matched: u64,
 }
@@ -52,8 +59,15 @@ impl AuditedPolicy {
             copy,
             kinds: Vec::new(),
             problems,
+            keeps_reports: false,
             matched: 0,
         })
+    }
+
+    /// Records a problem that may pass by itself.
+    pub fn transient_problem(&mut self, reason: &str) {
+        push_once(&mut self.problems, reason);
+        self.keeps_reports = true;
     }
 }
 
@@ -87,14 +101,21 @@ fn timestamp() -> Timestamp {
 
 /// The kinds each Policy names, resolved by discovery and access-checked once per pass. As the
 /// API server does, a rule matches the cross product of its groups, versions and resources, so a
-/// combination no API serves is no problem; a resource no combination of its rule serves is.
+/// combination no API serves is no problem; a resource no combination of its rule serves is. A
+/// resource served in several versions is listed in the first the rule names (admission matches
+/// a request once, whatever the version).
 async fn resolve_kinds(ctx: &AuditContext, audited: &mut [AuditedPolicy]) {
     let mut resolved: BTreeMap<(String, String, String), Resolved> = BTreeMap::new();
     for entry in audited.iter_mut() {
-        let Some(copy) = &entry.copy else { continue };
-        let rules = copy.compiled.spec().match_.rules.clone();
+        if entry.copy.is_none() {
+            continue;
+        }
+        let rules = entry.policy.spec.match_.rules.clone();
         for (i, rule) in rules.iter().enumerate() {
-            for resource in &rule.resources {
+            let Some(resources) = audited_resources(rule) else {
+                continue;
+            };
+            for resource in &resources {
                 let mut unserved = Vec::new();
                 for group in &rule.api_groups {
                     for version in &rule.api_versions {
@@ -110,24 +131,31 @@ async fn resolve_kinds(ctx: &AuditContext, audited: &mut [AuditedPolicy]) {
                         }
                         let key = (group.clone(), version.clone(), resource.clone());
                         if !resolved.contains_key(&key) {
-                            let answer =
-                                match resolve_kind(&ctx.client, group, version, resource).await {
-                                    Ok(kind) => match may_list(&ctx.client, &kind).await {
-                                        Ok(()) => Resolved::Listed(kind),
-                                        Err(e) => Resolved::Denied(chain(&e).to_string()),
-                                    },
-                                    Err(reason) => Resolved::NotServed(reason),
-                                };
+                            let answer = match resolve_kind(&ctx.client, group, version, resource)
+                                .await
+                            {
+                                Ok(kind) => match may_list(&ctx.client, &kind).await {
+                                    Ok(()) => Resolved::Listed(kind),
+                                    Err(e) => Resolved::Denied(chain(&e).to_string()),
+                                },
+                                Err(KindUnknown::NotServed(reason)) => Resolved::NotServed(reason),
+                                Err(KindUnknown::Unavailable(reason)) => Resolved::Denied(reason),
+                            };
                             resolved.insert(key.clone(), answer);
                         }
-                        match &resolved[&key] {
-                            Resolved::Listed(kind) => {
-                                if !entry.kinds.contains(kind) {
+                        match resolved.get(&key) {
+                            Some(Resolved::Listed(kind)) => {
+                                let listed_already = entry
+                                    .kinds
+                                    .iter()
+                                    .any(|k| k.group == kind.group && k.resource == kind.resource);
+                                if !listed_already {
                                     entry.kinds.push(kind.clone());
                                 }
                             }
-                            Resolved::Denied(reason) => push_once(&mut entry.problems, reason),
-                            Resolved::NotServed(reason) => unserved.push(reason.clone()),
+                            Some(Resolved::Denied(reason)) => entry.transient_problem(reason),
+                            Some(Resolved::NotServed(reason)) => unserved.push(reason.clone()),
+                            None => {}
                         }
                     }
                 }
@@ -146,7 +174,7 @@ async fn resolve_kinds(ctx: &AuditContext, audited: &mut [AuditedPolicy]) {
 /// What discovery and the access review made of one (group, version, resource).
 enum Resolved {
     Listed(AuditedKind),
-    /// Served, but Gatehouse may not list it: why.
+    /// Served, but not listed this pass (Gatehouse may not, or discovery failed): why.
     Denied(String),
     /// No API serves it: why.
     NotServed(String),
@@ -169,19 +197,18 @@ pub async fn run_pass(
         .list(&ListParams::default())
         .await
         .map_err(AuditError::ListPolicies)?;
-    // Policies that no longer validate lose what earlier passes wrote on them.
-    let unaudited: Vec<Policy> = listed
-        .items
-        .iter()
-        .filter(|p| p.spec.validate.is_empty() && carries_audit_status(p))
-        .cloned()
-        .collect();
+    // Policies no pass judges any more (no validate rules, or invalid) lose what earlier
+    // passes wrote on them.
+    let (mut audited, mut unaudited) = (Vec::new(), Vec::new());
+    for p in listed.items {
+        match AuditedPolicy::of(p.clone()) {
+            Some(entry) => audited.push(entry),
+            None if carries_audit_status(&p) => unaudited.push(p),
+            None => {}
+        }
+    }
     let mut state = PassState {
-        audited: listed
-            .items
-            .into_iter()
-            .filter_map(AuditedPolicy::of)
-            .collect(),
+        audited,
         tallies: BTreeMap::new(),
         namespace_labels: BTreeMap::new(),
         objects: 0,
@@ -217,7 +244,7 @@ pub async fn run_pass(
         };
         if let Err(e) = listed {
             for &i in &members {
-                push_once(&mut state.audited[i].problems, &chain(&e).to_string());
+                state.audited[i].transient_problem(&chain(&e).to_string());
             }
         }
     }
@@ -276,9 +303,17 @@ impl PassState {
         let labels = match &scope {
             Scope::Namespace(ns) => match self.namespace_labels.get(ns) {
                 Some(Ok(labels)) => Namespace::Labels(labels),
-                // Its Namespace is gone (it is being deleted with it) or unreadable: the next
-                // pass judges what remains.
-                Some(Err(_)) | None => return,
+                // Its Namespace is gone: it is being deleted with it.
+                Some(Err(reason)) if reason == NO_SUCH_NAMESPACE => return,
+                // Unreadable: the Policies keep their last reports.
+                Some(Err(reason)) => {
+                    let problem = format!("the labels of namespace {ns:?} are unknown: {reason}");
+                    for &i in members {
+                        self.audited[i].transient_problem(&problem);
+                    }
+                    return;
+                }
+                None => return,
             },
             Scope::Cluster => Namespace::Labels(&no_labels),
         };

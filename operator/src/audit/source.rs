@@ -14,6 +14,7 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use super::AuditError;
 use super::judge::AuditedKind;
+use crate::error_chain::chain;
 
 /// Paces the audit's calls (LISTs and writes): at most `qps` per second.
 pub struct Pace {
@@ -40,17 +41,39 @@ impl Pace {
     }
 }
 
+/// Why a (group, version, resource) is no kind the audit can list.
+#[derive(Debug)]
+pub enum KindUnknown {
+    /// No API serves it: why.
+    NotServed(String),
+    /// Discovery failed (an aggregated API unavailable, the API server away): why.
+    Unavailable(String),
+}
+
 /// The kind `resource` names in `group`/`version`, or why none.
 pub async fn resolve_kind(
     client: &Client,
     group: &str,
     version: &str,
     resource: &str,
-) -> Result<AuditedKind, String> {
+) -> Result<AuditedKind, KindUnknown> {
     let gv = GroupVersion::gv(group, version);
-    let served = oneshot::pinned_group(client, &gv)
-        .await
-        .map_err(|e| format!("the API server serves no {}: {e}", gv.api_version()))?;
+    let served = match oneshot::pinned_group(client, &gv).await {
+        Ok(served) => served,
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            return Err(KindUnknown::NotServed(format!(
+                "the API server serves no {}",
+                gv.api_version()
+            )));
+        }
+        Err(e) => {
+            return Err(KindUnknown::Unavailable(format!(
+                "discovering {}: {}",
+                gv.api_version(),
+                chain(&e)
+            )));
+        }
+    };
     served
         .versioned_resources(version)
         .into_iter()
@@ -63,10 +86,10 @@ pub async fn resolve_kind(
             namespaced: caps.scope == Scope::Namespaced,
         })
         .ok_or_else(|| {
-            format!(
+            KindUnknown::NotServed(format!(
                 "the API server serves no resource {resource:?} in {}",
                 gv.api_version()
-            )
+            ))
         })
 }
 

@@ -76,20 +76,17 @@ pub async fn write_reports(
                         name: report_name,
                         source,
                     };
-                    let reason = chain(&e).to_string();
-                    if !entry.problems.contains(&reason) {
-                        entry.problems.push(reason);
-                    }
+                    entry.transient_problem(&chain(&e).to_string());
                 }
             }
         }
     }
-    // Reports of Policies gone, of scopes left without matched objects, and of Policies that
-    // no longer validate; not of a Policy this pass could not fully list or write (its last
-    // reports stand until a pass succeeds).
+    // Reports of Policies gone, of scopes left without matched objects, of Policies that no
+    // longer validate or cannot be audited as written; not of a Policy this pass could not
+    // fully list or write (its last reports stand until a pass succeeds).
     let kept: BTreeSet<String> = audited
         .iter()
-        .filter(|a| !a.problems.is_empty())
+        .filter(|a| a.keeps_reports)
         .filter_map(|a| a.policy.metadata.uid.clone())
         .collect();
     let selector = format!(
@@ -183,8 +180,8 @@ pub async fn write_statuses(
     }
 }
 
-/// Removes the `Audited` condition and `status.lastAuditTime` from Policies that no longer
-/// validate: no pass judges them any more.
+/// Removes the `Audited` condition and `status.lastAuditTime` from Policies no pass judges any
+/// more (no validate rules, or invalid).
 pub async fn clear_statuses(
     ctx: &AuditContext,
     unaudited: &[Policy],
@@ -192,8 +189,10 @@ pub async fn clear_statuses(
     pace: &mut Pace,
 ) {
     for policy in unaudited {
+        let judged = policy.metadata.generation;
         let patch_for = |current: &Policy| {
-            if !current.spec.validate.is_empty() {
+            // Changed since: the pass its change brings forward decides.
+            if current.metadata.generation != judged {
                 return None;
             }
             let mut conditions = conditions_of(current);

@@ -332,18 +332,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         config: args.audit_config(),
         metrics: AuditMetrics::register(&mut registry),
     };
-    // A task of its own: a pass judges objects between its awaits, which must not hold up the
-    // lease, the controller and the effects loop that share this task.
-    let audit = tokio::spawn(audit::run(
-        Arc::new(audit_context),
-        leader_rx.clone(),
-        stopped(),
-    ));
-    let audit_task = async move {
-        if let Err(e) = audit.await {
-            error!(error = %e, "the audit task ended abnormally");
-        }
-    };
+    // A thread of its own: a pass decodes LIST pages and judges objects in bursts of CPU, which
+    // must not hold up the webhook's reviews on the main runtime's workers (nor the lease, the
+    // controller and the effects loop); the OS shares the cores between them instead.
+    let audit_context = Arc::new(audit_context);
+    let (audit_leader, audit_stopped) = (leader_rx.clone(), stopped());
+    let audit_task = serve::on_own_thread("gatehouse-audit", move || {
+        audit::run(audit_context, audit_leader, audit_stopped)
+    });
     let ipam_task = ipam::run(Arc::new(ipam), leader_rx, stopped());
 
     let ports = process.ports(&args, policies, namespaces, resolver, registry)?;

@@ -11,6 +11,9 @@ use tokio::sync::Notify;
 
 use crate::reconcile::reflect;
 
+/// Why the labels of a Namespace that does not exist are unknown.
+pub const NO_SUCH_NAMESPACE: &str = "no such Namespace";
+
 /// Where the labels come from.
 #[derive(Clone)]
 pub enum Namespaces {
@@ -49,7 +52,7 @@ impl Namespaces {
             Namespaces::Fixed(map) => map
                 .get(name)
                 .cloned()
-                .ok_or_else(|| "no such Namespace".to_string()),
+                .ok_or_else(|| NO_SUCH_NAMESPACE.to_string()),
             Namespaces::Cluster { store, client } => {
                 if let Some(ns) = store.get(&ObjectRef::new(name)) {
                     return Ok(ns.labels().clone());
@@ -57,7 +60,7 @@ impl Namespaces {
                 let api: Api<Namespace> = Api::all(client.clone());
                 match api.get_metadata_opt(name).await {
                     Ok(Some(ns)) => Ok(ns.labels().clone()),
-                    Ok(None) => Err("no such Namespace".to_string()),
+                    Ok(None) => Err(NO_SUCH_NAMESPACE.to_string()),
                     Err(e) => Err(format!("reading it failed: {e}")),
                 }
             }
