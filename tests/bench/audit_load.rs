@@ -13,6 +13,7 @@ use anyhow::{Context, ensure};
 use futures::StreamExt;
 use gatehouse_e2e::cpu::{cpu_snapshot, processes};
 use gatehouse_e2e::instance::{Gatehouse, Options, ensure_crds, ensure_report_crds};
+use gatehouse_e2e::latency::p99;
 use gatehouse_e2e::{TestNamespace, await_condition, cluster};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::Api;
@@ -70,14 +71,6 @@ async fn create_until(
         .into_iter()
         .flatten()
         .collect())
-}
-
-fn p99(samples: &mut [Duration]) -> Duration {
-    samples.sort();
-    samples
-        .get((samples.len() * 99 / 100).min(samples.len().saturating_sub(1)))
-        .copied()
-        .unwrap_or_default()
 }
 
 #[tokio::main]

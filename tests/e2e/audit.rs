@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, ensure};
 use gatehouse_e2e::instance::{Options, ensure_report_crds};
+use gatehouse_e2e::latency::p99;
 use gatehouse_e2e::{Cluster, TestNamespace, await_condition};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
@@ -252,53 +253,36 @@ async fn what_the_audit_cannot_judge_is_said_and_policies_that_stop_validating_d
         // Groups and resources multiply as in the API server: apps/pods and core/deployments
         // exist nowhere, and are no gap; a subresource beside them is no stored object.
         let crossed = scene.policy("crossed");
-        apply(
-            cluster,
-            &policy_object(
-                &crossed,
-                json!({
-                    "match": {
-                        "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": ["", "apps"], "apiVersions": ["v1"], "resources": ["pods", "deployments", "pods/status"], "scope": "Namespaced"}],
-                        "namespaceSelector": selector,
-                    },
-                    "validate": team,
-                }),
-            ),
-        )
-        .await?;
         // Only the API server can say what the requesting user may do; an audit has no user.
         let by_user = scene.policy("by-user");
-        apply(
-            cluster,
-            &policy_object(
-                &by_user,
-                json!({
-                    "match": {
-                        "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
-                        "namespaceSelector": selector,
-                        "conditions": [{"name": "not-admin", "expression": "!authorizer.requestResource.check('delete').allowed()"}],
-                    },
-                    "validate": team,
-                }),
-            ),
-        )
-        .await?;
         // Every Namespace, but never the ones admission leaves alone.
         let namespaces = scene.policy("namespaces");
-        apply(
-            cluster,
-            &policy_object(
-                &namespaces,
-                json!({
-                    "match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces"], "scope": "Cluster"}]},
-                    "validate": [
-                        {"expression": "request.namespace == object.metadata.name", "message": "request.namespace is not the Namespace's name"},
-                        {"expression": "false", "message": "listed", "action": "Warn"},
-                    ],
-                }),
-            ),
-        )
-        .await?;
+        for (name, spec) in [
+            (&crossed, json!({
+                "match": {
+                    "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": ["", "apps"], "apiVersions": ["v1"], "resources": ["pods", "deployments", "pods/status"], "scope": "Namespaced"}],
+                    "namespaceSelector": selector,
+                },
+                "validate": team,
+            })),
+            (&by_user, json!({
+                "match": {
+                    "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
+                    "namespaceSelector": selector,
+                    "conditions": [{"name": "not-admin", "expression": "!authorizer.requestResource.check('delete').allowed()"}],
+                },
+                "validate": team,
+            })),
+            (&namespaces, json!({
+                "match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces"], "scope": "Cluster"}]},
+                "validate": [
+                    {"expression": "request.namespace == object.metadata.name", "message": "request.namespace is not the Namespace's name"},
+                    {"expression": "false", "message": "listed", "action": "Warn"},
+                ],
+            })),
+        ] {
+            apply(cluster, &policy_object(name, spec)).await?;
+        }
         let audited = await_audited(cluster, &crossed, "True").await?;
         ensure!(audited["message"].as_str().unwrap_or_default().contains("judged 1 "), "{audited:#}");
         let report = await_report(cluster, &crossed, Some(&ns), "the crossed Policy's report", |r| r["summary"]["warn"] == 1).await?;
@@ -427,15 +411,6 @@ async fn a_kind_gatehouse_may_not_list_is_not_audited_until_the_aggregated_role_
         .await
     })
     .await;
-}
-
-/// The 99th percentile of `samples` (sorted in place).
-fn p99(samples: &mut [Duration]) -> Duration {
-    samples.sort();
-    samples
-        .get((samples.len() * 99 / 100).min(samples.len().saturating_sub(1)))
-        .copied()
-        .unwrap_or_default()
 }
 
 /// Creates Pods named `<prefix>-<worker>-<i>` in `ns` (server dry run) for `length`, `WORKERS`

@@ -12,6 +12,7 @@ mod cluster;
 pub mod cpu;
 pub mod instance;
 pub mod kubectl;
+pub mod latency;
 pub mod lease;
 mod namespace;
 pub mod pods;

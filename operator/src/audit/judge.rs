@@ -42,19 +42,6 @@ impl AuditedKind {
     }
 }
 
-/// A Policy as the audit runs it ([`audit_copy`]).
-pub struct AuditCopy {
-    /// Every rule matches every operation (stored objects are judged whatever the operations
-    /// their Policy admits); subresources are left out (they name no stored object).
-    pub compiled: CompiledPolicy,
-}
-
-impl AuditCopy {
-    pub fn name(&self) -> &str {
-        self.compiled.name()
-    }
-}
-
 /// Why a Policy cannot be audited at all.
 #[derive(Debug, thiserror::Error)]
 pub enum NotAuditable {
@@ -88,8 +75,9 @@ pub fn audited_resources(rule: &Rule) -> Option<Vec<String>> {
     (stores && !resources.is_empty()).then_some(resources)
 }
 
-/// `p` as the audit runs it.
-pub fn audit_copy(p: &Policy) -> Result<AuditCopy, NotAuditable> {
+/// `p` as the audit runs it: every rule matches every operation (stored objects are judged
+/// whatever the operations their Policy admits), with the resources [`audited_resources`] keeps.
+pub fn audit_copy(p: &Policy) -> Result<CompiledPolicy, NotAuditable> {
     // An invalid Policy is Ready=False already, whatever else it is.
     policy::compile(p)?;
     if policy::needs_own_entry(&p.spec) {
@@ -109,9 +97,7 @@ pub fn audit_copy(p: &Policy) -> Result<AuditCopy, NotAuditable> {
             })
         })
         .collect();
-    Ok(AuditCopy {
-        compiled: policy::compile(&copy)?,
-    })
+    Ok(policy::compile(&copy)?)
 }
 
 /// The review the audit makes of `object`, of `kind`.
@@ -162,16 +148,15 @@ pub enum Judgement {
     },
 }
 
-/// Judges `object` (of `kind`) by `audited` (an [`audit_copy`]); `namespace` holds the labels
-/// of its Namespace (for a namespaced object).
+/// Judges `object` (of `kind`) by `policy` (an [`audit_copy`]); `namespace` holds the labels of
+/// its Namespace (for a namespaced object).
 pub fn judge(
-    audited: &AuditCopy,
+    policy: &CompiledPolicy,
     kind: &AuditedKind,
     object: &Value,
     namespace: Namespace<'_>,
     now: &Timestamp,
 ) -> Judgement {
-    let policy = &audited.compiled;
     let req = audit_request(kind, object);
     let reference = ResourceReference {
         api_version: kind.api_version(),
@@ -375,14 +360,14 @@ mod tests {
             "validate": [{"expression": "false", "message": "never"}],
         }));
         let audited = audit_copy(&p).unwrap();
-        assert_eq!(audited.compiled.spec().match_.rules[0].resources, ["pods"]);
+        assert_eq!(audited.spec().match_.rules[0].resources, ["pods"]);
         // `pods/*` matches the Pods themselves too.
         let all_of_pods = policy(json!({
             "match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods/*"]}]},
             "validate": [{"expression": "false", "message": "never"}],
         }));
         let copy = audit_copy(&all_of_pods).unwrap();
-        assert_eq!(copy.compiled.spec().match_.rules[0].resources, ["pods"]);
+        assert_eq!(copy.spec().match_.rules[0].resources, ["pods"]);
         let labels = BTreeMap::new();
         assert!(matches!(
             judge(&audited, &pods(), &pod(json!({})), Namespace::Labels(&labels), &now()),

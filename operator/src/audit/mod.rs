@@ -37,9 +37,7 @@ use crate::error_chain::chain;
 use crate::lease::Leadership;
 use crate::webhook::Namespaces;
 
-pub use judge::{
-    AuditCopy, AuditedKind, Judgement, NotAuditable, audit_copy, audit_request, judge,
-};
+pub use judge::{AuditedKind, Judgement, NotAuditable, audit_copy, audit_request, judge};
 pub use report::{
     POLICY_ANNOTATION, POLICY_UID_LABEL, Scope, TRUNCATED_ANNOTATION, Tally, report_name,
     report_object,

@@ -7,9 +7,7 @@ use kube::api::{Api, ListParams};
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::judge::{
-    AuditCopy, AuditedKind, Judgement, NotAuditable, audit_copy, audited_resources, judge,
-};
+use super::judge::{AuditedKind, Judgement, NotAuditable, audit_copy, audited_resources, judge};
 use super::report::{Scope, Tallies, Tally};
 use super::source::{KindUnknown, Pace, Pages, may_list, resolve_kind};
 use super::writes::{clear_statuses, write_reports, write_statuses};
@@ -17,6 +15,7 @@ use super::{AUDITED, AuditContext, AuditError, AuditLabels};
 use crate::api::reports::Timestamp;
 use crate::api::v1alpha1::Policy;
 use crate::engine::matcher::Namespace;
+use crate::engine::policy::CompiledPolicy;
 use crate::error_chain::chain;
 use crate::lease::Leadership;
 use crate::webhook::NO_SUCH_NAMESPACE;
@@ -25,7 +24,7 @@ use crate::webhook::NO_SUCH_NAMESPACE;
 pub struct AuditedPolicy {
     pub policy: Policy,
     /// How the audit runs it; `None` when it cannot be audited (the reason is a problem).
-    pub copy: Option<AuditCopy>,
+    pub copy: Option<CompiledPolicy>,
     /// The kinds it names that are listed.
     pub kinds: Vec<AuditedKind>,
     /// Why some of what it names is not audited.
@@ -136,10 +135,10 @@ async fn resolve_kinds(ctx: &AuditContext, audited: &mut [AuditedPolicy]) {
                             {
                                 Ok(kind) => match may_list(&ctx.client, &kind).await {
                                     Ok(()) => Resolved::Listed(kind),
-                                    Err(e) => Resolved::Denied(chain(&e).to_string()),
+                                    Err(e) => Resolved::Unlisted(chain(&e).to_string()),
                                 },
                                 Err(KindUnknown::NotServed(reason)) => Resolved::NotServed(reason),
-                                Err(KindUnknown::Unavailable(reason)) => Resolved::Denied(reason),
+                                Err(KindUnknown::Unavailable(reason)) => Resolved::Unlisted(reason),
                             };
                             resolved.insert(key.clone(), answer);
                         }
@@ -153,7 +152,7 @@ async fn resolve_kinds(ctx: &AuditContext, audited: &mut [AuditedPolicy]) {
                                     entry.kinds.push(kind.clone());
                                 }
                             }
-                            Some(Resolved::Denied(reason)) => entry.transient_problem(reason),
+                            Some(Resolved::Unlisted(reason)) => entry.transient_problem(reason),
                             Some(Resolved::NotServed(reason)) => unserved.push(reason.clone()),
                             None => {}
                         }
@@ -174,8 +173,8 @@ async fn resolve_kinds(ctx: &AuditContext, audited: &mut [AuditedPolicy]) {
 /// What discovery and the access review made of one (group, version, resource).
 enum Resolved {
     Listed(AuditedKind),
-    /// Served, but not listed this pass (Gatehouse may not, or discovery failed): why.
-    Denied(String),
+    /// Not listed this pass (Gatehouse may not, or discovery failed): why.
+    Unlisted(String),
     /// No API serves it: why.
     NotServed(String),
 }
@@ -233,8 +232,8 @@ pub async fn run_pass(
                 Ok(Some(page)) => {
                     for object in page {
                         state.judge_object(ctx, kind, &members, &object, &now).await;
-                        // A page is judged an object at a time: admission reviews served by
-                        // this runtime's workers never wait behind a whole page.
+                        // An object at a time: shutdown, awaited beside the pass, is noticed
+                        // within an object, not a page.
                         tokio::task::yield_now().await;
                     }
                 }

@@ -153,12 +153,8 @@ pub async fn write_statuses(
 ) {
     let now = Time(k8s_openapi::jiff::Timestamp::now());
     for entry in audited {
-        let judged = entry.policy.metadata.generation;
         let condition = audited_condition(entry, now.clone());
         let patch_for = |current: &Policy| {
-            if current.metadata.generation != judged {
-                return None;
-            }
             let mut conditions = conditions_of(current);
             let previous = conditions.iter().position(|c| c.type_ == AUDITED);
             let condition = match previous.map(|i| conditions.remove(i)) {
@@ -169,7 +165,7 @@ pub async fn write_statuses(
                 _ => condition.clone(),
             };
             conditions.push(condition);
-            Some(json!({"status": {"conditions": conditions, "lastAuditTime": now}}))
+            json!({"status": {"conditions": conditions, "lastAuditTime": now}})
         };
         if patch_status(ctx, &entry.policy, patch_for, leader, pace)
             .await
@@ -189,15 +185,10 @@ pub async fn clear_statuses(
     pace: &mut Pace,
 ) {
     for policy in unaudited {
-        let judged = policy.metadata.generation;
         let patch_for = |current: &Policy| {
-            // Changed since: the pass its change brings forward decides.
-            if current.metadata.generation != judged {
-                return None;
-            }
             let mut conditions = conditions_of(current);
             conditions.retain(|c| c.type_ != AUDITED);
-            Some(json!({"status": {"conditions": conditions, "lastAuditTime": null}}))
+            json!({"status": {"conditions": conditions, "lastAuditTime": null}})
         };
         if patch_status(ctx, policy, patch_for, leader, pace)
             .await
@@ -220,12 +211,13 @@ const STATUS_ATTEMPTS: usize = 3;
 
 /// Merge-patches the status `patch_for` makes of `policy`, under its resourceVersion (conditions
 /// are one list: a write must not drop the controller's). On a conflict (the controller wrote
-/// since) the Policy is read again and `patch_for` asked again; `None` means nothing to write
-/// any more. `Err` when leadership ended.
+/// since) the Policy is read again and `patch_for` asked again, unless its generation changed
+/// since the pass judged it: the pass that change brings forward writes instead. `Err` when
+/// leadership ended.
 async fn patch_status(
     ctx: &AuditContext,
     policy: &Policy,
-    patch_for: impl Fn(&Policy) -> Option<serde_json::Value>,
+    patch_for: impl Fn(&Policy) -> serde_json::Value,
     leader: &watch::Receiver<Leadership>,
     pace: &mut Pace,
 ) -> Result<(), AuditError> {
@@ -233,9 +225,10 @@ async fn patch_status(
     let name = policy.metadata.name.clone().unwrap_or_default();
     let mut current = policy.clone();
     for _ in 0..STATUS_ATTEMPTS {
-        let Some(mut patch) = patch_for(&current) else {
+        if current.metadata.generation != policy.metadata.generation {
             return Ok(());
-        };
+        }
+        let mut patch = patch_for(&current);
         patch["metadata"] = json!({"resourceVersion": current.metadata.resource_version});
         pace.wait().await;
         let written = fenced(
