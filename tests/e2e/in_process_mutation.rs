@@ -1,6 +1,7 @@
-//! In-process mutation: mutating Policies the API server runs itself, as the one generated
-//! MutatingAdmissionPolicy `gatehouse-mutating`, in (priority, name) order, storing what the
-//! webhook path stores.
+//! In-process mutation: mutating Policies the API server runs itself, as generated
+//! MutatingAdmissionPolicies `gatehouse-mutating-<first member>` (one per group of Policies that
+//! can match the same requests), in (priority, name) order, storing what the webhook path
+//! stores.
 
 use anyhow::{Context, bail, ensure};
 use gatehouse_e2e::instance::Options;
@@ -10,7 +11,56 @@ use serde_json::{Value, json};
 use crate::fixtures::{WAIT, apply, container_names, get_json, pod_policy, wired_groups};
 use crate::scene::scenario;
 
-const GENERATED: &str = "gatehouse-mutating";
+/// The generated MutatingAdmissionPolicy (and binding) whose first member is `first`.
+pub(crate) fn generated(first: &str) -> String {
+    format!("gatehouse-mutating-{first}")
+}
+
+/// A generated MutatingAdmissionPolicy as stored: its name, its members in order, and whether
+/// its binding is there.
+#[derive(Debug)]
+pub(crate) struct GeneratedGroup {
+    pub name: String,
+    pub members: Vec<String>,
+    pub bound: bool,
+}
+
+/// The generated MutatingAdmissionPolicies.
+pub(crate) async fn generated_groups(cluster: &Cluster) -> anyhow::Result<Vec<GeneratedGroup>> {
+    let selector = "gatehouse.dev/generated=mutating";
+    let list = |kind: &'static str| async move {
+        let listed = get_json(cluster, &[kind, "-l", selector])
+            .await?
+            .context("a list")?;
+        anyhow::Ok(listed["items"].as_array().cloned().unwrap_or_default())
+    };
+    let bindings: Vec<String> = list("mutatingadmissionpolicybindings")
+        .await?
+        .iter()
+        .filter_map(|b| b["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    Ok(list("mutatingadmissionpolicies")
+        .await?
+        .iter()
+        .map(|p| {
+            let name = p["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            GeneratedGroup {
+                bound: bindings.contains(&name),
+                members: p["metadata"]["annotations"]["gatehouse.dev/policies"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .split(',')
+                    .filter(|m| !m.is_empty())
+                    .map(str::to_string)
+                    .collect(),
+                name,
+            }
+        })
+        .collect())
+}
 
 /// The drop-BPF sample: every container not from the internal registry drops BPF.
 fn drop_bpf(name: &str, ns: &str, enforcement: &str) -> Value {
@@ -155,19 +205,52 @@ pub(crate) async fn await_ready_condition(
     .await
 }
 
-/// The members of the generated MutatingAdmissionPolicy, once they are `want`.
+/// Once the generated MutatingAdmissionPolicies hold `want` in-process and nothing else of
+/// theirs: each of `want` in exactly one bound generated policy, every generated policy holding
+/// one of them holding only Policies of `want`, in `want`'s order.
 pub(crate) async fn await_members(cluster: &Cluster, want: &[&str]) -> anyhow::Result<()> {
-    let want = want.join(",");
-    await_condition(&format!("{GENERATED} holding {want}"), WAIT, || async {
-        let policy = get_json(cluster, &["mutatingadmissionpolicy", GENERATED]).await?;
-        let binding = get_json(cluster, &["mutatingadmissionpolicybinding", GENERATED]).await?;
-        let members = policy
-            .as_ref()
-            .and_then(|p| p["metadata"]["annotations"]["gatehouse.dev/policies"].as_str())
-            .unwrap_or_default()
-            .to_string();
-        Ok((members == want && (binding.is_some() || want.is_empty())).then_some(()))
-    })
+    await_condition(
+        &format!("generated policies holding {}", want.join(",")),
+        WAIT,
+        || async {
+            let groups = generated_groups(cluster).await?;
+            let holding: Vec<&GeneratedGroup> = groups
+                .iter()
+                .filter(|g| g.members.iter().any(|m| want.contains(&m.as_str())))
+                .collect();
+            let each_once = want.iter().all(|w| {
+                holding
+                    .iter()
+                    .flat_map(|g| &g.members)
+                    .filter(|m| m == w)
+                    .count()
+                    == 1
+            });
+            let only_these_in_order = holding.iter().all(|g| {
+                g.bound
+                    && g.members.iter().all(|m| want.contains(&m.as_str()))
+                    && g.members
+                        .is_sorted_by_key(|m| want.iter().position(|w| w == m))
+            });
+            Ok((each_once && only_these_in_order).then_some(()))
+        },
+    )
+    .await
+}
+
+/// Once no generated MutatingAdmissionPolicy holds one of `names`.
+pub(crate) async fn await_out_of_process(cluster: &Cluster, names: &[&str]) -> anyhow::Result<()> {
+    await_condition(
+        &format!("{} out of the generated policies", names.join(",")),
+        WAIT,
+        || async {
+            let groups = generated_groups(cluster).await?;
+            let held = groups
+                .iter()
+                .any(|g| g.members.iter().any(|m| names.contains(&m.as_str())));
+            Ok((!held).then_some(()))
+        },
+    )
     .await
 }
 
@@ -230,9 +313,10 @@ async fn mutating_policies_run_in_the_api_server_with_gatehouse_stopped() {
         cluster
             .kubectl_ok(["delete", "policy", &drop, &label, &proxy], None)
             .await?;
+        let removed = generated(&drop);
         await_condition("the generated MutatingAdmissionPolicy removed", WAIT, || async {
-            let policy = get_json(cluster, &["mutatingadmissionpolicy", GENERATED]).await?;
-            let binding = get_json(cluster, &["mutatingadmissionpolicybinding", GENERATED]).await?;
+            let policy = get_json(cluster, &["mutatingadmissionpolicy", &removed]).await?;
+            let binding = get_json(cluster, &["mutatingadmissionpolicybinding", &removed]).await?;
             Ok((policy.is_none() && binding.is_none()).then_some(()))
         })
         .await?;
@@ -455,7 +539,7 @@ async fn moving_a_mutating_policy_leaves_no_gap_and_mutates_once() {
         apply_enforced(cluster, &[policy("InProcess")], "InProcess").await?;
         await_members(cluster, &[&name]).await?;
         cluster
-            .kubectl_ok(["delete", "mutatingadmissionpolicy", GENERATED], None)
+            .kubectl_ok(["delete", "mutatingadmissionpolicy", &generated(&name)], None)
             .await?;
         await_members(cluster, &[&name]).await?;
         cluster
@@ -463,7 +547,7 @@ async fn moving_a_mutating_policy_leaves_no_gap_and_mutates_once() {
                 [
                     "patch",
                     "mutatingadmissionpolicy",
-                    GENERATED,
+                    &generated(&name),
                     "--type=json",
                     "-p",
                     r#"[{"op": "replace", "path": "/spec/mutations", "value": [{"patchType": "JSONPatch", "jsonPatch": {"expression": "[JSONPatch{op: \"test\", path: \"/kind\", value: \"Pod\"}].filter(p, false)"}}]}]"#,
@@ -500,8 +584,11 @@ async fn moving_a_mutating_policy_leaves_no_gap_and_mutates_once() {
                 for round in 0..6 {
                     let enforcement = if round % 2 == 0 { "InProcess" } else { "Webhook" };
                     apply_enforced(cluster, &[policy(enforcement)], enforcement).await?;
-                    let members: &[&str] = if enforcement == "InProcess" { &[&name] } else { &[] };
-                    await_members(cluster, members).await?;
+                    if enforcement == "InProcess" {
+                        await_members(cluster, &[&name]).await?;
+                    } else {
+                        await_out_of_process(cluster, &[&name]).await?;
+                    }
                 }
                 anyhow::Ok(())
             }

@@ -15,7 +15,7 @@ use ::gatehouse::controller::wiring::{Endpoint, Wiring};
 
 use crate::fixtures::{pod_policy, policy_object};
 use crate::in_process_mutation::{
-    apply_enforced, await_members, await_ready_condition, dry_run_stored,
+    apply_enforced, await_members, await_out_of_process, await_ready_condition, dry_run_stored,
 };
 use crate::mutation_translation::{config_map_mutations, config_maps, pod_mutations, pods};
 use crate::scene::scenario;
@@ -155,7 +155,7 @@ fn corpus(core: &Value) -> Vec<Case> {
         policies.len() == case.policies.len()
             && placements
                 .iter()
-                .all(|(_, p)| *p == mutating_policy::MutatingPlacement::InProcess)
+                .all(|(_, p)| matches!(p, mutating_policy::MutatingPlacement::InProcess(_)))
     });
     cases
 }
@@ -274,7 +274,7 @@ async fn webhook_and_in_process_mutations_store_the_same_objects() {
                 )
                 .await
                 .context("deleting the batch's Policies")?;
-            await_members(cluster, &[]).await?;
+            await_out_of_process(cluster, &members).await?;
         }
         let chains: Vec<usize> = cases
             .iter()
@@ -355,7 +355,7 @@ async fn chains_the_api_server_would_default_in_between_stay_on_the_webhook() {
                 ))),
                 "{ready}"
             );
-            await_members(cluster, &[]).await?;
+            await_out_of_process(cluster, &[&first, &second]).await?;
             let stored = dry_run_stored(cluster, &pod).await?;
             for container in stored["spec"]["containers"].as_array().into_iter().flatten() {
                 ensure!(

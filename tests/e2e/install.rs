@@ -96,13 +96,14 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
             // Owned by the installation's ClusterRole.
             let role = get_json(cluster, &["clusterrole", "gatehouse"]).await?.context("role")?;
             let generated = format!("gatehouse-{limits}");
+            let generated_mutating = format!("gatehouse-mutating-{inject}");
             for (kind, name) in [
                 ("mutatingwebhookconfiguration", "gatehouse"),
                 ("validatingwebhookconfiguration", "gatehouse"),
                 ("validatingadmissionpolicy", generated.as_str()),
                 ("validatingadmissionpolicybinding", generated.as_str()),
-                ("mutatingadmissionpolicy", "gatehouse-mutating"),
-                ("mutatingadmissionpolicybinding", "gatehouse-mutating"),
+                ("mutatingadmissionpolicy", generated_mutating.as_str()),
+                ("mutatingadmissionpolicybinding", generated_mutating.as_str()),
             ] {
                 let cfg = get_json(cluster, &[kind, name]).await?.context("configuration")?;
                 let owner = &cfg["metadata"]["ownerReferences"][0];

@@ -20,3 +20,4 @@ mod outage;
 mod scene;
 mod shared;
 mod smoke;
+mod tenants;

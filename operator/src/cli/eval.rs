@@ -237,10 +237,9 @@ pub fn explain(policies: &[CompiledPolicy]) -> Vec<String> {
                     "in-process, as ValidatingAdmissionPolicy {}",
                     objects.policy.metadata.name.unwrap_or_default()
                 ),
-                Placement::InProcessMutating => format!(
-                    "in-process, in MutatingAdmissionPolicy {} (if the fields its merges name \
-                     are in the schemas of the kinds it matches)",
-                    crate::controller::wiring::mutating_policy::MUTATING_NAME
+                Placement::InProcessMutating(generated) => format!(
+                    "in-process, in MutatingAdmissionPolicy {generated} (if the fields its merges \
+                     name are in the schemas of the kinds it matches)"
                 ),
                 Placement::Webhook(reason) => format!("webhook: {reason}"),
                 Placement::Refused(reason) => {

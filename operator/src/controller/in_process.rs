@@ -34,7 +34,7 @@ use super::wiring::Wiring;
 use super::wiring::admission_policy::{
     self, InProcess, POLICY_ANNOTATION, PROBE_LABEL, Placement, Served, probe_message,
 };
-use super::wiring::mutating_policy::{MUTATING_GENERATED_LABEL, MUTATING_NAME};
+use super::wiring::mutating_policy::MUTATING_GENERATED_LABEL;
 use super::writes::apply_body;
 use super::{ControllerContext, FIELD_MANAGER, ReconcileError, Refusal, SpecVersion};
 use crate::api::v1alpha1::{EnforcementPoint, Policy};
@@ -85,11 +85,14 @@ pub fn verdicts(
                         type_warnings: memory.type_warnings.get(&name).cloned(),
                     }
                 }
-                Some(Placement::InProcessMutating) if memory.mutating.confirmed(&policy) => {
+                Some(Placement::InProcessMutating(generated))
+                    if memory.mutating.confirmed(&policy) =>
+                {
                     Verdict::InProcess {
                         generated: format!(
-                            "MutatingAdmissionPolicy {MUTATING_NAME} and its binding, in \
-                             (priority, name) order with the other in-process mutating Policies"
+                            "MutatingAdmissionPolicy {generated} and its binding, in (priority, \
+                             name) order with the in-process mutating Policies that can match \
+                             the same requests"
                         ),
                         type_warnings: None,
                     }

@@ -1,11 +1,13 @@
-//! In-process mutation, the leader's part: the one generated MutatingAdmissionPolicy and its
-//! binding written when the set of in-process mutating Policies changes, confirmed by a probe
-//! before the webhook lets go of them, and kept [`LEAVE_GRACE`] after the webhook took a member
-//! back.
+//! In-process mutation, the leader's part: the generated MutatingAdmissionPolicies and their
+//! bindings written when what a group of in-process mutating Policies should run changes,
+//! confirmed by a probe before the webhook lets go of them, and kept [`LEAVE_GRACE`] after the
+//! webhook took a member back.
 //!
 //! The API server compiles every expression of a policy when it is written and recompiles its
-//! policies after each write, so the policy is written only when what it should hold changes.
+//! policies after each write, so a policy is written only when what it should hold changes, and
+//! a Policy's edit rewrites only its own group's policy.
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
@@ -24,8 +26,8 @@ use super::isolate::{self, Culprit, DryRun};
 use super::wiring::Wiring;
 use super::wiring::admission_policy::{PROBE_LABEL, Placement};
 use super::wiring::mutating_policy::{
-    InProcessMutation, MEMBERS_ANNOTATION, MUTATING_NAME, MUTATING_PROBE_ANNOTATION,
-    mutating_probe, place_mutating,
+    InProcessMutation, MEMBERS_ANNOTATION, MUTATING_PROBE_ANNOTATION, mutating_probe,
+    place_mutating,
 };
 use super::wiring::schema_fit::SchemaFit;
 use super::writes::{dry_run, search_failed};
@@ -45,9 +47,10 @@ pub struct MutatingCaches {
 /// What the leader remembers of in-process mutation in its term.
 #[derive(Default)]
 pub struct MutatingMemory {
-    /// The generated objects the API server was seen to run, and the spec of each member then.
-    confirmed: Option<Confirmed>,
-    /// Members of the stored policy that went back to the webhook, and since when.
+    /// By generated policy: the objects the API server was seen to run, and the spec of each
+    /// member then.
+    confirmed: HashMap<String, Confirmed>,
+    /// Members of the stored policies that went back to the webhook, and since when.
     leaving: HashMap<String, Instant>,
 }
 
@@ -65,40 +68,106 @@ impl MutatingMemory {
 
     /// Whether the API server runs `p`'s mutations, at its current spec.
     pub fn confirmed(&self, p: &Policy) -> bool {
+        let (name, spec) = (p.name_any(), SpecVersion::of(p));
         self.confirmed
-            .as_ref()
-            .and_then(|c| c.members.get(&p.name_any()))
-            .is_some_and(|spec| *spec == SpecVersion::of(p))
+            .values()
+            .any(|c| c.members.get(&name) == Some(&spec))
     }
 }
 
-/// Writes the generated policy and binding when they should hold something else than the API
-/// server has (or than this term confirmed), and confirms them with the probe; deletes them
-/// when no Policy runs in-process. Members leaving for the webhook keep it unwritten until the
-/// webhook has had them [`LEAVE_GRACE`]: then returns when to look again. A policy the API
-/// server refuses is bisected to the Policies to blame, which join `rejected`.
+/// The member Policies a stored generated policy names.
+fn stored_members(stored: &MutatingAdmissionPolicy) -> Vec<String> {
+    stored
+        .annotations()
+        .get(MEMBERS_ANNOTATION)
+        .map(|m| m.split(',').map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// Writes each generated policy and binding that should hold something else than the API
+/// server has (or than this term confirmed), and confirms them with the probe; then deletes
+/// the generated objects no group stands for. Members leaving for the webhook keep every
+/// policy unwritten until the webhook has had them [`LEAVE_GRACE`]: then returns when to look
+/// again. A policy the API server refuses is bisected to the Policies to blame, which join
+/// `rejected`.
 #[allow(clippy::too_many_arguments)]
 pub async fn enforce(
     ctx: &ControllerContext,
     wiring: &Wiring,
     caches: &MutatingCaches,
-    desired: Option<&InProcessMutation>,
+    desired: &[InProcessMutation],
     placements: &[(&Policy, Placement)],
     schema_fit: &HashMap<String, SchemaFit>,
     leader: &watch::Receiver<Leadership>,
     memory: &mut MutatingMemory,
     rejected: &mut HashMap<String, Refusal>,
 ) -> Result<Option<Instant>, ReconcileError> {
-    let stored = caches
-        .policies
-        .state()
-        .into_iter()
-        .find(|o| o.metadata.name.as_deref() == Some(MUTATING_NAME));
-    let stored_members: Vec<String> = stored
-        .as_ref()
-        .and_then(|o| o.annotations().get(MEMBERS_ANNOTATION).cloned())
-        .map(|m| m.split(',').map(str::to_string).collect())
-        .unwrap_or_default();
+    let stored: Vec<Arc<MutatingAdmissionPolicy>> = caches.policies.state();
+    if let Some(wake) = leaving_grace(&stored, placements, memory) {
+        return Ok(Some(wake));
+    }
+    let mut to_confirm = Vec::new();
+    let mut refused = false;
+    for objects in gaining_first(desired, &stored) {
+        // The specs the members have now: a new generation that changes nothing in the policy
+        // (a timeout, the enforcement flipped back) is confirmed again, not written again.
+        let members: HashMap<String, SpecVersion> = placements
+            .iter()
+            .filter(|(p, _)| objects.members.contains(&p.name_any()))
+            .map(|(p, _)| (p.name_any(), SpecVersion::of(p)))
+            .collect();
+        let held =
+            holds(&caches.policies, &objects.policy) && holds(&caches.bindings, &objects.binding);
+        let known = memory
+            .confirmed
+            .get(objects.name())
+            .is_some_and(|c| c.objects == *objects && c.members == members);
+        if held && known {
+            continue;
+        }
+        if !held {
+            memory.confirmed.remove(objects.name());
+            let applied = match apply(ctx, &objects.policy, leader).await? {
+                Ok(()) => apply(ctx, &objects.binding, leader).await?,
+                refused => refused,
+            };
+            if let Err(message) = applied {
+                warn!(generated = %objects.name(), %message, "the API server refuses a generated MutatingAdmissionPolicy; finding the Policy to blame");
+                blame(ctx, wiring, objects, placements, schema_fit, rejected).await?;
+                refused = true;
+                continue;
+            }
+        }
+        to_confirm.push(Confirmed {
+            objects: objects.clone(),
+            members,
+        });
+    }
+    if !to_confirm.is_empty() {
+        confirm_enforced(ctx, wiring, leader).await?;
+        for confirmed in to_confirm {
+            let objects = &confirmed.objects;
+            info!(generated = %objects.name(), members = %objects.members.join(","), "mutating in-process");
+            memory
+                .confirmed
+                .insert(objects.name().to_string(), confirmed);
+        }
+    }
+    // A refused group's members are placed again next pass: what they leave stays till then.
+    if !refused {
+        remove_stale(ctx, caches, desired, leader, memory).await?;
+    }
+    Ok(None)
+}
+
+/// When to look again, while a member of a stored generated policy that went back to the
+/// webhook has not had [`LEAVE_GRACE`] there yet.
+fn leaving_grace(
+    stored: &[Arc<MutatingAdmissionPolicy>],
+    placements: &[(&Policy, Placement)],
+    memory: &mut MutatingMemory,
+) -> Option<Instant> {
+    let stored_members: Vec<String> = stored.iter().flat_map(|o| stored_members(o)).collect();
     let back_on_webhook: Vec<&str> = placements
         .iter()
         .filter(|(_, placement)| matches!(placement, Placement::Webhook(_)))
@@ -116,62 +185,63 @@ pub async fn enforce(
             wake = Some(wake.map_or(at, |w| w.min(at)));
         }
     }
-    if wake.is_some() {
-        return Ok(wake);
-    }
-    let Some(desired) = desired else {
-        if stored.is_some() || !caches.bindings.state().is_empty() {
-            delete::<MutatingAdmissionPolicyBinding>(ctx, MUTATING_NAME, leader).await?;
-            delete::<MutatingAdmissionPolicy>(ctx, MUTATING_NAME, leader).await?;
-            info!("removed the generated MutatingAdmissionPolicy: no Policy mutates in-process");
-        }
-        memory.confirmed = None;
-        return Ok(None);
-    };
-    // The specs the members have now: a new generation that changes nothing in the policy (a
-    // timeout, the enforcement flipped back) is confirmed again, not written again.
-    let members: HashMap<String, SpecVersion> = placements
-        .iter()
-        .filter(|(p, _)| desired.members.contains(&p.name_any()))
-        .map(|(p, _)| (p.name_any(), SpecVersion::of(p)))
-        .collect();
-    let held =
-        holds(&caches.policies, &desired.policy) && holds(&caches.bindings, &desired.binding);
-    if held
-        && memory
-            .confirmed
-            .as_ref()
-            .is_some_and(|c| c.objects == *desired && c.members == members)
-    {
-        return Ok(None);
-    }
-    if !held {
-        let applied = match apply(ctx, &desired.policy, leader).await? {
-            Ok(()) => apply(ctx, &desired.binding, leader).await?,
-            refused => refused,
-        };
-        if let Err(message) = applied {
-            warn!(%message, "the API server refuses the generated MutatingAdmissionPolicy; finding the Policy to blame");
-            blame(ctx, wiring, desired, placements, schema_fit, rejected).await?;
-            memory.confirmed = None;
-            return Ok(None);
-        }
-    }
-    confirm_enforced(ctx, wiring, leader).await?;
-    info!(members = %desired.members.join(","), "mutating in-process");
-    memory.confirmed = Some(Confirmed {
-        objects: desired.clone(),
-        members,
-    });
-    Ok(None)
+    wake
 }
 
-/// Finds, by dry runs of the generated policy for subsets of the members, the members the API
-/// server refuses, and adds them to `rejected` with its message.
+/// The desired groups, those that take in a Policy their stored policy does not hold first: a
+/// member moving from one group to another is run by its new policy before its old one lets
+/// go of it.
+fn gaining_first<'d>(
+    desired: &'d [InProcessMutation],
+    stored: &[Arc<MutatingAdmissionPolicy>],
+) -> Vec<&'d InProcessMutation> {
+    let gains = |objects: &InProcessMutation| {
+        let held: Vec<String> = stored
+            .iter()
+            .find(|o| o.metadata.name.as_deref() == Some(objects.name()))
+            .map(|o| stored_members(o))
+            .unwrap_or_default();
+        objects.members.iter().any(|m| !held.contains(m))
+    };
+    let mut ordered: Vec<&InProcessMutation> = desired.iter().collect();
+    ordered.sort_by_key(|objects| !gains(objects));
+    ordered
+}
+
+/// Deletes the generated policies and bindings no desired group stands for.
+async fn remove_stale(
+    ctx: &ControllerContext,
+    caches: &MutatingCaches,
+    desired: &[InProcessMutation],
+    leader: &watch::Receiver<Leadership>,
+    memory: &mut MutatingMemory,
+) -> Result<(), ReconcileError> {
+    let wanted = |name: &str| desired.iter().any(|d| d.name() == name);
+    let mut stale: Vec<String> = caches
+        .policies
+        .state()
+        .iter()
+        .map(|o| o.name_any())
+        .chain(caches.bindings.state().iter().map(|o| o.name_any()))
+        .filter(|name| !wanted(name))
+        .collect();
+    stale.sort();
+    stale.dedup();
+    for name in &stale {
+        delete::<MutatingAdmissionPolicyBinding>(ctx, name, leader).await?;
+        delete::<MutatingAdmissionPolicy>(ctx, name, leader).await?;
+        memory.confirmed.remove(name);
+        info!(generated = %name, "removed a generated MutatingAdmissionPolicy: no group of in-process Policies stands for it");
+    }
+    Ok(())
+}
+
+/// Finds, by dry runs of the generated policies for subsets of a refused group's members, the
+/// members the API server refuses, and adds them to `rejected` with its message.
 async fn blame(
     ctx: &ControllerContext,
     wiring: &Wiring,
-    desired: &InProcessMutation,
+    refused: &InProcessMutation,
     placements: &[(&Policy, Placement)],
     schema_fit: &HashMap<String, SchemaFit>,
     rejected: &mut HashMap<String, Refusal>,
@@ -179,13 +249,17 @@ async fn blame(
     let members: Vec<&Policy> = placements
         .iter()
         .map(|(p, _)| *p)
-        .filter(|p| desired.members.contains(&p.name_any()))
+        .filter(|p| refused.members.contains(&p.name_any()))
         .collect();
     let split = isolate::refused(members, |subset: Vec<&Policy>| async move {
-        let Some(generated) = place_mutating(&subset, wiring, true, schema_fit).1 else {
-            return Ok(DryRun::Accepted);
-        };
-        dry_run(ctx, generated.policy, MUTATING_NAME).await
+        for generated in place_mutating(&subset, wiring, true, schema_fit).1 {
+            let name = generated.name().to_string();
+            let judged = dry_run(ctx, generated.policy, &name).await?;
+            if judged != DryRun::Accepted {
+                return Ok(judged);
+            }
+        }
+        Ok(DryRun::Accepted)
     })
     .await
     .map_err(search_failed)?;

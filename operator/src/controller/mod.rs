@@ -390,14 +390,14 @@ async fn reconcile_all(
         Some(wiring) => {
             wiring::admission_policy::place_all(&placeable, wiring, served, &schema_fit)
         }
-        None => (Vec::new(), None),
+        None => (Vec::new(), Vec::new()),
     };
     let wired = match &wiring {
         Some(wiring) => {
             let decided = Decided {
                 valid: &valid,
                 placements: &placements,
-                generated_mutation: generated_mutation.as_ref(),
+                generated_mutation: &generated_mutation,
                 schema_fit: &schema_fit,
                 wiring,
                 bundle,

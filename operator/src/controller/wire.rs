@@ -31,7 +31,7 @@ fn on_webhook<'a>(placements: &[(&'a Policy, Placement)], applied: &Applied) -> 
         .filter(|(p, placement)| match placement {
             Placement::Webhook(_) => true,
             Placement::InProcess(_) => !applied.in_process.confirmed.contains_key(&p.name_any()),
-            Placement::InProcessMutating => !applied.in_process.mutating.confirmed(p),
+            Placement::InProcessMutating(_) => !applied.in_process.mutating.confirmed(p),
             Placement::Refused(_) => false,
         })
         .map(|(p, _)| *p)
@@ -44,8 +44,8 @@ pub(super) struct Decided<'a> {
     pub valid: &'a [Arc<Policy>],
     /// Where each of them runs (the ones the API server refused left out).
     pub placements: &'a [(&'a Policy, Placement)],
-    /// The MutatingAdmissionPolicy of the mutating Policies placed in-process, if any.
-    pub generated_mutation: Option<&'a InProcessMutation>,
+    /// The MutatingAdmissionPolicies of the mutating Policies placed in-process.
+    pub generated_mutation: &'a [InProcessMutation],
     /// Whether each mutating Policy's merges fit its kinds' schemas.
     pub schema_fit: &'a HashMap<String, SchemaFit>,
     /// The wiring, with its owner.
@@ -98,7 +98,7 @@ pub(super) async fn wire(
             ctx,
             wiring,
             mutating,
-            *generated_mutation,
+            generated_mutation,
             placements,
             schema_fit,
             leader,

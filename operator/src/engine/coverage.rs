@@ -80,6 +80,25 @@ impl Coverage {
             && self.objects.contains(&other.objects)
     }
 
+    /// Whether no request can be selected by both: their rules share no operation, scope and
+    /// resource, or every request both rules select is namespaced (not a Namespace) and no
+    /// namespace's labels satisfy both namespaceSelectors. Object selectors are not weighed:
+    /// a mutation may change the labels they read before the other is matched.
+    ///
+    /// Decided syntactically, like [`Coverage::contains`]: it may miss a disjointness, never
+    /// claim one wrongly.
+    pub fn disjoint(&self, other: &Coverage) -> bool {
+        let meeting: Vec<(&Rule, &Rule)> = self
+            .rules
+            .iter()
+            .flat_map(|a| other.rules.iter().map(move |b| (a, b)))
+            .filter(|(a, b)| rules_meet(a, b))
+            .collect();
+        meeting.is_empty()
+            || (meeting.iter().all(|(a, b)| only_namespaced(a, b))
+                && self.namespaces.disjoint(&other.namespaces))
+    }
+
     /// The coverage that selects exactly what `self` or `other` selects, if rules and two
     /// selectors can say it (see the module documentation).
     pub fn union(&self, other: &Coverage) -> Option<Coverage> {
@@ -184,6 +203,24 @@ impl Requirement {
     }
 }
 
+impl Requirement {
+    /// Whether no label set satisfies both `self` and `other`.
+    fn excludes(&self, other: &Requirement) -> bool {
+        if self.key != other.key {
+            return false;
+        }
+        let shared = |a: &[String], b: &[String]| a.iter().any(|v| b.contains(v));
+        let within = |a: &[String], b: &[String]| a.iter().all(|v| b.contains(v));
+        match (self.operator.as_str(), other.operator.as_str()) {
+            (IN, IN) => !shared(&self.values, &other.values),
+            (IN, NOT_IN) => within(&self.values, &other.values),
+            (NOT_IN, IN) => within(&other.values, &self.values),
+            (IN | EXISTS, DOES_NOT_EXIST) | (DOES_NOT_EXIST, IN | EXISTS) => true,
+            _ => false,
+        }
+    }
+}
+
 impl Selector {
     pub fn of(selector: Option<&LabelSelector>) -> Self {
         let Some(selector) = selector else {
@@ -209,6 +246,17 @@ impl Selector {
         self.requirements
             .iter()
             .all(|mine| other.requirements.iter().any(|theirs| theirs.implies(mine)))
+    }
+
+    /// Whether no label set satisfies both: one key has requirements that exclude each
+    /// other.
+    pub fn disjoint(&self, other: &Selector) -> bool {
+        self.requirements.iter().any(|mine| {
+            other
+                .requirements
+                .iter()
+                .any(|theirs| mine.excludes(theirs))
+        })
     }
 
     /// The selector that selects exactly what `self` or `other` selects, when one of them
@@ -306,6 +354,95 @@ fn rule_contains(outer: &Rule, inner: &Rule) -> bool {
             .resources
             .iter()
             .all(|r| outer.resources.iter().any(|o| resource_contains(o, r)))
+}
+
+/// Whether one request can match both rules. Groups and versions are not weighed: with
+/// `matchPolicy: Equivalent` a rule also matches a request for another group or version of the
+/// same resource.
+fn rules_meet(a: &Rule, b: &Rule) -> bool {
+    let operations = a.operations.iter().any(|x| {
+        b.operations
+            .iter()
+            .any(|y| x == y || *x == Operation::All || *y == Operation::All)
+    });
+    let scope = a.scope == Scope::All || b.scope == Scope::All || a.scope == b.scope;
+    let resources = a
+        .resources
+        .iter()
+        .any(|x| b.resources.iter().any(|y| resources_meet(x, y)));
+    operations && scope && resources
+}
+
+/// Whether one resource (or subresource) matches both patterns ([`resource_contains`] reads
+/// them).
+fn resources_meet(a: &str, b: &str) -> bool {
+    if a == "*/*" || b == "*/*" {
+        return true;
+    }
+    let split = |p: &str| match p.split_once('/') {
+        Some((resource, sub)) => (resource.to_string(), Some(sub.to_string())),
+        None => (p.to_string(), None),
+    };
+    let ((ra, sa), (rb, sb)) = (split(a), split(b));
+    let resource = ra == "*" || rb == "*" || ra == rb;
+    let sub = match (sa.as_deref(), sb.as_deref()) {
+        (None, None) => true,
+        (Some(x), Some(y)) => x == "*" || y == "*" || x == y,
+        _ => false,
+    };
+    resource && sub
+}
+
+/// Resources of the built-in groups known to be namespaced: a request for them is never for a
+/// Namespace or another cluster-scoped object (which a namespaceSelector would not narrow).
+const NAMESPACED_BUILT_INS: &[(&str, &[&str])] = &[
+    (
+        "",
+        &[
+            "pods",
+            "configmaps",
+            "secrets",
+            "services",
+            "serviceaccounts",
+            "persistentvolumeclaims",
+            "endpoints",
+            "events",
+            "limitranges",
+            "resourcequotas",
+            "replicationcontrollers",
+            "podtemplates",
+        ],
+    ),
+    (
+        "apps",
+        &[
+            "deployments",
+            "statefulsets",
+            "daemonsets",
+            "replicasets",
+            "controllerrevisions",
+        ],
+    ),
+    ("batch", &["jobs", "cronjobs"]),
+];
+
+/// Whether every request both rules match is for a namespaced object: one of them matches
+/// namespaced objects only, or names built-in namespaced resources only.
+fn only_namespaced(a: &Rule, b: &Rule) -> bool {
+    let built_in = |r: &Rule| {
+        r.api_groups.iter().all(|g| {
+            NAMESPACED_BUILT_INS.iter().any(|(group, resources)| {
+                group == g
+                    && r.resources.iter().all(|res| {
+                        let resource = res.split('/').next().unwrap_or_default();
+                        resources.contains(&resource)
+                    })
+            })
+        })
+    };
+    [a, b]
+        .iter()
+        .any(|r| r.scope == Scope::Namespaced || built_in(r))
 }
 
 /// Resource patterns as the API server reads them: `*` is every resource but no subresource,

@@ -315,3 +315,137 @@ proptest! {
         }
     }
 }
+
+fn in_namespace(ns: &str) -> LabelSelector {
+    labels(&[("kubernetes.io/metadata.name", ns)])
+}
+
+#[test]
+fn policies_of_two_namespaces_are_disjoint() {
+    let pods = || vec![rule(&[Operation::Create], &["pods"])];
+    let a = coverage(pods(), Some(&in_namespace("a")), None);
+    let b = coverage(pods(), Some(&in_namespace("b")), None);
+    assert!(a.disjoint(&b) && b.disjoint(&a));
+    assert!(!a.disjoint(&a.clone()));
+    // Every namespace, or one selected otherwise: they may meet.
+    let everywhere = coverage(pods(), None, None);
+    assert!(!a.disjoint(&everywhere));
+    let team = coverage(pods(), Some(&labels(&[("team", "x")])), None);
+    assert!(!a.disjoint(&team));
+}
+
+#[test]
+fn selectors_exclude_each_other_only_on_one_key() {
+    let cases = [
+        (
+            expression("t", "In", &["a", "b"]),
+            expression("t", "In", &["c"]),
+            true,
+        ),
+        (
+            expression("t", "In", &["a", "b"]),
+            expression("t", "In", &["b"]),
+            false,
+        ),
+        (
+            expression("t", "In", &["a"]),
+            expression("t", "NotIn", &["a", "b"]),
+            true,
+        ),
+        (
+            expression("t", "In", &["a", "c"]),
+            expression("t", "NotIn", &["a"]),
+            false,
+        ),
+        (
+            expression("t", "Exists", &[]),
+            expression("t", "DoesNotExist", &[]),
+            true,
+        ),
+        (
+            expression("t", "NotIn", &["a"]),
+            expression("t", "DoesNotExist", &[]),
+            false,
+        ),
+        (
+            expression("t", "In", &["a"]),
+            expression("u", "In", &["b"]),
+            false,
+        ),
+    ];
+    for (a, b, disjoint) in cases {
+        assert_eq!(
+            selector(&a).disjoint(&selector(&b)),
+            disjoint,
+            "{a:?} / {b:?}"
+        );
+        assert_eq!(
+            selector(&b).disjoint(&selector(&a)),
+            disjoint,
+            "{b:?} / {a:?}"
+        );
+    }
+}
+
+#[test]
+fn rules_apart_are_disjoint_whatever_the_selectors() {
+    let pods = coverage(vec![rule(&[Operation::Create], &["pods"])], None, None);
+    let maps = coverage(
+        vec![rule(&[Operation::Create], &["configmaps"])],
+        None,
+        None,
+    );
+    let updates = coverage(vec![rule(&[Operation::Update], &["pods"])], None, None);
+    let all = coverage(vec![rule(&[Operation::All], &["*"])], None, None);
+    let status = coverage(
+        vec![rule(&[Operation::Create], &["pods/status"])],
+        None,
+        None,
+    );
+    let subresources = coverage(vec![rule(&[Operation::Create], &["pods/*"])], None, None);
+    assert!(pods.disjoint(&maps));
+    assert!(pods.disjoint(&updates));
+    assert!(!pods.disjoint(&all) && !maps.disjoint(&all));
+    assert!(pods.disjoint(&status) && all.disjoint(&status));
+    assert!(!status.disjoint(&subresources));
+}
+
+#[test]
+fn a_namespace_selector_does_not_part_cluster_scoped_requests() {
+    // A rule for every scope of a resource that may be cluster-scoped: a namespaceSelector does
+    // not narrow a cluster-scoped object's requests, and a Namespace's is its own labels.
+    let mut any = rule(&[Operation::Create], &["widgets"]);
+    any.api_groups = vec!["example.com".into()];
+    any.scope = Scope::All;
+    let a = coverage(vec![any.clone()], Some(&in_namespace("a")), None);
+    let b = coverage(vec![any.clone()], Some(&in_namespace("b")), None);
+    assert!(!a.disjoint(&b));
+    // Namespaced only, on one side: parted.
+    let mut namespaced = any;
+    namespaced.scope = Scope::Namespaced;
+    let c = coverage(vec![namespaced], Some(&in_namespace("b")), None);
+    assert!(a.disjoint(&c));
+    // Pods of every scope are namespaced all the same.
+    let mut pods = rule(&[Operation::Create], &["pods"]);
+    pods.scope = Scope::All;
+    let d = coverage(vec![pods.clone()], Some(&in_namespace("a")), None);
+    let e = coverage(vec![pods], Some(&in_namespace("b")), None);
+    assert!(d.disjoint(&e));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// No label set satisfies two selectors called disjoint.
+    #[test]
+    fn disjoint_selectors_select_no_label_set_together(a in arb_selector(), b in arb_selector()) {
+        if selector(&a).disjoint(&selector(&b)) {
+            for set in every_label_set() {
+                prop_assert!(
+                    !(selects(&a, &set) && selects(&b, &set)),
+                    "{:?} and {:?} both select {:?}", a, b, set
+                );
+            }
+        }
+    }
+}

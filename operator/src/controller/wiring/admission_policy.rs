@@ -190,9 +190,9 @@ fn generated_meta(name: &str, p: &Policy, wiring: &Wiring) -> ObjectMeta {
 pub enum Placement {
     /// In the API server, as these objects.
     InProcess(Box<InProcess>),
-    /// In the API server, as a member of the generated MutatingAdmissionPolicy
+    /// In the API server, as a member of the generated MutatingAdmissionPolicy of this name
     /// ([`super::mutating_policy`]).
-    InProcessMutating,
+    InProcessMutating(String),
     /// On the webhook, and why not in-process.
     Webhook(String),
     /// Nowhere: `enforcement: InProcess` and this is why it cannot be.
@@ -225,7 +225,7 @@ pub fn place(p: &Policy, wiring: &Wiring, vap_served: bool) -> Placement {
     }
 }
 
-/// Where every Policy runs, in the order given, and the generated MutatingAdmissionPolicy of
+/// Where every Policy runs, in the order given, and the generated MutatingAdmissionPolicies of
 /// the mutating ones that run in-process: validating Policies are placed one by one
 /// ([`place`]), mutating ones together ([`super::mutating_policy::place_mutating`]), since
 /// their order across Policies decides where they can run.
@@ -235,14 +235,16 @@ pub fn place_all<'p>(
     wiring: &Wiring,
     served: Served,
     schema_fit: &HashMap<String, SchemaFit>,
-) -> (Vec<(&'p Policy, Placement)>, Option<InProcessMutation>) {
+) -> (Vec<(&'p Policy, Placement)>, Vec<InProcessMutation>) {
     let (mutating, generated) = place_mutating(policies, wiring, served.mutating, schema_fit);
     let placements = policies
         .iter()
         .map(|p| {
             let name = p.metadata.name.as_deref().unwrap_or_default();
             let placement = match mutating.iter().find(|(n, _)| n == name) {
-                Some((_, MutatingPlacement::InProcess)) => Placement::InProcessMutating,
+                Some((_, MutatingPlacement::InProcess(generated))) => {
+                    Placement::InProcessMutating(generated.clone())
+                }
                 Some((_, MutatingPlacement::Webhook(reason))) => Placement::Webhook(reason.clone()),
                 Some((_, MutatingPlacement::Refused(reason))) => Placement::Refused(reason.clone()),
                 None => place(p, wiring, served.validating),

@@ -1,11 +1,15 @@
-//! Mutating Policies → one MutatingAdmissionPolicy (and its binding) the API server runs
+//! Mutating Policies → MutatingAdmissionPolicies (and their bindings) the API server runs
 //! in-process, holding the mutations of every Policy that can run there exactly, in
 //! (priority, name) order; the others stay on the webhook with the reason.
 //!
-//! Why one policy: the API server runs MutatingAdmissionPolicies in no defined order among
-//! themselves, and only the mutations inside one run in order. Why a prefix: they all run before
-//! every mutating webhook, so a Policy can move in only while no Policy before it in the order
-//! stays on the webhook.
+//! Scope before order: the API server runs MutatingAdmissionPolicies in no defined order among
+//! themselves, and only the mutations inside one run in order. Policies that can select one
+//! request together need that order, so they share a generated policy; Policies no request can
+//! reach two of need none, so each such group has a policy of its own, called only for what its
+//! members select — a request pays the mutations of the Policies that can match it, not of every
+//! Policy in the cluster. Why a prefix: in-process mutations run before every mutating webhook,
+//! so a Policy can move in only while no Policy before it in the order that can match the same
+//! requests stays on the webhook.
 //!
 //! Each Policy's `mutate[]` entries become [`jsonpatch_cel`] mutations, repeated as many passes
 //! as the engine makes at most (a settled pass is a no-op), each guarded by the Policy's match
@@ -35,21 +39,22 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 pub use super::mutating_translation::{match_expression, policy_mutations};
 use super::schema_fit::SchemaFit;
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, namespace_selector};
-use crate::api::v1alpha1::{Enforcement, Operation, Policy, PolicySpec, Rule};
+use crate::api::v1alpha1::{Enforcement, Policy, PolicySpec, Rule};
 use crate::engine::coverage::Coverage;
 use crate::engine::defaulting::{Footprint, footprint, interacts};
 use crate::engine::derived_defaults::add_derived_defaults;
 use crate::engine::jsonpatch_cel::string_literal;
 use crate::engine::policy::is_mutating;
 
-/// Name of the generated MutatingAdmissionPolicy and its binding.
+/// Name prefix of the generated MutatingAdmissionPolicies and their bindings; each is named
+/// after its first member ([`generated_name`]).
 pub const MUTATING_NAME: &str = "gatehouse-mutating";
 /// Label on the generated mutating objects, so a watch can select them.
 pub const MUTATING_GENERATED_LABEL: (&str, &str) = ("gatehouse.dev/generated", "mutating");
-/// Annotation on the generated policy: its member Policies, in order, comma-separated.
+/// Annotation on a generated policy: its member Policies, in order, comma-separated.
 pub const MEMBERS_ANNOTATION: &str = "gatehouse.dev/policies";
 
-/// The generated objects that run the in-process mutating Policies.
+/// The generated objects that run a group of in-process mutating Policies.
 #[derive(Clone, Debug, PartialEq)]
 pub struct InProcessMutation {
     pub policy: MutatingAdmissionPolicy,
@@ -58,19 +63,27 @@ pub struct InProcessMutation {
     pub members: Vec<String>,
 }
 
+impl InProcessMutation {
+    /// The name of the generated policy and binding.
+    pub fn name(&self) -> &str {
+        self.policy.metadata.name.as_deref().unwrap_or_default()
+    }
+}
+
 /// Where one mutating Policy runs.
 #[derive(Clone, Debug, PartialEq)]
 pub enum MutatingPlacement {
-    /// A member of the generated MutatingAdmissionPolicy.
-    InProcess,
+    /// A member of the generated MutatingAdmissionPolicy of this name.
+    InProcess(String),
     /// On the webhook, and why not in-process.
     Webhook(String),
     /// Nowhere: `enforcement: InProcess` and this is why it cannot be.
     Refused(String),
 }
 
-/// The placement of every mutating Policy (by name) and the generated objects, if any Policy
-/// runs in-process. `served`: whether the API server serves admissionregistration.k8s.io/v1
+/// The placement of every mutating Policy (by name) and the generated objects of those that
+/// run in-process, one policy per group of members that can select one request together
+/// ([`groups`]). `served`: whether the API server serves admissionregistration.k8s.io/v1
 /// MutatingAdmissionPolicy.
 ///
 /// `schema_fit`: by Policy, whether its merges fit the schemas of the kinds it matches
@@ -80,7 +93,7 @@ pub fn place_mutating(
     wiring: &Wiring,
     served: bool,
     schema_fit: &HashMap<String, SchemaFit>,
-) -> (Vec<(String, MutatingPlacement)>, Option<InProcessMutation>) {
+) -> (Vec<(String, MutatingPlacement)>, Vec<InProcessMutation>) {
     let mut ordered: Vec<&Policy> = policies
         .iter()
         .copied()
@@ -88,11 +101,10 @@ pub fn place_mutating(
         .collect();
     ordered.sort_by(|a, b| (a.spec.priority, name(a)).cmp(&(b.spec.priority, name(b))));
     let mut placements = Vec::new();
-    let mut members = Vec::new();
-    let mut mutations: Vec<Mutation> = Vec::new();
-    let mut member_specs: Vec<&PolicySpec> = Vec::new();
-    // The first Policy in the order that runs on the webhook: every later one must too.
-    let mut on_webhook: Option<&str> = None;
+    let mut members: Vec<Member<'_>> = Vec::new();
+    // The Policies so far that run on the webhook: a later one that can select a request with
+    // one of them must run there too.
+    let mut on_webhook: Vec<&Policy> = Vec::new();
     // What the in-process Policies so far may append or create, by Policy and mutation.
     let mut appended: Vec<Appended<'_>> = Vec::new();
     // Every mutating Policy's footprints, once.
@@ -108,7 +120,7 @@ pub fn place_mutating(
                     name(p).to_string(),
                     MutatingPlacement::Webhook("spec.enforcement is Webhook".to_string()),
                 ));
-                on_webhook.get_or_insert(name(p));
+                on_webhook.push(p);
                 continue;
             }
             Enforcement::Auto => false,
@@ -121,16 +133,19 @@ pub fn place_mutating(
         let fit = schema_fit.get(name(p)).cloned().unwrap_or_else(|| {
             SchemaFit::Unread("the schemas of the kinds it matches are not read yet".to_string())
         });
+        let before_on_webhook = on_webhook.iter().find(|w| !disjoint_matches(w, p));
         let translated = if !served {
             Err(
                 "the API server does not serve admissionregistration.k8s.io/v1 \
                  MutatingAdmissionPolicy"
                     .to_string(),
             )
-        } else if let Some(first) = on_webhook {
+        } else if let Some(first) = before_on_webhook {
             Err(format!(
-                "Policy {first} comes before it in (priority, name) order and runs on the \
-                 webhook, and in-process mutations run before every webhook"
+                "Policy {} comes before it in (priority, name) order, can match the same \
+                 requests and runs on the webhook, and in-process mutations run before every \
+                 webhook",
+                name(first)
             ))
         } else {
             let later: Vec<(&Policy, &[Footprint])> = ordered[i + 1..]
@@ -151,8 +166,8 @@ pub fn place_mutating(
         // Schemas not read this time say nothing about the Policy: it stays enforced, on the
         // webhook, until they are.
         let unread = matches!(fit, SchemaFit::Unread(_));
-        let placement = match translated {
-            Ok(own) => {
+        match translated {
+            Ok(mutations) => {
                 for (i, fp) in own_footprints.iter().enumerate() {
                     appended.push(Appended {
                         policy: p,
@@ -160,22 +175,89 @@ pub fn place_mutating(
                         footprint: fp.clone(),
                     });
                 }
-                mutations.extend(own);
-                member_specs.push(&p.spec);
-                members.push(name(p).to_string());
-                MutatingPlacement::InProcess
+                members.push(Member {
+                    policy: p,
+                    mutations,
+                });
             }
-            Err(reason) if required && !unread => MutatingPlacement::Refused(reason),
+            Err(reason) if required && !unread => {
+                placements.push((name(p).to_string(), MutatingPlacement::Refused(reason)));
+            }
             Err(reason) => {
-                on_webhook.get_or_insert(name(p));
-                MutatingPlacement::Webhook(reason)
+                on_webhook.push(p);
+                placements.push((name(p).to_string(), MutatingPlacement::Webhook(reason)));
             }
-        };
-        placements.push((name(p).to_string(), placement));
+        }
     }
-    let generated =
-        (!members.is_empty()).then(|| generated_objects(members, mutations, &member_specs, wiring));
+    let generated: Vec<InProcessMutation> = groups(members)
+        .into_iter()
+        .map(|group| generated_objects(group, wiring))
+        .collect();
+    for objects in &generated {
+        for member in &objects.members {
+            placements.push((
+                member.clone(),
+                MutatingPlacement::InProcess(objects.name().to_string()),
+            ));
+        }
+    }
     (placements, generated)
+}
+
+/// One in-process Policy and its generated mutations.
+struct Member<'p> {
+    policy: &'p Policy,
+    mutations: Vec<Mutation>,
+}
+
+/// The members (in order) parted into groups no request can reach two of: two members that
+/// can select one request ([`disjoint_matches`]) are in one group, in their order; each group
+/// becomes one generated policy, so a request runs only the mutations of the group it can
+/// reach. Groups come in the order of their first members.
+fn groups(members: Vec<Member<'_>>) -> Vec<Vec<Member<'_>>> {
+    // Union-find over the members' indexes.
+    let mut parent: Vec<usize> = (0..members.len()).collect();
+    fn root(parent: &mut [usize], mut i: usize) -> usize {
+        while parent[i] != i {
+            parent[i] = parent[parent[i]];
+            i = parent[i];
+        }
+        i
+    }
+    for i in 0..members.len() {
+        for j in 0..i {
+            if !disjoint_matches(members[i].policy, members[j].policy) {
+                let (ri, rj) = (root(&mut parent, i), root(&mut parent, j));
+                parent[ri.max(rj)] = ri.min(rj);
+            }
+        }
+    }
+    let mut grouped: Vec<(usize, Vec<Member<'_>>)> = Vec::new();
+    for (i, member) in members.into_iter().enumerate() {
+        let r = root(&mut parent, i);
+        match grouped.iter_mut().find(|(g, _)| *g == r) {
+            Some((_, group)) => group.push(member),
+            None => grouped.push((r, vec![member])),
+        }
+    }
+    grouped.into_iter().map(|(_, group)| group).collect()
+}
+
+/// The name of the generated policy whose first member is `first`: `gatehouse-mutating-` and
+/// the Policy's name, so a Policy's edit rewrites only its own group's policy. A name too long
+/// for an object is cut and ends in a digest of the whole.
+pub fn generated_name(first: &str) -> String {
+    const MAX: usize = 253;
+    let full = format!("{MUTATING_NAME}-{first}");
+    if full.len() <= MAX {
+        return full;
+    }
+    // FNV-1a: stable across releases, unlike the standard library's hasher.
+    let digest = full.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    let cut = full[..MAX - 17].trim_end_matches(['-', '.']);
+    format!("{cut}-{digest:016x}")
 }
 
 fn name(p: &Policy) -> &str {
@@ -251,52 +333,9 @@ fn defaulted_before(p: &Policy, own: &[Footprint], earlier: &[Appended<'_>]) -> 
     Ok(())
 }
 
-/// Whether no request can match both `a` and `b`: their rules share no operation and
-/// resource, or both select namespaced objects only, in namespaces no Namespace can be in for
-/// both (one label, two values).
+/// Whether no request can match both `a` and `b` ([`Coverage::disjoint`]).
 fn disjoint_matches(a: &Policy, b: &Policy) -> bool {
-    let operations = |r: &Rule| -> Vec<&'static str> {
-        r.operations
-            .iter()
-            .flat_map(|o| match o {
-                Operation::All => vec!["CREATE", "UPDATE"],
-                Operation::Create => vec!["CREATE"],
-                Operation::Update => vec!["UPDATE"],
-                Operation::Delete | Operation::Connect => vec![],
-            })
-            .collect()
-    };
-    let meet = |x: &[String], y: &[String]| {
-        x.iter().any(|v| v == "*" || y.contains(v)) || y.iter().any(|v| v == "*")
-    };
-    let rules_meet = a.spec.match_.rules.iter().any(|x| {
-        b.spec.match_.rules.iter().any(|y| {
-            operations(x).iter().any(|o| operations(y).contains(o))
-                && meet(&x.api_groups, &y.api_groups)
-                && meet(&x.api_versions, &y.api_versions)
-                && meet(&x.resources, &y.resources)
-        })
-    });
-    if !rules_meet {
-        return true;
-    }
-    let namespaced = |p: &Policy| {
-        p.spec
-            .match_
-            .rules
-            .iter()
-            .all(|r| r.scope == crate::api::v1alpha1::Scope::Namespaced)
-    };
-    let labels = |p: &Policy| {
-        p.spec
-            .match_
-            .namespace_selector
-            .as_ref()
-            .and_then(|s| s.match_labels.clone())
-            .unwrap_or_default()
-    };
-    let (la, lb) = (labels(a), labels(b));
-    (namespaced(a) || namespaced(b)) && la.iter().any(|(k, v)| lb.get(k).is_some_and(|w| w != v))
+    Coverage::of(&a.spec).disjoint(&Coverage::of(&b.spec))
 }
 
 /// Whether a later mutating Policy (in-process or not) reads or writes what a mutation of `p`
@@ -330,19 +369,18 @@ fn defaulted_after(
 /// of a policy it calls (even an empty patch costs a decode and defaulting), so it is called only
 /// for what some member selects: the union of their rules, and selectors covering theirs, with
 /// the system exclusion ANDed in.
-fn generated_objects(
-    members: Vec<String>,
-    mutations: Vec<Mutation>,
-    member_specs: &[&PolicySpec],
-    wiring: &Wiring,
-) -> InProcessMutation {
+fn generated_objects(group: Vec<Member<'_>>, wiring: &Wiring) -> InProcessMutation {
+    let members: Vec<String> = group.iter().map(|m| name(m.policy).to_string()).collect();
+    let member_specs: Vec<&PolicySpec> = group.iter().map(|m| &m.policy.spec).collect();
+    let generated = generated_name(members.first().map(String::as_str).unwrap_or_default());
+    let mutations: Vec<Mutation> = group.into_iter().flat_map(|m| m.mutations).collect();
     let rules: Vec<&Rule> = member_specs
         .iter()
         .flat_map(|s| s.match_.rules.iter())
         .collect();
     let coverage = Coverage::of_members(member_specs.iter().copied());
     let metadata = ObjectMeta {
-        name: Some(MUTATING_NAME.to_string()),
+        name: Some(generated.clone()),
         owner_references: wiring.owner.as_ref().map(|o| vec![o.clone()]),
         labels: Some(BTreeMap::from([
             (
@@ -407,7 +445,7 @@ fn generated_objects(
         spec: Some(MutatingAdmissionPolicyBindingSpec {
             match_resources: None,
             param_ref: None,
-            policy_name: Some(MUTATING_NAME.to_string()),
+            policy_name: Some(generated),
         }),
     };
     InProcessMutation {
@@ -520,3 +558,7 @@ fn dedup(mut values: Vec<String>) -> Vec<String> {
 #[cfg(test)]
 #[path = "mutating_policy_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "mutating_groups_tests.rs"]
+mod groups_tests;

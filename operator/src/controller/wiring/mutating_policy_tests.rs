@@ -5,7 +5,8 @@ use serde_json::json;
 
 use super::*;
 use crate::api::v1alpha1::{
-    FailurePolicy, MatchCondition, Mutation as Merge, PolicySpec, ReinvocationPolicy, sample_spec,
+    FailurePolicy, MatchCondition, Mutation as Merge, Operation, PolicySpec, ReinvocationPolicy,
+    sample_spec,
 };
 use crate::controller::wiring::schema_fit::{OptionalStruct, SchemaFit};
 use crate::controller::wiring::{Endpoint, Wiring};
@@ -40,7 +41,7 @@ fn policy(name: &str, priority: i32, enforcement: Enforcement) -> Policy {
 fn place(
     policies: &[&Policy],
     served: bool,
-) -> (Vec<(String, MutatingPlacement)>, Option<InProcessMutation>) {
+) -> (Vec<(String, MutatingPlacement)>, Vec<InProcessMutation>) {
     let fit = policies
         .iter()
         .map(|p| {
@@ -51,6 +52,14 @@ fn place(
         })
         .collect();
     place_mutating(policies, &wiring(), served, &fit)
+}
+
+/// The members of each generated policy.
+fn members(generated: &[InProcessMutation]) -> Vec<Vec<&str>> {
+    generated
+        .iter()
+        .map(|g| g.members.iter().map(String::as_str).collect())
+        .collect()
 }
 
 fn placement_of<'a>(
@@ -67,7 +76,9 @@ fn members_are_the_in_process_prefix_in_priority_then_name_order() {
     let a = policy("a", 10, Enforcement::InProcess);
     let validating = Policy::new("v", sample_spec(1, false, true));
     let (placements, generated) = place(&[&c, &b, &a, &validating], true);
-    let generated = generated.unwrap();
+    let [generated] = generated.as_slice() else {
+        panic!("one group: {generated:?}");
+    };
     assert_eq!(generated.members, ["a", "b", "c"]);
     assert_eq!(
         placements.len(),
@@ -99,7 +110,7 @@ fn members_are_the_in_process_prefix_in_priority_then_name_order() {
             .unwrap()
             .policy_name
             .as_deref(),
-        Some(MUTATING_NAME)
+        Some("gatehouse-mutating-a")
     );
 }
 
@@ -109,7 +120,7 @@ fn a_policy_after_one_on_the_webhook_cannot_move_in() {
     let later = policy("later", 20, Enforcement::InProcess);
     let auto = policy("auto", 30, Enforcement::Auto);
     let (placements, generated) = place(&[&later, &first, &auto], true);
-    assert!(generated.is_none());
+    assert!(generated.is_empty());
     assert!(matches!(
         placement_of(&placements, "first"),
         MutatingPlacement::Webhook(_)
@@ -139,7 +150,7 @@ fn a_refused_policy_runs_nowhere_and_so_does_not_block_later_ones() {
         panic!("{placements:?}");
     };
     assert!(reason.starts_with("spec.effects"), "{reason}");
-    assert_eq!(generated.unwrap().members, ["later"]);
+    assert_eq!(members(&generated), [vec!["later"]]);
 }
 
 #[test]
@@ -148,7 +159,7 @@ fn auto_moves_in_when_its_merges_fit_and_unserved_is_refused() {
     let (placements, _) = place(&[&auto], true);
     assert_eq!(
         placement_of(&placements, "auto"),
-        &MutatingPlacement::InProcess
+        &MutatingPlacement::InProcess("gatehouse-mutating-auto".to_string())
     );
     let unfit = HashMap::from([(
         "auto".to_string(),
@@ -175,7 +186,7 @@ fn auto_moves_in_when_its_merges_fit_and_unserved_is_refused() {
         &MutatingPlacement::Webhook("discovery failed".into())
     );
     let (placements, generated) = place(&[&required], false);
-    assert!(generated.is_none());
+    assert!(generated.is_empty());
     assert!(
         matches!(placement_of(&placements, "required"), MutatingPlacement::Refused(r) if r.contains("does not serve"))
     );
@@ -347,7 +358,7 @@ fn a_policy_appending_what_a_later_one_reads_stays_out() {
     // Policy runs: asked to run in-process the appending one runs nowhere (blocking nothing),
     // under Auto it stays on the webhook (and so does everything after it).
     let (placements, generated) = place(&[&sidecar, &pull], true);
-    assert_eq!(generated.unwrap().members, ["b-pull"]);
+    assert_eq!(members(&generated), [vec!["b-pull"]]);
     let MutatingPlacement::Refused(reason) = placement_of(&placements, "a-sidecar") else {
         panic!("{placements:?}");
     };
@@ -360,7 +371,7 @@ fn a_policy_appending_what_a_later_one_reads_stays_out() {
     let mut auto = sidecar.clone();
     auto.spec.enforcement = Enforcement::Auto;
     let (placements, generated) = place(&[&auto, &pull], true);
-    assert!(generated.is_none());
+    assert!(generated.is_empty());
     assert!(matches!(
         placement_of(&placements, "a-sidecar"),
         MutatingPlacement::Webhook(_)
@@ -379,7 +390,7 @@ fn a_policy_appending_what_a_later_one_reads_stays_out() {
     in_namespace(&mut elsewhere, "a");
     in_namespace(&mut there, "b");
     let (_, generated) = place(&[&elsewhere, &there], true);
-    assert_eq!(generated.unwrap().members, ["a-sidecar", "b-pull"]);
+    assert_eq!(members(&generated), [vec!["a-sidecar"], vec!["b-pull"]]);
     // In one Policy, the second pass runs the forEach after the append.
     let chained = with(|s| {
         s.mutate = vec![pull.spec.mutate[0].clone(), sidecar.spec.mutate[0].clone()];
@@ -420,7 +431,7 @@ fn a_policy_creating_a_struct_a_later_one_fills_stays_out() {
     };
     let fit = HashMap::from([created(&probe), created(&period)]);
     let (placements, generated) = place_mutating(&[&probe, &period], &wiring(), true, &fit);
-    assert!(generated.is_none(), "{placements:?}");
+    assert!(generated.is_empty(), "{placements:?}");
     let MutatingPlacement::Webhook(reason) = placement_of(&placements, "a-probe") else {
         panic!("{placements:?}");
     };
@@ -430,7 +441,7 @@ fn a_policy_creating_a_struct_a_later_one_fills_stays_out() {
     );
     // Into a struct present from the start (no optional struct), both move in.
     let (_, generated) = place(&[&probe, &period], true);
-    assert_eq!(generated.unwrap().members, ["a-probe", "b-period"]);
+    assert_eq!(members(&generated), [vec!["a-probe", "b-period"]]);
     // In one Policy, the second pass would fill the probe the first created and defaulted.
     let both = with(|s| {
         s.mutate = vec![probe.spec.mutate[0].clone(), period.spec.mutate[0].clone()];

@@ -1,0 +1,197 @@
+//! Scope before order: many tenants' namespace-scoped Policies under `Auto` run in-process, and
+//! a request in one tenant's namespace reaches only that tenant's generated objects.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, ensure};
+use gatehouse_e2e::Cluster;
+use gatehouse_e2e::instance::Options;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use serde_json::{Value, json};
+
+use ::gatehouse::engine::matcher::selector_matches;
+
+use crate::fixtures::{get_json, pod_policy};
+use crate::in_process_mutation::{
+    apply_enforced, await_members, dry_run_stored, generated, generated_groups,
+};
+use crate::scene::scenario;
+
+const TENANTS: usize = 32;
+/// The tenant whose requests the test makes.
+const SEVENTH: usize = 7;
+
+/// Tenant `i`'s mutating Policy: its own label on every Pod of its namespace.
+fn labelling(name: &str, ns: &str, i: usize) -> Value {
+    pod_policy(
+        name,
+        ns,
+        &["CREATE"],
+        json!({"enforcement": "Auto", "mutate": [{"merge": {"metadata": {"labels": {format!("tenant-{i}"): "yes"}}}}]}),
+    )
+}
+
+/// Tenant `i`'s validating Policy: no Pod of its namespace carries `forbidden-<i>`.
+fn forbidding(name: &str, ns: &str, i: usize) -> Value {
+    pod_policy(
+        name,
+        ns,
+        &["CREATE"],
+        json!({"enforcement": "Auto", "validate": [{
+            "expression": format!("!has(object.metadata.labels) || !('forbidden-{i}' in object.metadata.labels)"),
+            "message": format!("tenant {i} forbids the label forbidden-{i}"),
+        }]}),
+    )
+}
+
+fn pod(ns: &str, labels: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": ns, "labels": labels},
+        "spec": {"containers": [{"name": "app", "image": "example.com/app:1"}]}})
+}
+
+/// The labels of the namespace `ns`.
+async fn namespace_labels(cluster: &Cluster, ns: &str) -> anyhow::Result<BTreeMap<String, String>> {
+    let namespace = get_json(cluster, &["namespace", ns])
+        .await?
+        .context("the namespace")?;
+    Ok(serde_json::from_value(
+        namespace["metadata"]["labels"].clone(),
+    )?)
+}
+
+/// The generated admission policies of `kind` whose match constraints select the namespace
+/// labelled `labels`, with what they stand for (`annotation`).
+async fn selecting(
+    cluster: &Cluster,
+    kind: &str,
+    annotation: &str,
+    labels: &BTreeMap<String, String>,
+) -> anyhow::Result<Vec<String>> {
+    let listed = get_json(
+        cluster,
+        &[kind, "-l", "app.kubernetes.io/managed-by=gatehouse"],
+    )
+    .await?
+    .context("a list")?;
+    let mut found = Vec::new();
+    for item in listed["items"].as_array().into_iter().flatten() {
+        let selector = &item["spec"]["matchConstraints"]["namespaceSelector"];
+        let selector: LabelSelector = serde_json::from_value(selector.clone()).unwrap_or_default();
+        if selector_matches(&selector, |k| labels.get(k).map(String::as_str)) {
+            let stands_for = item["metadata"]["annotations"][annotation]
+                .as_str()
+                .unwrap_or_default();
+            found.push(format!(
+                "{}: {stands_for}",
+                item["metadata"]["name"].as_str().unwrap_or_default()
+            ));
+        }
+    }
+    Ok(found)
+}
+
+/// A create in tenant 7's namespace: labelled by tenant 7 alone, refused by tenant 7's rule
+/// alone.
+async fn only_the_seventh_applies(cluster: &Cluster, namespaces: &[String]) -> anyhow::Result<()> {
+    let ns = &namespaces[SEVENTH];
+    let stored = dry_run_stored(cluster, &pod(ns, json!({"app": "web"}))).await?;
+    let tenant_labels: Vec<&String> = stored["metadata"]["labels"]
+        .as_object()
+        .map(|l| l.keys().filter(|k| k.starts_with("tenant-")).collect())
+        .unwrap_or_default();
+    ensure!(
+        tenant_labels == ["tenant-7"],
+        "stored in tenant 7's namespace: {stored:#}"
+    );
+    let refused = dry_run_stored(cluster, &pod(ns, json!({"forbidden-7": "x"}))).await;
+    ensure!(
+        refused.as_ref().is_err_and(|e| e
+            .to_string()
+            .contains("tenant 7 forbids the label forbidden-7")),
+        "tenant 7's rule did not refuse: {refused:?}"
+    );
+    dry_run_stored(cluster, &pod(ns, json!({"forbidden-8": "x"})))
+        .await
+        .context("tenant 8's rule refused a Pod of tenant 7's namespace")?;
+    Ok(())
+}
+
+/// Issue 39, test 1: 32 tenants, each with a namespace-scoped mutating and validating Policy
+/// under `Auto`, all in-process: a Pod in tenant 7's namespace gets tenant 7's mutation only,
+/// the generated objects that select its namespace hold tenant 7's Policies only, with
+/// Gatehouse running and stopped.
+#[tokio::test]
+async fn a_tenants_requests_reach_only_its_own_generated_policies() {
+    scenario("gh-tenants", Options::url(), async |scene| {
+        let cluster = scene.cluster;
+        let namespaces: Vec<String> =
+            futures::future::try_join_all((0..TENANTS).map(|_| scene.namespace("gh-tenant")))
+                .await?;
+        let mutating: Vec<String> = (0..TENANTS)
+            .map(|i| scene.policy(&format!("t{i}-label")))
+            .collect();
+        let validating: Vec<String> = (0..TENANTS)
+            .map(|i| scene.policy(&format!("t{i}-forbid")))
+            .collect();
+        let policies: Vec<Value> = namespaces
+            .iter()
+            .enumerate()
+            .flat_map(|(i, ns)| {
+                [
+                    labelling(&mutating[i], ns, i),
+                    forbidding(&validating[i], ns, i),
+                ]
+            })
+            .collect();
+        apply_enforced(cluster, &policies, "InProcess").await?;
+        // One generated mutating policy per tenant, each holding that tenant's Policy alone.
+        for name in &mutating {
+            await_members(cluster, &[name]).await?;
+        }
+        let groups = generated_groups(cluster).await?;
+        let ours: Vec<_> = groups
+            .iter()
+            .filter(|g| g.members.iter().any(|m| mutating.contains(m)))
+            .collect();
+        ensure!(
+            ours.len() == TENANTS
+                && ours
+                    .iter()
+                    .all(|g| g.members.len() == 1 && g.name == generated(&g.members[0])),
+            "{ours:#?}"
+        );
+
+        let labels = namespace_labels(cluster, &namespaces[SEVENTH]).await?;
+        let mutations = selecting(
+            cluster,
+            "mutatingadmissionpolicies",
+            "gatehouse.dev/policies",
+            &labels,
+        )
+        .await?;
+        ensure!(
+            mutations == [format!("gatehouse-mutating-{0}: {0}", mutating[SEVENTH])],
+            "mutating policies selecting tenant 7's namespace: {mutations:?}"
+        );
+        let validations = selecting(
+            cluster,
+            "validatingadmissionpolicies",
+            "gatehouse.dev/policy",
+            &labels,
+        )
+        .await?;
+        ensure!(
+            validations == [format!("gatehouse-{0}: {0}", validating[SEVENTH])],
+            "validating policies selecting tenant 7's namespace: {validations:?}"
+        );
+        only_the_seventh_applies(cluster, &namespaces).await?;
+
+        scene.gh.kill().await?;
+        only_the_seventh_applies(cluster, &namespaces)
+            .await
+            .context("with Gatehouse stopped")?;
+        scene.gh.restart().await?;
+        Ok(())
+    })
+    .await;
+}
