@@ -277,6 +277,32 @@ fn run_time_errors_follow_the_failure_policy() {
 }
 
 #[test]
+fn a_warn_rule_that_fails_at_run_time_warns_whatever_the_failure_policy() {
+    let req = create(pod(json!([])));
+    let spec = json!({"match": pod_rules(), "failurePolicy": "Fail", "validate": [
+        {"expression": "object.spec.nodeName == 'x'", "message": "advice", "action": "Warn"},
+        {"expression": "object.metadata.name == 'web'", "message": "named web"},
+    ]});
+    let resp = decide(&req, &compiled("advisory", spec), Phase::Validating);
+    assert!(resp.allowed(), "{:?}", resp.status);
+    assert_eq!(resp.warnings.len(), 1);
+    assert!(
+        resp.warnings[0]
+            .starts_with("policy \"advisory\": spec.validate[0].expression: evaluation failed"),
+        "{:?}",
+        resp.warnings
+    );
+    // A Deny rule beside it still fails closed.
+    let spec = json!({"match": pod_rules(), "failurePolicy": "Fail", "validate": [
+        {"expression": "object.spec.nodeName == 'x'", "message": "advice", "action": "Warn"},
+        {"expression": "object.spec.nodeName == 'x'", "message": "strict"},
+    ]});
+    let resp = decide(&req, &compiled("mixed", spec), Phase::Validating);
+    assert!(!resp.allowed());
+    assert_eq!(resp.warnings.len(), 1, "{:?}", resp.warnings);
+}
+
+#[test]
 fn a_failing_when_follows_the_failure_policy() {
     let spec = |fp: &str| {
         json!({"match": pod_rules(), "failurePolicy": fp, "mutate": [

@@ -90,7 +90,6 @@ async fn a_validating_policy_runs_in_the_api_server_with_gatehouse_stopped() {
             &ns,
             json!({
                 "enforcement": "Auto",
-                "failurePolicy": "Ignore",
                 "validate": [{"expression": "!has(object.metadata.labels) || !('legacy' in object.metadata.labels)", "message": "the legacy label is going away", "action": "Warn"}],
             }),
         );
@@ -164,25 +163,29 @@ async fn what_cannot_run_in_process_stays_on_the_webhook_or_is_not_ready() {
         let cluster = scene.cluster;
         let ns = scene.ns().to_string();
         let (auto, required) = (scene.policy("inproc-auto"), scene.policy("inproc-req"));
-        // Warn with failurePolicy Fail: the API server would only warn where the webhook denies.
-        let warn_fail = |name: &str, enforcement: &str| {
+        // Deny and Warn rules in one Policy: the API server binds a policy's validations to one
+        // action.
+        let mixed = |name: &str, enforcement: &str| {
             policy(
                 name,
                 &ns,
                 json!({
                     "enforcement": enforcement,
-                    "validate": [{"expression": "object.metadata.name != 'x'", "message": "m", "action": "Warn"}],
+                    "validate": [
+                        {"expression": "object.metadata.name != 'y'", "message": "m"},
+                        {"expression": "object.metadata.name != 'x'", "message": "w", "action": "Warn"},
+                    ],
                 }),
             )
         };
-        apply(cluster, &warn_fail(&auto, "Auto")).await?;
-        apply(cluster, &warn_fail(&required, "InProcess")).await?;
+        apply(cluster, &mixed(&auto, "Auto")).await?;
+        apply(cluster, &mixed(&required, "InProcess")).await?;
         let p = await_enforcement(cluster, &auto, "Webhook").await?;
         let ready = await_ready(cluster, &auto, "True").await?;
         ensure!(
             ready["message"]
                 .as_str()
-                .is_some_and(|m| m.contains("not in-process: spec.failurePolicy")),
+                .is_some_and(|m| m.contains("not in-process: spec.validate[1].action")),
             "{p}"
         );
         let wired = wired_groups(cluster).await?;
@@ -195,7 +198,7 @@ async fn what_cannot_run_in_process_stays_on_the_webhook_or_is_not_ready() {
             cond["reason"] == "CannotRunInProcess"
                 && cond["message"]
                     .as_str()
-                    .is_some_and(|m| m.contains("spec.failurePolicy")),
+                    .is_some_and(|m| m.contains("spec.validate[1].action")),
             "{cond}"
         );
         ensure!(
@@ -211,6 +214,59 @@ async fn what_cannot_run_in_process_stays_on_the_webhook_or_is_not_ready() {
                 "{generated} exists"
             );
         }
+        Ok(())
+    })
+    .await;
+}
+
+/// A Warn rule never denies (issue 39): a Warn-only Policy with `failurePolicy: Fail` whose rule
+/// fails at run time warns, on the webhook and in-process alike; on the webhook its entry is
+/// `Ignore`, so Gatehouse unreachable refuses nothing; under `Auto` it runs in-process.
+#[tokio::test]
+async fn a_warn_rule_never_denies_on_either_path() {
+    scenario("gh-warn", Options::url(), async |scene| {
+        let cluster = scene.cluster;
+        let ns = scene.ns().to_string();
+        let name = scene.policy("warn-only");
+        let advisory = |enforcement: &str| {
+            policy(
+                &name,
+                &ns,
+                json!({
+                    "enforcement": enforcement,
+                    "failurePolicy": "Fail",
+                    // No Pod here has a nodeName: the expression fails at run time.
+                    "validate": [{"expression": "object.spec.nodeName == 'n'", "message": "pin Pods to n", "action": "Warn"}],
+                }),
+            )
+        };
+        let warned = |said: &str| said.contains("nodeName") && !said.contains("denied");
+        apply(cluster, &advisory("Webhook")).await?;
+        await_enforcement(cluster, &name, "Webhook").await?;
+        let entry = crate::fixtures::entry_of(cluster, &name, ::gatehouse::engine::Phase::Validating)
+            .await?
+            .context("the Warn Policy has no entry")?;
+        let configuration = get_json(cluster, &["validatingwebhookconfiguration", "gatehouse"])
+            .await?
+            .context("no validating configuration")?;
+        let failure_policy = configuration["webhooks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|w| w["name"] == entry.as_str())
+            .map(|w| w["failurePolicy"].clone());
+        ensure!(failure_policy == Some(json!("Ignore")), "{entry}: {failure_policy:?}");
+        let (admitted, said) = dry_run_create(cluster, &pod("w1", &ns)).await?;
+        ensure!(admitted && warned(&said), "through the webhook: {said}");
+        scene.gh.kill().await?;
+        let (admitted, said) = dry_run_create(cluster, &pod("w2", &ns)).await?;
+        ensure!(admitted, "Gatehouse unreachable: {said}");
+        scene.gh.restart().await?;
+
+        apply(cluster, &advisory("Auto")).await?;
+        await_enforcement(cluster, &name, "InProcess").await?;
+        let (admitted, said) = dry_run_create(cluster, &pod("w3", &ns)).await?;
+        ensure!(admitted && warned(&said), "in-process: {said}");
         Ok(())
     })
     .await;

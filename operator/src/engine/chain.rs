@@ -367,7 +367,7 @@ fn offered(
                 }
             );
             let message = format!("policy {:?}: {e}", policy.name());
-            match policy.spec().failure_policy {
+            match policy.spec().effective_failure_policy() {
                 FailurePolicy::Fail => Err(Response::deny(500, "InternalError", message)),
                 FailurePolicy::Ignore => {
                     warnings.push(format!(

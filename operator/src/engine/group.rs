@@ -100,8 +100,13 @@ pub fn groups<M: Member>(members: &[M]) -> Groups {
         let coverage = Coverage::of(m.spec());
         let union = match run.members.last() {
             Some(last)
-                if (last.spec().failure_policy, last.spec().reinvocation_policy)
-                    == (m.spec().failure_policy, m.spec().reinvocation_policy) =>
+                if (
+                    last.spec().effective_failure_policy(),
+                    last.spec().reinvocation_policy,
+                ) == (
+                    m.spec().effective_failure_policy(),
+                    m.spec().reinvocation_policy,
+                ) =>
             {
                 run.coverage.as_ref().and_then(|c| c.union(&coverage))
             }
@@ -129,10 +134,9 @@ pub fn groups<M: Member>(members: &[M]) -> Groups {
         .collect();
     validating.sort_by(|a, b| a.id.cmp(&b.id));
     for failure_policy in [FailurePolicy::Fail, FailurePolicy::Ignore] {
-        let shared = validators
-            .iter()
-            .copied()
-            .filter(|m| !m.needs_own_entry() && m.spec().failure_policy == failure_policy);
+        let shared = validators.iter().copied().filter(|m| {
+            !m.needs_own_entry() && m.spec().effective_failure_policy() == failure_policy
+        });
         for mut forming in validating_sets(shared) {
             forming.close_into(Phase::Validating, &mut validating);
         }
@@ -174,7 +178,7 @@ impl<'m, M: Member> Forming<'m, M> {
             };
             out.push(group(
                 phase,
-                spec.failure_policy,
+                spec.effective_failure_policy(),
                 reinvocation_policy,
                 self.members.iter().map(|m| m.name().to_string()).collect(),
             ));
@@ -234,7 +238,7 @@ pub fn own<M: Member>(m: &M, phase: Phase) -> Group {
     Group {
         id: format!("{}{}", entry::OWN_PREFIX, m.name()),
         phase,
-        failure_policy: spec.failure_policy,
+        failure_policy: spec.effective_failure_policy(),
         reinvocation_policy: match phase {
             Phase::Mutating => spec.reinvocation_policy,
             Phase::Validating => ReinvocationPolicy::Never,
@@ -337,6 +341,22 @@ mod tests {
             "{}",
             g.mutating[0].id
         );
+    }
+
+    #[test]
+    fn a_policy_that_only_warns_is_called_with_ignore() {
+        let mut warns = p("warns", 100, true, false, true);
+        warns.spec.validate[0].action = crate::api::v1alpha1::ValidationAction::Warn;
+        let denies = p("denies", 100, true, false, true);
+        let g = groups(&[warns, denies]);
+        let by_member = |name: &str| {
+            g.validating
+                .iter()
+                .find(|g| g.members.iter().any(|m| m == name))
+                .map(|g| g.failure_policy)
+        };
+        assert_eq!(by_member("warns"), Some(FailurePolicy::Ignore));
+        assert_eq!(by_member("denies"), Some(FailurePolicy::Fail));
     }
 
     #[test]

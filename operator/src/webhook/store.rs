@@ -216,7 +216,9 @@ impl PolicyStore {
                 let group = Group {
                     id: id.to_string(),
                     phase,
-                    failure_policy: policy.map(|p| p.spec().failure_policy).unwrap_or_default(),
+                    failure_policy: policy
+                        .map(|p| p.spec().effective_failure_policy())
+                        .unwrap_or_default(),
                     reinvocation_policy: policy
                         .map(|p| p.spec().reinvocation_policy)
                         .unwrap_or_default(),

@@ -57,7 +57,9 @@ pub struct PolicySpec {
     /// What happens when the webhook cannot be reached or one of this Policy's expressions fails
     /// at run time: `Fail` rejects the request, `Ignore` skips this Policy (with a warning and
     /// the metric gatehouse_policy_decisions_total{decision="ignored"}). Decided per Policy: one
-    /// Policy's error never affects the others in its entry.
+    /// Policy's error never affects the others in its entry. A Warn rule never refuses: its
+    /// run-time error is a warning, as in the API server, and a Policy of Warn rules only is
+    /// called with `Ignore`.
     #[serde(default)]
     pub failure_policy: FailurePolicy,
 
@@ -90,14 +92,40 @@ pub struct PolicySpec {
     /// Where the API server enforces this Policy. `Auto` (default): in-process when the API
     /// server can run it exactly (no webhook call, nothing to fail while Gatehouse is
     /// unreachable), otherwise Gatehouse's webhook. A validating Policy then becomes a
-    /// ValidatingAdmissionPolicy and its binding; a mutating one joins the one generated
-    /// MutatingAdmissionPolicy `gatehouse-mutating`, in (priority, name) order, which requires
-    /// every mutating Policy before it to run in-process too and its merges to fit the schemas
-    /// of the kinds it matches. `Webhook`: always the webhook. `InProcess`: in-process, or
+    /// ValidatingAdmissionPolicy and its binding; a mutating one joins a generated
+    /// MutatingAdmissionPolicy `gatehouse-mutating-<first member>` shared with the in-process
+    /// mutating Policies that can match the same requests, in (priority, name) order, which
+    /// requires every such Policy before it to run in-process too and its merges to fit the
+    /// schemas of the kinds it matches. `Webhook`: always the webhook. `InProcess`: in-process, or
     /// `Ready=False` with the reason it cannot be. `status.enforcement` says where it runs and,
     /// on the webhook, the `Ready` condition's message says why not in-process.
     #[serde(default)]
     pub enforcement: Enforcement,
+}
+
+impl PolicySpec {
+    /// Whether nothing this Policy says can refuse a request: Warn rules only, no mutation, no
+    /// effect.
+    pub fn warns_only(&self) -> bool {
+        self.mutate.is_empty()
+            && self.effects.is_empty()
+            && !self.validate.is_empty()
+            && self
+                .validate
+                .iter()
+                .all(|r| r.action == ValidationAction::Warn)
+    }
+
+    /// The failure policy acted on: `Ignore` for a Policy that [warns only](Self::warns_only)
+    /// (its failures are warnings, and an unreachable webhook refuses nothing), otherwise
+    /// `failurePolicy`.
+    pub fn effective_failure_policy(&self) -> FailurePolicy {
+        if self.warns_only() {
+            FailurePolicy::Ignore
+        } else {
+            self.failure_policy
+        }
+    }
 }
 
 /// The spec the API server's defaulting produces for an empty object.

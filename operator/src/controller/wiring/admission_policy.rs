@@ -4,8 +4,8 @@
 //! What the API server does differently, and so what keeps a Policy on the webhook:
 //! - a binding has one set of actions for all of a policy's validations, and Deny with Warn
 //!   together is refused: a Policy mixing Deny and Warn rules stays on the webhook;
-//! - under a Warn binding, an expression that fails at run time only warns, where Gatehouse's
-//!   `failurePolicy: Fail` denies: a Warn Policy runs in-process only with `Ignore`;
+//! - a Warn rule never refuses, on either path: under a Warn binding an expression that fails
+//!   at run time only warns, and so does the engine's Warn rule (whatever `failurePolicy` says);
 //! - a validation's message may not hold a line break (nor be blank);
 //! - mutations, and the marking for effects, are not validations.
 //!
@@ -86,15 +86,6 @@ pub fn validating_admission_policy(p: &Policy, wiring: &Wiring) -> Result<InProc
             "spec.validate[{i}].action: the Policy mixes Deny and Warn rules, and the API server \
              binds all of a policy's validations to one action"
         ));
-    }
-    if action == ValidationAction::Warn
-        && spec.failure_policy == crate::api::v1alpha1::FailurePolicy::Fail
-    {
-        return Err(
-            "spec.failurePolicy: with Fail, a Warn rule that fails at run time denies on the \
-             webhook, where the API server would only warn (Ignore runs in-process)"
-                .to_string(),
-        );
     }
     if let Some(i) = spec
         .validate

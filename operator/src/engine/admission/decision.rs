@@ -253,6 +253,12 @@ pub fn validating_with(policy: &CompiledPolicy, vars: &cel::Activation<'_>) -> R
             } => {
                 over_budget |= spent;
                 let message = format!("{}: spec.validate[{i}].expression: {error}", prefix(policy));
+                // A Warn rule never refuses: as under the API server's Warn action, its
+                // failure is a warning.
+                if rule.action == ValidationAction::Warn {
+                    warnings.push(message);
+                    continue;
+                }
                 match policy.spec().failure_policy {
                     FailurePolicy::Fail => failures.push(message),
                     FailurePolicy::Ignore => {
