@@ -29,10 +29,13 @@ pub(crate) struct GeneratedGroup {
 pub(crate) async fn generated_groups(cluster: &Cluster) -> anyhow::Result<Vec<GeneratedGroup>> {
     let selector = "gatehouse.dev/generated=mutating";
     let list = |kind: &'static str| async move {
-        let listed = get_json(cluster, &[kind, "-l", selector])
-            .await?
-            .context("a list")?;
-        anyhow::Ok(listed["items"].as_array().cloned().unwrap_or_default())
+        // Nothing listed prints nothing (`--ignore-not-found`).
+        let listed = get_json(cluster, &[kind, "-l", selector]).await?;
+        anyhow::Ok(
+            listed
+                .and_then(|l| l["items"].as_array().cloned())
+                .unwrap_or_default(),
+        )
     };
     let bindings: Vec<String> = list("mutatingadmissionpolicybindings")
         .await?

@@ -66,13 +66,14 @@ async fn selecting(
     kind: &str,
     annotation: &str,
     labels: &BTreeMap<String, String>,
+    // Nothing listed prints nothing (`--ignore-not-found`).
 ) -> anyhow::Result<Vec<String>> {
     let listed = get_json(
         cluster,
         &[kind, "-l", "app.kubernetes.io/managed-by=gatehouse"],
     )
     .await?
-    .context("a list")?;
+    .unwrap_or_default();
     let mut found = Vec::new();
     for item in listed["items"].as_array().into_iter().flatten() {
         let selector = &item["spec"]["matchConstraints"]["namespaceSelector"];
