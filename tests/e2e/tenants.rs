@@ -66,8 +66,8 @@ async fn selecting(
     kind: &str,
     annotation: &str,
     labels: &BTreeMap<String, String>,
-    // Nothing listed prints nothing (`--ignore-not-found`).
 ) -> anyhow::Result<Vec<String>> {
+    // Nothing listed prints nothing (`--ignore-not-found`).
     let listed = get_json(
         cluster,
         &[kind, "-l", "app.kubernetes.io/managed-by=gatehouse"],
