@@ -593,9 +593,11 @@ fn explain_says_where_each_policy_would_run() {
         "{}",
         run.err
     );
+    // A Warn rule never denies: a Warn Policy under Fail runs in-process too.
     assert!(
-        run.err
-            .contains("policy \"warn-latest\" runs webhook: spec.failurePolicy"),
+        run.err.contains(
+            "policy \"warn-latest\" runs in-process, as ValidatingAdmissionPolicy gatehouse-warn-latest"
+        ),
         "{}",
         run.err
     );

@@ -54,7 +54,13 @@
 //!
 //! `POLICIES=16` measures only the first step (`POLICIES=16,64` the first two).
 //!
+//! `BLOCK=tenants` runs the tenants block instead ([`tenants`]): N tenants' namespace-scoped
+//! Policies, creates in one tenant's namespace.
+//!
 //! `tests/bench/admission-load` runs it (control plane, release build, environment).
+
+#[path = "admission_load_tenants.rs"]
+mod tenants;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -891,6 +897,9 @@ async fn main() -> anyhow::Result<()> {
     let rounds = env_usize("ROUNDS", 5).max(1);
     let distinct = std::env::var("LABELS").is_ok_and(|v| v == "distinct");
     let concurrency = env_usize("CONCURRENCY", 50);
+    if std::env::var("BLOCK").is_ok_and(|b| b == "tenants") {
+        return tenants::run(count, rounds, concurrency).await;
+    }
     let cluster = cluster().await;
     let client = cluster.client().await?;
     let home = TestNamespace::new(cluster, "bench-home").await?;

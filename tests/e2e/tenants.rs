@@ -4,16 +4,17 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context, ensure};
-use gatehouse_e2e::Cluster;
 use gatehouse_e2e::instance::Options;
+use gatehouse_e2e::{Cluster, await_condition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::{Value, json};
 
 use ::gatehouse::engine::matcher::selector_matches;
 
-use crate::fixtures::{get_json, pod_policy};
+use crate::fixtures::{WAIT, get_json, pod_policy};
 use crate::in_process_mutation::{
-    apply_enforced, await_members, dry_run_stored, generated, generated_groups,
+    apply_enforced, await_members, await_ready_condition, dry_run_stored, generated,
+    generated_groups,
 };
 use crate::scene::scenario;
 
@@ -192,6 +193,53 @@ async fn a_tenants_requests_reach_only_its_own_generated_policies() {
             .await
             .context("with Gatehouse stopped")?;
         scene.gh.restart().await?;
+        Ok(())
+    })
+    .await;
+}
+
+/// Issue 39, test 4: Auto weighs the cost. Three Policies of one scope, one mutation each, are
+/// past the crossover (a request would pay three mutations in-process, where one webhook call
+/// costs less): all stay on the webhook with the reason; with one deleted, the other two are
+/// within it and move in-process.
+#[tokio::test]
+async fn auto_keeps_policies_past_the_crossover_on_the_webhook() {
+    scenario("gh-crossover", Options::url(), async |scene| {
+        let cluster = scene.cluster;
+        let ns = scene.ns().to_string();
+        let names: Vec<String> = (0..3).map(|i| scene.policy(&format!("cost{i}"))).collect();
+        let policies: Vec<Value> = names
+            .iter()
+            .enumerate()
+            .map(|(i, name)| labelling(name, &ns, i))
+            .collect();
+        apply_enforced(cluster, &policies, "Webhook").await?;
+        let past = "a request would pay the 3 mutations of the generated MutatingAdmissionPolicy";
+        for name in &names {
+            // Placed on the webhook for this reason once the schemas are read and weighed.
+            await_condition(
+                &format!("{name} on the webhook past the crossover"),
+                WAIT,
+                || async {
+                    let ready = await_ready_condition(cluster, name, "True").await?;
+                    let said = ready["message"].as_str().is_some_and(|m| m.contains(past));
+                    Ok(said.then_some(()))
+                },
+            )
+            .await?;
+        }
+        let stored = dry_run_stored(cluster, &pod(&ns, json!({"app": "web"}))).await?;
+        for i in 0..3 {
+            ensure!(
+                stored["metadata"]["labels"][format!("tenant-{i}")] == "yes",
+                "through the webhook: {stored:#}"
+            );
+        }
+        cluster
+            .kubectl_ok(["delete", "policy", &names[2]], None)
+            .await?;
+        await_members(cluster, &[&names[0], &names[1]]).await?;
+        apply_enforced(cluster, &policies[..2], "InProcess").await?;
         Ok(())
     })
     .await;

@@ -9,6 +9,7 @@
 //! entry in the annotation [`GROUPS_ANNOTATION`], so every replica can answer every entry the
 //! API server may call.
 pub mod admission_policy;
+mod mutating_groups;
 pub mod mutating_policy;
 mod mutating_translation;
 pub mod schema_fit;

@@ -7,7 +7,8 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
-use crate::api::v1alpha1::{Operation, Scope, sample_spec};
+use crate::api::v1alpha1::{Operation, Rule, Scope, sample_spec};
+use crate::controller::wiring::mutating_policy::{MutatingPlacement, place_mutating};
 use crate::controller::wiring::schema_fit::SchemaFit;
 use crate::controller::wiring::{Endpoint, Wiring};
 use crate::engine::admission::Request;
@@ -125,9 +126,17 @@ fn overlapping_policies_between_disjoint_ones_share_one_policy_in_order() {
         members(&generated),
         [vec!["a-first"], vec!["x", "y"], vec!["z-last"]]
     );
-    // A Policy for every namespace meets them all: one policy, in order.
+    // A Policy for every namespace meets them all: one policy, in order (forced in-process:
+    // under Auto its five mutations are past the crossover).
     let everywhere = tenant("m-everywhere", 25, None);
-    let (_, generated) = place(&[&last, &y, &first, &x, &everywhere]);
+    let mut forced: Vec<Policy> = [&last, &y, &first, &x, &everywhere]
+        .into_iter()
+        .cloned()
+        .collect();
+    for p in &mut forced {
+        p.spec.enforcement = Enforcement::InProcess;
+    }
+    let (_, generated) = place(&forced.iter().collect::<Vec<_>>());
     assert_eq!(
         members(&generated),
         [vec!["a-first", "x", "m-everywhere", "y", "z-last"]]
@@ -295,5 +304,65 @@ proptest! {
                 );
             }
         }
+    }
+}
+
+/// Where each of `names` was placed: in-process, or the webhook's reason.
+fn placed<'a>(placements: &'a [(String, MutatingPlacement)], name: &str) -> &'a MutatingPlacement {
+    &placements.iter().find(|(n, _)| n == name).expect(name).1
+}
+
+#[test]
+fn auto_keeps_a_group_past_the_crossover_on_the_webhook_with_the_reason() {
+    let scope = |n: usize| -> Vec<Policy> {
+        (0..n)
+            .map(|i| tenant(&format!("p{i}"), 10, Some("one")))
+            .collect()
+    };
+    // Up to the crossover: in-process.
+    let within = scope(CROSSOVER_MUTATIONS);
+    let (_, generated) = place(&within.iter().collect::<Vec<_>>());
+    assert_eq!(members(&generated), [vec!["p0", "p1"]]);
+    // One more mutation than it: every Auto member on the webhook, saying why.
+    let past = scope(CROSSOVER_MUTATIONS + 1);
+    let (placements, generated) = place(&past.iter().collect::<Vec<_>>());
+    assert!(generated.is_empty(), "{generated:?}");
+    for p in &past {
+        let MutatingPlacement::Webhook(reason) = placed(&placements, &p.name_any()) else {
+            panic!("{placements:?}");
+        };
+        assert!(
+            reason.contains("would pay the 3 mutations") && reason.contains("InProcess forces it"),
+            "{reason}"
+        );
+    }
+    // Other namespaces' groups are weighed apart: they stay in-process.
+    let elsewhere = tenant("q", 10, Some("two"));
+    let mut all: Vec<&Policy> = past.iter().collect();
+    all.push(&elsewhere);
+    let (_, generated) = place(&all);
+    assert_eq!(members(&generated), [vec!["q"]]);
+}
+
+#[test]
+fn what_a_user_forces_in_process_stays_with_what_it_needs() {
+    let mut a = tenant("a", 10, Some("one"));
+    let b = tenant("b", 20, Some("one"));
+    let c = tenant("c", 30, Some("one"));
+    let d = tenant("d", 40, Some("one"));
+    // The forced one last: the Auto ones before it stay in-process with it.
+    let mut forced_last = d.clone();
+    forced_last.spec.enforcement = Enforcement::InProcess;
+    let (_, generated) = place(&[&a, &b, &c, &forced_last]);
+    assert_eq!(members(&generated), [vec!["a", "b", "c", "d"]]);
+    // The forced one first: it stays, the Auto ones after it go to the webhook.
+    a.spec.enforcement = Enforcement::InProcess;
+    let (placements, generated) = place(&[&a, &b, &c, &d]);
+    assert_eq!(members(&generated), [vec!["a"]]);
+    for name in ["b", "c", "d"] {
+        assert!(
+            matches!(placed(&placements, name), MutatingPlacement::Webhook(r) if r.starts_with("Auto:")),
+            "{placements:?}"
+        );
     }
 }

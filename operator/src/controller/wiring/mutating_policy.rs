@@ -36,6 +36,8 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
+pub use super::mutating_groups::{CROSSOVER_MUTATIONS, generated_name};
+use super::mutating_groups::{Member, groups, past_crossover};
 pub use super::mutating_translation::{match_expression, policy_mutations};
 use super::schema_fit::SchemaFit;
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, namespace_selector};
@@ -94,6 +96,30 @@ pub fn place_mutating(
     served: bool,
     schema_fit: &HashMap<String, SchemaFit>,
 ) -> (Vec<(String, MutatingPlacement)>, Vec<InProcessMutation>) {
+    // Auto weighs the cost: the members of a generated policy a request would pay more
+    // mutations of than one webhook call costs go back to the webhook, and the rest is placed
+    // again (fewer members, smaller groups) until no group is past the crossover.
+    let mut costly: HashMap<String, String> = HashMap::new();
+    loop {
+        let (placements, generated) = place_in_order(policies, wiring, served, schema_fit, &costly);
+        let before = costly.len();
+        for objects in &generated {
+            costly.extend(past_crossover(objects, policies));
+        }
+        if costly.len() == before {
+            return (placements, generated);
+        }
+    }
+}
+
+/// [`place_mutating`] with the Policies of `costly` (by name, with the reason) on the webhook.
+fn place_in_order(
+    policies: &[&Policy],
+    wiring: &Wiring,
+    served: bool,
+    schema_fit: &HashMap<String, SchemaFit>,
+    costly: &HashMap<String, String>,
+) -> (Vec<(String, MutatingPlacement)>, Vec<InProcessMutation>) {
     let mut ordered: Vec<&Policy> = policies
         .iter()
         .copied()
@@ -114,6 +140,14 @@ pub fn place_mutating(
         .collect();
     let no_footprints = Vec::new();
     for (i, p) in ordered.iter().enumerate() {
+        if let Some(reason) = costly.get(name(p)) {
+            placements.push((
+                name(p).to_string(),
+                MutatingPlacement::Webhook(reason.clone()),
+            ));
+            on_webhook.push(p);
+            continue;
+        }
         let required = match p.spec.enforcement {
             Enforcement::Webhook => {
                 placements.push((
@@ -204,63 +238,7 @@ pub fn place_mutating(
     (placements, generated)
 }
 
-/// One in-process Policy and its generated mutations.
-struct Member<'p> {
-    policy: &'p Policy,
-    mutations: Vec<Mutation>,
-}
-
-/// The members (in order) parted into groups no request can reach two of: two members that
-/// can select one request ([`disjoint_matches`]) are in one group, in their order; each group
-/// becomes one generated policy, so a request runs only the mutations of the group it can
-/// reach. Groups come in the order of their first members.
-fn groups(members: Vec<Member<'_>>) -> Vec<Vec<Member<'_>>> {
-    // Union-find over the members' indexes.
-    let mut parent: Vec<usize> = (0..members.len()).collect();
-    fn root(parent: &mut [usize], mut i: usize) -> usize {
-        while parent[i] != i {
-            parent[i] = parent[parent[i]];
-            i = parent[i];
-        }
-        i
-    }
-    for i in 0..members.len() {
-        for j in 0..i {
-            if !disjoint_matches(members[i].policy, members[j].policy) {
-                let (ri, rj) = (root(&mut parent, i), root(&mut parent, j));
-                parent[ri.max(rj)] = ri.min(rj);
-            }
-        }
-    }
-    let mut grouped: Vec<(usize, Vec<Member<'_>>)> = Vec::new();
-    for (i, member) in members.into_iter().enumerate() {
-        let r = root(&mut parent, i);
-        match grouped.iter_mut().find(|(g, _)| *g == r) {
-            Some((_, group)) => group.push(member),
-            None => grouped.push((r, vec![member])),
-        }
-    }
-    grouped.into_iter().map(|(_, group)| group).collect()
-}
-
-/// The name of the generated policy whose first member is `first`: `gatehouse-mutating-` and
-/// the Policy's name, so a Policy's edit rewrites only its own group's policy. A name too long
-/// for an object is cut and ends in a digest of the whole.
-pub fn generated_name(first: &str) -> String {
-    const MAX: usize = 253;
-    let full = format!("{MUTATING_NAME}-{first}");
-    if full.len() <= MAX {
-        return full;
-    }
-    // FNV-1a: stable across releases, unlike the standard library's hasher.
-    let digest = full.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    let cut = full[..MAX - 17].trim_end_matches(['-', '.']);
-    format!("{cut}-{digest:016x}")
-}
-
-fn name(p: &Policy) -> &str {
+pub(super) fn name(p: &Policy) -> &str {
     p.metadata.name.as_deref().unwrap_or_default()
 }
 
@@ -334,7 +312,7 @@ fn defaulted_before(p: &Policy, own: &[Footprint], earlier: &[Appended<'_>]) -> 
 }
 
 /// Whether no request can match both `a` and `b` ([`Coverage::disjoint`]).
-fn disjoint_matches(a: &Policy, b: &Policy) -> bool {
+pub(super) fn disjoint_matches(a: &Policy, b: &Policy) -> bool {
     Coverage::of(&a.spec).disjoint(&Coverage::of(&b.spec))
 }
 
@@ -558,7 +536,3 @@ fn dedup(mut values: Vec<String>) -> Vec<String> {
 #[cfg(test)]
 #[path = "mutating_policy_tests.rs"]
 mod tests;
-
-#[cfg(test)]
-#[path = "mutating_groups_tests.rs"]
-mod groups_tests;
