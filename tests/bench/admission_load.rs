@@ -55,10 +55,13 @@
 //! `POLICIES=16` measures only the first step (`POLICIES=16,64` the first two).
 //!
 //! `BLOCK=tenants` runs the tenants block instead ([`tenants`]): N tenants' namespace-scoped
-//! Policies, creates in one tenant's namespace.
+//! Policies, creates in one tenant's namespace. `BLOCK=crossover` runs the crossover block
+//! ([`crossover`]): k mutations in-process against the same k Policies on the webhook.
 //!
 //! `tests/bench/admission-load` runs it (control plane, release build, environment).
 
+#[path = "admission_load_crossover.rs"]
+mod crossover;
 #[path = "admission_load_tenants.rs"]
 mod tenants;
 
@@ -897,8 +900,10 @@ async fn main() -> anyhow::Result<()> {
     let rounds = env_usize("ROUNDS", 5).max(1);
     let distinct = std::env::var("LABELS").is_ok_and(|v| v == "distinct");
     let concurrency = env_usize("CONCURRENCY", 50);
-    if std::env::var("BLOCK").is_ok_and(|b| b == "tenants") {
-        return tenants::run(count, rounds, concurrency).await;
+    match std::env::var("BLOCK").as_deref() {
+        Ok("tenants") => return tenants::run(count, rounds, concurrency).await,
+        Ok("crossover") => return crossover::run(count, rounds, concurrency).await,
+        _ => {}
     }
     let cluster = cluster().await;
     let client = cluster.client().await?;
