@@ -244,3 +244,90 @@ async fn auto_keeps_policies_past_the_crossover_on_the_webhook() {
     })
     .await;
 }
+
+/// An overwrite of the label `tier` with the Policy's own name, at `priority`, in-process.
+fn tier(name: &str, ns: &str, priority: i32) -> Value {
+    pod_policy(
+        name,
+        ns,
+        &["CREATE"],
+        json!({
+            "priority": priority, "enforcement": "InProcess",
+            "mutate": [{"merge": {"metadata": {"labels": {"tier": name}}}, "overwrite": true}],
+        }),
+    )
+}
+
+/// Issue 39, test 2: order stays exact where scopes overlap. Two Policies of one namespace sit
+/// between Policies of two others in (priority, name) order: three generated policies, the
+/// overlapping pair in one, in order; the last of the pair wins in its namespace, and again
+/// when their priorities swap.
+#[tokio::test]
+async fn overlapping_policies_between_disjoint_ones_keep_their_order() {
+    scenario("gh-overlap", Options::url(), async |scene| {
+        let cluster = scene.cluster;
+        let namespaces: Vec<String> =
+            futures::future::try_join_all((0..3).map(|_| scene.namespace("gh-overlap"))).await?;
+        let (a, x, y, z) = (
+            scene.policy("a-first"),
+            scene.policy("x-middle"),
+            scene.policy("y-middle"),
+            scene.policy("z-last"),
+        );
+        let policies = |x_priority: i32, y_priority: i32| {
+            vec![
+                tier(&a, &namespaces[0], 10),
+                tier(&x, &namespaces[1], x_priority),
+                tier(&y, &namespaces[1], y_priority),
+                tier(&z, &namespaces[2], 40),
+            ]
+        };
+        let tier_in = |ns: String| async move {
+            let stored = dry_run_stored(cluster, &pod(&ns, json!({"app": "web"}))).await?;
+            anyhow::Ok(
+                stored["metadata"]["labels"]["tier"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        };
+        apply_enforced(cluster, &policies(20, 30), "InProcess").await?;
+        for members in [
+            vec![a.as_str()],
+            vec![x.as_str(), y.as_str()],
+            vec![z.as_str()],
+        ] {
+            await_members(cluster, &members).await?;
+        }
+        let groups = generated_groups(cluster).await?;
+        ensure!(
+            groups
+                .iter()
+                .any(|g| g.members == [x.clone(), y.clone()] && g.name == generated(&x)),
+            "{groups:#?}"
+        );
+        ensure!(tier_in(namespaces[0].clone()).await? == a, "namespace one");
+        ensure!(
+            tier_in(namespaces[1].clone()).await? == y,
+            "the last of the pair wins"
+        );
+        ensure!(
+            tier_in(namespaces[2].clone()).await? == z,
+            "namespace three"
+        );
+
+        // The pair's order swapped: one policy, now led by y, and x wins.
+        apply_enforced(cluster, &policies(30, 20), "InProcess").await?;
+        await_members(cluster, &[&y, &x]).await?;
+        await_condition("x wins once reordered", WAIT, || async {
+            Ok((tier_in(namespaces[1].clone()).await? == x).then_some(()))
+        })
+        .await?;
+        ensure!(
+            tier_in(namespaces[0].clone()).await? == a,
+            "namespace one after the swap"
+        );
+        Ok(())
+    })
+    .await;
+}
