@@ -10,7 +10,9 @@
 //! API server may call.
 pub mod admission_policy;
 mod mutating_groups;
+pub mod mutating_join;
 pub mod mutating_policy;
+mod mutating_probe;
 mod mutating_translation;
 pub mod schema_fit;
 

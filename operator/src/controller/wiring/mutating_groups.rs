@@ -4,8 +4,12 @@
 //! a request would pay more mutations than one webhook call costs ([`past_crossover`]).
 use k8s_openapi::api::admissionregistration::v1::Mutation;
 
-use super::mutating_policy::{InProcessMutation, MUTATING_NAME, disjoint_matches, name};
 use crate::api::v1alpha1::{Enforcement, Policy};
+use crate::engine::coverage::Coverage;
+
+/// Name prefix of the generated MutatingAdmissionPolicies and their bindings; each is named
+/// after its first member ([`generated_name`]).
+pub const MUTATING_NAME: &str = "gatehouse-mutating";
 
 /// The most mutations a request may pay in one generated MutatingAdmissionPolicy under `Auto`.
 /// The API server decodes, converts and defaults the object for every mutation of a policy it
@@ -21,7 +25,7 @@ pub(super) struct Member<'p> {
 }
 
 /// The members (in order) parted into groups no request can reach two of: two members that
-/// can select one request ([`super::mutating_policy`]'s `disjoint_matches`) are in one group, in their order; each group
+/// can select one request ([`disjoint_matches`]) are in one group, in their order; each group
 /// becomes one generated policy, so a request runs only the mutations of the group it can
 /// reach. Groups come in the order of their first members.
 pub(super) fn groups(members: Vec<Member<'_>>) -> Vec<Vec<Member<'_>>> {
@@ -70,20 +74,25 @@ pub fn generated_name(first: &str) -> String {
     format!("{cut}-{digest:016x}")
 }
 
-/// The `Auto` members of `objects` that go back to the webhook, with the reason, when a request
-/// would pay more than [`CROSSOVER_MUTATIONS`] of its mutations: those after its last member
-/// whose `enforcement` is `InProcess` (what a user forces in-process stays, and so does every
-/// member before it, which it needs in-process).
+/// Whether no request can match both `a` and `b` ([`Coverage::disjoint`]).
+pub(super) fn disjoint_matches(a: &Policy, b: &Policy) -> bool {
+    Coverage::of(&a.spec).disjoint(&Coverage::of(&b.spec))
+}
+
+pub(super) fn name(p: &Policy) -> &str {
+    p.metadata.name.as_deref().unwrap_or_default()
+}
+
+/// The `Auto` members of a generated policy (`members`, in order, holding `paid` mutations)
+/// that go back to the webhook, with the reason, when a request would pay more than
+/// [`CROSSOVER_MUTATIONS`]: those after its last member whose `enforcement` is `InProcess` (what
+/// a user forces in-process stays, and so does every member before it, which it needs
+/// in-process).
 pub(super) fn past_crossover(
-    objects: &InProcessMutation,
+    members: &[String],
+    paid: usize,
     policies: &[&Policy],
 ) -> Vec<(String, String)> {
-    let paid = objects
-        .policy
-        .spec
-        .as_ref()
-        .and_then(|s| s.mutations.as_ref())
-        .map_or(0, Vec::len);
     if paid <= CROSSOVER_MUTATIONS {
         return Vec::new();
     }
@@ -93,12 +102,11 @@ pub(super) fn past_crossover(
             .find(|p| name(p) == member)
             .map(|p| p.spec.enforcement)
     };
-    let forced = objects
-        .members
+    let forced = members
         .iter()
         .rposition(|m| enforcement(m) == Some(Enforcement::InProcess))
         .map_or(0, |i| i + 1);
-    objects.members[forced..]
+    members[forced..]
         .iter()
         .filter(|m| enforcement(m) == Some(Enforcement::Auto))
         .map(|m| {

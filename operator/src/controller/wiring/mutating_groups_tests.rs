@@ -8,7 +8,9 @@ use serde_json::json;
 
 use super::*;
 use crate::api::v1alpha1::{Operation, Rule, Scope, sample_spec};
-use crate::controller::wiring::mutating_policy::{MutatingPlacement, place_mutating};
+use crate::controller::wiring::mutating_policy::{
+    InProcessMutation, MutatingPlacement, place_mutating,
+};
 use crate::controller::wiring::schema_fit::SchemaFit;
 use crate::controller::wiring::{Endpoint, Wiring};
 use crate::engine::admission::Request;
@@ -312,11 +314,22 @@ fn placed<'a>(placements: &'a [(String, MutatingPlacement)], name: &str) -> &'a 
     &placements.iter().find(|(n, _)| n == name).expect(name).1
 }
 
+/// Tenant `name` of `ns`, matched unlike every other (a match condition of its own), so that its
+/// mutation is not joined with another's.
+fn unlike(name: &str, priority: i32, ns: &str) -> Policy {
+    let mut p = tenant(name, priority, Some(ns));
+    p.spec.match_.conditions = vec![crate::api::v1alpha1::MatchCondition {
+        name: name.to_string(),
+        expression: "true".to_string(),
+    }];
+    p
+}
+
 #[test]
 fn auto_keeps_a_group_past_the_crossover_on_the_webhook_with_the_reason() {
     let scope = |n: usize| -> Vec<Policy> {
         (0..n)
-            .map(|i| tenant(&format!("p{i}"), 10, Some("one")))
+            .map(|i| unlike(&format!("p{i}"), 10, "one"))
             .collect()
     };
     // Up to the crossover: in-process.
@@ -346,10 +359,10 @@ fn auto_keeps_a_group_past_the_crossover_on_the_webhook_with_the_reason() {
 
 #[test]
 fn what_a_user_forces_in_process_stays_with_what_it_needs() {
-    let mut a = tenant("a", 10, Some("one"));
-    let b = tenant("b", 20, Some("one"));
-    let c = tenant("c", 30, Some("one"));
-    let d = tenant("d", 40, Some("one"));
+    let mut a = unlike("a", 10, "one");
+    let b = unlike("b", 20, "one");
+    let c = unlike("c", 30, "one");
+    let d = unlike("d", 40, "one");
     // The forced one last: the Auto ones before it stay in-process with it.
     let mut forced_last = d.clone();
     forced_last.spec.enforcement = Enforcement::InProcess;
@@ -365,4 +378,62 @@ fn what_a_user_forces_in_process_stays_with_what_it_needs() {
             "{placements:?}"
         );
     }
+}
+
+#[test]
+fn consecutive_members_with_one_match_are_joined_into_one_mutation() {
+    // Three Policies of one scope and one match, a label each: one mutation, in-process under
+    // Auto (within the crossover), every label set.
+    let same: Vec<Policy> = (0..3)
+        .map(|i| {
+            let mut p = tenant(&format!("s{i}"), 10, Some("one"));
+            p.spec.mutate[0].merge = json!({"metadata": {"labels": {format!("l{i}"): "yes"}}});
+            p
+        })
+        .collect();
+    let between = unlike("s1b", 10, "one");
+    let refs: Vec<&Policy> = same.iter().collect();
+    let (_, generated) = place(&refs);
+    let [objects] = generated.as_slice() else {
+        panic!("{generated:?}");
+    };
+    let mutations = objects
+        .policy
+        .spec
+        .as_ref()
+        .unwrap()
+        .mutations
+        .as_ref()
+        .unwrap();
+    assert_eq!(mutations.len(), 1, "{mutations:?}");
+    let expression = mutations[0]
+        .json_patch
+        .as_ref()
+        .unwrap()
+        .expression
+        .as_ref()
+        .unwrap();
+    for i in 0..3 {
+        assert!(expression.contains(&format!("l{i}")), "{expression}");
+    }
+    // A member matched otherwise in between breaks the run: s0 and s1 joined, then s1b, then s2
+    // (three mutations: forced in-process, past the crossover).
+    let mut forced: Vec<Policy> = vec![same[0].clone(), same[1].clone(), between, same[2].clone()];
+    for p in &mut forced {
+        p.spec.enforcement = Enforcement::InProcess;
+    }
+    let (_, generated) = place(&forced.iter().collect::<Vec<_>>());
+    let [objects] = generated.as_slice() else {
+        panic!("{generated:?}");
+    };
+    assert_eq!(objects.members, ["s0", "s1", "s1b", "s2"]);
+    let mutations = objects
+        .policy
+        .spec
+        .as_ref()
+        .unwrap()
+        .mutations
+        .as_ref()
+        .unwrap();
+    assert_eq!(mutations.len(), 3, "{mutations:?}");
 }

@@ -30,14 +30,16 @@
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::admissionregistration::v1::{
-    JSONPatch, MatchResources, MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
+    MatchResources, MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
     MutatingAdmissionPolicyBindingSpec, MutatingAdmissionPolicySpec, Mutation,
     NamedRuleWithOperations,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-pub use super::mutating_groups::{CROSSOVER_MUTATIONS, generated_name};
-use super::mutating_groups::{Member, groups, past_crossover};
+pub use super::mutating_groups::{CROSSOVER_MUTATIONS, MUTATING_NAME, generated_name};
+use super::mutating_groups::{Member, disjoint_matches, groups, name, past_crossover};
+use super::mutating_join::joined_mutate;
+pub use super::mutating_probe::{MUTATING_PROBE_ANNOTATION, MUTATING_PROBE_NAME, mutating_probe};
 pub use super::mutating_translation::{match_expression, policy_mutations};
 use super::schema_fit::SchemaFit;
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, namespace_selector};
@@ -45,12 +47,8 @@ use crate::api::v1alpha1::{Enforcement, Policy, PolicySpec, Rule};
 use crate::engine::coverage::Coverage;
 use crate::engine::defaulting::{Footprint, footprint, interacts};
 use crate::engine::derived_defaults::add_derived_defaults;
-use crate::engine::jsonpatch_cel::string_literal;
 use crate::engine::policy::is_mutating;
 
-/// Name prefix of the generated MutatingAdmissionPolicies and their bindings; each is named
-/// after its first member ([`generated_name`]).
-pub const MUTATING_NAME: &str = "gatehouse-mutating";
 /// Label on the generated mutating objects, so a watch can select them.
 pub const MUTATING_GENERATED_LABEL: (&str, &str) = ("gatehouse.dev/generated", "mutating");
 /// Annotation on a generated policy: its member Policies, in order, comma-separated.
@@ -104,7 +102,13 @@ pub fn place_mutating(
         let (placements, generated) = place_in_order(policies, wiring, served, schema_fit, &costly);
         let before = costly.len();
         for objects in &generated {
-            costly.extend(past_crossover(objects, policies));
+            let paid = objects
+                .policy
+                .spec
+                .as_ref()
+                .and_then(|s| s.mutations.as_ref())
+                .map_or(0, Vec::len);
+            costly.extend(past_crossover(&objects.members, paid, policies));
         }
         if costly.len() == before {
             return (placements, generated);
@@ -238,10 +242,6 @@ fn place_in_order(
     (placements, generated)
 }
 
-pub(super) fn name(p: &Policy) -> &str {
-    p.metadata.name.as_deref().unwrap_or_default()
-}
-
 /// What a mutation of an in-process Policy may append or create.
 struct Appended<'p> {
     policy: &'p Policy,
@@ -311,11 +311,6 @@ fn defaulted_before(p: &Policy, own: &[Footprint], earlier: &[Appended<'_>]) -> 
     Ok(())
 }
 
-/// Whether no request can match both `a` and `b` ([`Coverage::disjoint`]).
-pub(super) fn disjoint_matches(a: &Policy, b: &Policy) -> bool {
-    Coverage::of(&a.spec).disjoint(&Coverage::of(&b.spec))
-}
-
 /// Whether a later mutating Policy (in-process or not) reads or writes what a mutation of `p`
 /// may append or create: in-process, the API server defaults it before that Policy runs; on
 /// the webhook path the same entry may run both on one undefaulted copy.
@@ -342,6 +337,67 @@ fn defaulted_after(
     Ok(())
 }
 
+/// The mutations of a group, in order, with every run of consecutive members that share one
+/// match written as one mutation where their merges join into one ([`joined_mutate`]) that the
+/// translation makes one mutation of (one pass, entries writing apart): a request pays each
+/// mutation of a policy the API server calls, whatever it writes.
+fn joined_mutations(group: Vec<Member<'_>>) -> Vec<Mutation> {
+    let mut out = Vec::new();
+    // The run being joined: its members, and their one mutation so far.
+    let mut run: Vec<Member<'_>> = Vec::new();
+    let mut run_joined: Option<Mutation> = None;
+    for member in group {
+        let joined = run
+            .first()
+            .filter(|first| same_match(first.policy, member.policy))
+            .and_then(|_| {
+                let lists: Vec<&[crate::api::v1alpha1::Mutation]> = run
+                    .iter()
+                    .chain(std::iter::once(&member))
+                    .map(|m| m.policy.spec.mutate.as_slice())
+                    .collect();
+                one_mutation(member.policy, &lists)
+            });
+        match joined {
+            Some(mutation) => {
+                run.push(member);
+                run_joined = Some(mutation);
+            }
+            None => {
+                out.extend(close_run(std::mem::take(&mut run), run_joined.take()));
+                run.push(member);
+            }
+        }
+    }
+    out.extend(close_run(run, run_joined));
+    out
+}
+
+/// A run's mutations: the joined one, or its one member's own.
+fn close_run(run: Vec<Member<'_>>, joined: Option<Mutation>) -> Vec<Mutation> {
+    match joined {
+        Some(mutation) => vec![mutation],
+        None => run.into_iter().flat_map(|m| m.mutations).collect(),
+    }
+}
+
+/// Whether two members are matched alike: the same match, failure and reinvocation policies.
+fn same_match(a: &Policy, b: &Policy) -> bool {
+    a.spec.match_ == b.spec.match_
+        && a.spec.failure_policy == b.spec.failure_policy
+        && a.spec.reinvocation_policy == b.spec.reinvocation_policy
+}
+
+/// The one mutation that runs `lists` (the mutate lists of members matched like `like`), if
+/// their merges join and the translation makes one mutation of them.
+fn one_mutation(like: &Policy, lists: &[&[crate::api::v1alpha1::Mutation]]) -> Option<Mutation> {
+    let mut joined = like.clone();
+    joined.spec.mutate = joined_mutate(lists)?;
+    let footprints = footprints_of(&joined, None);
+    let mut mutations = policy_mutations(&joined, &footprints, false).ok()?;
+    (mutations.len() == 1).then(|| mutations.remove(0))
+}
+
 /// The generated policy and binding. Every mutation is guarded by its Policy's match, so the
 /// policy's own match only has to cover its members': but the API server applies each mutation
 /// of a policy it calls (even an empty patch costs a decode and defaulting), so it is called only
@@ -351,7 +407,7 @@ fn generated_objects(group: Vec<Member<'_>>, wiring: &Wiring) -> InProcessMutati
     let members: Vec<String> = group.iter().map(|m| name(m.policy).to_string()).collect();
     let member_specs: Vec<&PolicySpec> = group.iter().map(|m| &m.policy.spec).collect();
     let generated = generated_name(members.first().map(String::as_str).unwrap_or_default());
-    let mutations: Vec<Mutation> = group.into_iter().flat_map(|m| m.mutations).collect();
+    let mutations = joined_mutations(group);
     let rules: Vec<&Rule> = member_specs
         .iter()
         .flat_map(|s| s.match_.rules.iter())
@@ -430,94 +486,6 @@ fn generated_objects(group: Vec<Member<'_>>, wiring: &Wiring) -> InProcessMutati
         policy,
         binding,
         members,
-    }
-}
-
-/// Name of the mutating probe's policy and binding ([`mutating_probe`]).
-pub const MUTATING_PROBE_NAME: &str = "gatehouse-probe-mutating";
-/// Annotation the mutating probe sets on its Lease: its token.
-pub const MUTATING_PROBE_ANNOTATION: &str = "gatehouse.dev/probe";
-
-/// The mutating probe: a policy and binding that annotate only the dry-run create of a Lease
-/// named `token` (labelled with it) in `namespace`. As with the validating probe
-/// ([`super::admission_policy::probe`]), the API server fills its caches of policies and
-/// bindings in write order: once a probe written after the generated objects mutates its Lease,
-/// the API server runs them.
-pub fn mutating_probe(token: &str, namespace: &str, wiring: &Wiring) -> InProcessMutation {
-    let metadata = ObjectMeta {
-        name: Some(MUTATING_PROBE_NAME.to_string()),
-        owner_references: wiring.owner.as_ref().map(|o| vec![o.clone()]),
-        labels: Some(BTreeMap::from([(
-            MANAGED_BY_LABEL.0.to_string(),
-            MANAGED_BY_LABEL.1.to_string(),
-        )])),
-        ..ObjectMeta::default()
-    };
-    let token_literal = string_literal(token);
-    let policy = MutatingAdmissionPolicy {
-        metadata: metadata.clone(),
-        spec: Some(MutatingAdmissionPolicySpec {
-            failure_policy: Some("Ignore".to_string()),
-            reinvocation_policy: Some("Never".to_string()),
-            match_conditions: Some(vec![
-                k8s_openapi::api::admissionregistration::v1::MatchCondition {
-                    name: "token".to_string(),
-                    expression: format!("object.metadata.name == {token_literal}"),
-                },
-            ]),
-            match_constraints: Some(MatchResources {
-                match_policy: Some(MATCH_POLICY.to_string()),
-                namespace_selector: Some(LabelSelector {
-                    match_labels: Some(BTreeMap::from([(
-                        super::NAMESPACE_NAME_LABEL.to_string(),
-                        namespace.to_string(),
-                    )])),
-                    match_expressions: None,
-                }),
-                resource_rules: Some(vec![NamedRuleWithOperations {
-                    api_groups: Some(vec!["coordination.k8s.io".to_string()]),
-                    api_versions: Some(vec!["v1".to_string()]),
-                    operations: Some(vec!["CREATE".to_string()]),
-                    resources: Some(vec!["leases".to_string()]),
-                    resource_names: None,
-                    scope: Some("Namespaced".to_string()),
-                }]),
-                ..MatchResources::default()
-            }),
-            mutations: Some(vec![Mutation {
-                patch_type: "JSONPatch".to_string(),
-                json_patch: Some(JSONPatch {
-                    expression: Some(format!(
-                        "[JSONPatch{{op: \"add\", path: \"/metadata/annotations\", value: {{{}: {token_literal}}}}}]",
-                        string_literal(MUTATING_PROBE_ANNOTATION)
-                    )),
-                }),
-                apply_configuration: None,
-            }]),
-            ..MutatingAdmissionPolicySpec::default()
-        }),
-    };
-    let binding = MutatingAdmissionPolicyBinding {
-        metadata,
-        spec: Some(MutatingAdmissionPolicyBindingSpec {
-            match_resources: Some(MatchResources {
-                object_selector: Some(LabelSelector {
-                    match_labels: Some(BTreeMap::from([(
-                        super::admission_policy::PROBE_LABEL.to_string(),
-                        token.to_string(),
-                    )])),
-                    match_expressions: None,
-                }),
-                ..MatchResources::default()
-            }),
-            param_ref: None,
-            policy_name: Some(MUTATING_PROBE_NAME.to_string()),
-        }),
-    };
-    InProcessMutation {
-        policy,
-        binding,
-        members: Vec::new(),
     }
 }
 

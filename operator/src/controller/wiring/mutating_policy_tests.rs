@@ -86,8 +86,8 @@ fn members_are_the_in_process_prefix_in_priority_then_name_order() {
         "validating Policies are not placed here"
     );
     let spec = generated.policy.spec.as_ref().unwrap();
-    // One plain merge each: one mutation each.
-    assert_eq!(spec.mutations.as_ref().unwrap().len(), 3);
+    // One plain merge each, with one match: joined into one mutation.
+    assert_eq!(spec.mutations.as_ref().unwrap().len(), 1);
     assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
     assert_eq!(spec.reinvocation_policy.as_deref(), Some("Never"));
     let rules = spec
