@@ -1,7 +1,8 @@
 //! The crossover block of the admission-load benchmark (`BLOCK=crossover`): how many mutations
 //! of a generated MutatingAdmissionPolicy a request may pay before one call of Gatehouse's
 //! webhook costs it less. For k = 1..=`CROSSOVER_MAX` (default 4) mutating Policies of one
-//! scope (one mutation each), a namespace where they run in-process (`enforcement: InProcess`:
+//! scope (one mutation each, each with a match condition of its own so that none are joined),
+//! a namespace where they run in-process (`enforcement: InProcess`:
 //! one generated policy of k mutations) and one where they run on the webhook; every phase and
 //! no webhooks take turns, round by round. `Auto` keeps a group on the webhook past the largest
 //! k whose in-process p99 is below the webhook's.
@@ -15,7 +16,7 @@ fn scope_policies(k: usize, ns: &str, enforcement: &str) -> anyhow::Result<(Stri
     let mut names = Vec::new();
     for j in 0..k {
         let name = format!("bench-x{k}-{tag}-{j}");
-        let p = policy(
+        let mut p = policy(
             &name,
             ns,
             json!({
@@ -26,6 +27,10 @@ fn scope_policies(k: usize, ns: &str, enforcement: &str) -> anyhow::Result<(Stri
                 ],
             }),
         );
+        // A match of its own (a condition that always holds), so that the k mutations are not
+        // joined into one.
+        p["spec"]["match"]["conditions"] =
+            json!([{"name": format!("own-{j}"), "expression": "true"}]);
         docs.push_str(&format!("---\n{}\n", serde_json::to_string(&p)?));
         names.push(name);
     }
