@@ -198,20 +198,63 @@ async fn a_tenants_requests_reach_only_its_own_generated_policies() {
     .await;
 }
 
-/// Issue 39, test 4: Auto weighs the cost. Three Policies of one scope, one mutation each, are
-/// past the crossover (a request would pay three mutations in-process, where one webhook call
-/// costs less): all stay on the webhook with the reason; with one deleted, the other two are
-/// within it and move in-process.
+/// Issue 39, tests 3 and 4: joined mutations and Auto weighing the cost. Three Policies of one
+/// match are joined into one mutation and run in-process. Three Policies of one scope matched
+/// apart (a condition each), one mutation each, are past the crossover (a request would pay three
+/// mutations in-process, where one webhook call costs less): all stay on the webhook with the
+/// reason; with one deleted, the other two are within it and move in-process.
 #[tokio::test]
-async fn auto_keeps_policies_past_the_crossover_on_the_webhook() {
+async fn joined_policies_run_in_process_and_auto_keeps_the_costly_on_the_webhook() {
     scenario("gh-crossover", Options::url(), async |scene| {
         let cluster = scene.cluster;
         let ns = scene.ns().to_string();
+        // One match: joined, one mutation, in-process under Auto.
+        let alike: Vec<String> = (0..3).map(|i| scene.policy(&format!("alike{i}"))).collect();
+        let joined: Vec<Value> = alike
+            .iter()
+            .enumerate()
+            .map(|(i, name)| labelling(name, &ns, i))
+            .collect();
+        apply_enforced(cluster, &joined, "InProcess").await?;
+        await_members(
+            cluster,
+            &alike.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
+        .await?;
+        let generated_policy =
+            get_json(cluster, &["mutatingadmissionpolicy", &generated(&alike[0])])
+                .await?
+                .context("the generated policy")?;
+        let mutations = generated_policy["spec"]["mutations"]
+            .as_array()
+            .map_or(0, Vec::len);
+        ensure!(
+            mutations == 1,
+            "{} mutations: {generated_policy:#}",
+            mutations
+        );
+        let stored = dry_run_stored(cluster, &pod(&ns, json!({"app": "web"}))).await?;
+        for i in 0..3 {
+            ensure!(
+                stored["metadata"]["labels"][format!("tenant-{i}")] == "yes",
+                "joined in-process: {stored:#}"
+            );
+        }
+        let mut delete = vec!["delete", "policy"];
+        delete.extend(alike.iter().map(String::as_str));
+        cluster.kubectl_ok(delete, None).await?;
+
+        // Matched apart: three mutations, past the crossover.
         let names: Vec<String> = (0..3).map(|i| scene.policy(&format!("cost{i}"))).collect();
         let policies: Vec<Value> = names
             .iter()
             .enumerate()
-            .map(|(i, name)| labelling(name, &ns, i))
+            .map(|(i, name)| {
+                let mut p = labelling(name, &ns, i);
+                p["spec"]["match"]["conditions"] =
+                    json!([{"name": format!("own-{i}"), "expression": "true"}]);
+                p
+            })
             .collect();
         apply_enforced(cluster, &policies, "Webhook").await?;
         let past = "a request would pay the 3 mutations of the generated MutatingAdmissionPolicy";
