@@ -158,7 +158,7 @@ impl Phase {
 
     /// CPU seconds of process `i` in one round, on average.
     fn cpu_per_round(&self, i: usize) -> f64 {
-        self.cpu[i] / self.rounds.len().max(1) as f64
+        self.cpu.get(i).copied().unwrap_or_default() / self.rounds.len().max(1) as f64
     }
 
     /// The median of the rounds' values: one round's p99 of 500 creates is its 5th-slowest
@@ -166,7 +166,8 @@ impl Phase {
     fn median(&self, of: impl Fn(&Stats) -> Duration) -> Duration {
         let mut values: Vec<Duration> = self.rounds.iter().map(of).collect();
         values.sort();
-        values[values.len() / 2]
+        // A phase not measured (a mode the run left out) has no figure.
+        values.get(values.len() / 2).copied().unwrap_or_default()
     }
 
     fn p99(&self) -> Duration {
