@@ -96,7 +96,9 @@ pub struct PolicySpec {
     /// MutatingAdmissionPolicy `gatehouse-mutating-<first member>` shared with the in-process
     /// mutating Policies that can match the same requests, in (priority, name) order, which
     /// requires every such Policy before it to run in-process too and its merges to fit the
-    /// schemas of the kinds it matches. `Webhook`: always the webhook. `InProcess`: in-process, or
+    /// schemas of the kinds it matches; under `Auto`, a generated policy that would make a
+    /// request pay more than one mutation (after joining the merges of Policies with one match)
+    /// leaves its Policies on the webhook, which costs less. `Webhook`: always the webhook. `InProcess`: in-process, or
     /// `Ready=False` with the reason it cannot be. `status.enforcement` says where it runs and,
     /// on the webhook, the `Ready` condition's message says why not in-process.
     #[serde(default)]
