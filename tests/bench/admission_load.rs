@@ -660,6 +660,59 @@ fn scoped_policies(scope: usize, j: usize) -> anyhow::Result<(String, [String; 2
     Ok((docs, [m, v]))
 }
 
+/// Gatehouse alone for a block of its own: its home namespace, the no-webhooks phase's namespace
+/// (which it leaves out), and the processes whose CPU the phases count.
+struct Alone {
+    home: TestNamespace,
+    quiet: TestNamespace,
+    gh: Gatehouse,
+    procs: Vec<(String, u32)>,
+}
+
+impl Alone {
+    async fn start(cluster: &'static Cluster) -> anyhow::Result<Self> {
+        let home = TestNamespace::new(cluster, "bench-home").await?;
+        let quiet = TestNamespace::new(cluster, "bench-none").await?;
+        let excluded = format!("kube-system,kube-node-lease,{}", quiet.name());
+        let gh = Gatehouse::start(
+            cluster,
+            home.name(),
+            Options::service()
+                .default_logging()
+                .arg("--exclude-namespaces", &excluded),
+        )
+        .await?;
+        let procs = processes(cluster.state_dir(), gh.pid());
+        Ok(Self {
+            home,
+            quiet,
+            gh,
+            procs,
+        })
+    }
+}
+
+/// Waits until every `(name, enforcement)` of `want` is listed: the Policy reports it.
+async fn await_enforced(
+    cluster: &Cluster,
+    what: &str,
+    want: &[(String, &str)],
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let listing = "jsonpath={range .items[*]}{.metadata.name}={.status.enforcement}{\"\\n\"}{end}";
+    await_condition(what, timeout, || async {
+        let out = cluster
+            .kubectl_ok(["get", "policies", "-o", listing], None)
+            .await?;
+        let listed: std::collections::HashSet<&str> = out.lines().collect();
+        let all = want
+            .iter()
+            .all(|(name, enforcement)| listed.contains(format!("{name}={enforcement}").as_str()));
+        Ok(all.then_some(()))
+    })
+    .await
+}
+
 /// Applies `count` validating Policies (the benchmark's validating ones) enforced in-process for
 /// the Pods of `ns`, and waits until every one reports it.
 async fn install_in_process(
@@ -685,20 +738,12 @@ async fn install_in_process(
     cluster
         .kubectl_ok(["apply", "-f", "-"], Some(&docs))
         .await?;
-    let listing = "jsonpath={range .items[*]}{.metadata.name}={.status.enforcement}{\"\\n\"}{end}";
-    await_condition(
+    let want: Vec<(String, &str)> = names.iter().map(|n| (n.clone(), "InProcess")).collect();
+    await_enforced(
+        cluster,
         "the in-process Policies enforced",
+        &want,
         Duration::from_secs(120),
-        || async {
-            let out = cluster
-                .kubectl_ok(["get", "policies", "-o", listing], None)
-                .await?;
-            let enforced = out
-                .lines()
-                .filter(|l| l.starts_with("bench-inproc-") && l.ends_with("=InProcess"))
-                .count();
-            Ok((enforced == count).then_some(()))
-        },
     )
     .await?;
     Ok(names)
@@ -740,24 +785,25 @@ async fn install_mutating(
     cluster
         .kubectl_ok(["apply", "-f", "-"], Some(&docs))
         .await?;
-    let listing = "jsonpath={range .items[*]}{.metadata.name}={.status.enforcement}{\"\\n\"}{end}";
-    await_condition(
-        &format!("the {prefix} Policies enforced"),
-        Duration::from_secs(180),
-        || async {
-            let out = cluster
-                .kubectl_ok(["get", "policies", "-o", listing], None)
-                .await?;
-            let placed = names.iter().enumerate().all(|(i, name)| {
-                let want = if i < in_process {
+    let want: Vec<(String, &str)> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            (
+                n.clone(),
+                if i < in_process {
                     "InProcess"
                 } else {
                     "Webhook"
-                };
-                out.lines().any(|l| *l == format!("{name}={want}"))
-            });
-            Ok(placed.then_some(()))
-        },
+                },
+            )
+        })
+        .collect();
+    await_enforced(
+        cluster,
+        &format!("the {prefix} Policies enforced"),
+        &want,
+        Duration::from_secs(180),
     )
     .await?;
     Ok(names)

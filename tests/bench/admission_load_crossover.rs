@@ -41,23 +41,17 @@ fn scope_policies(k: usize, ns: &str, enforcement: &str) -> anyhow::Result<(Stri
 pub async fn run(count: usize, rounds: usize, concurrency: usize) -> anyhow::Result<()> {
     let cluster = cluster().await;
     let client = cluster.client().await?;
-    let home = TestNamespace::new(cluster, "bench-home").await?;
-    let quiet = TestNamespace::new(cluster, "bench-none").await?;
-    let excluded = format!("kube-system,kube-node-lease,{}", quiet.name());
-    let gh = Gatehouse::start(
-        cluster,
-        home.name(),
-        Options::service()
-            .default_logging()
-            .arg("--exclude-namespaces", &excluded),
-    )
-    .await?;
-    let procs = processes(cluster.state_dir(), gh.pid());
+    let Alone {
+        home,
+        quiet,
+        gh,
+        procs,
+    } = Alone::start(cluster).await?;
     let max = env_usize("CROSSOVER_MAX", 4).max(1);
     let mut namespaces: Vec<(TestNamespace, TestNamespace)> = Vec::new();
     let mut docs = String::new();
     let mut names: Vec<String> = Vec::new();
-    let mut want: Vec<String> = Vec::new();
+    let mut want: Vec<(String, &str)> = Vec::new();
     for k in 1..=max {
         let in_process = TestNamespace::new(cluster, "bench-x-inproc").await?;
         let webhook = TestNamespace::new(cluster, "bench-x-hook").await?;
@@ -67,7 +61,7 @@ pub async fn run(count: usize, rounds: usize, concurrency: usize) -> anyhow::Res
         ] {
             let (d, these) = scope_policies(k, ns.name(), enforcement)?;
             docs.push_str(&d);
-            want.extend(these.iter().map(|n| format!("{n}={placed}")));
+            want.extend(these.iter().map(|n| (n.clone(), placed)));
             names.extend(these);
         }
         namespaces.push((in_process, webhook));
@@ -75,19 +69,11 @@ pub async fn run(count: usize, rounds: usize, concurrency: usize) -> anyhow::Res
     cluster
         .kubectl_ok(["apply", "-f", "-"], Some(&docs))
         .await?;
-    let listing = "jsonpath={range .items[*]}{.metadata.name}={.status.enforcement}{\"\\n\"}{end}";
-    await_condition(
+    await_enforced(
+        cluster,
         "the Policies enforced",
+        &want,
         Duration::from_secs(300),
-        || async {
-            let out = cluster
-                .kubectl_ok(["get", "policies", "-o", listing], None)
-                .await?;
-            Ok(want
-                .iter()
-                .all(|w| out.lines().any(|l| l == w))
-                .then_some(()))
-        },
     )
     .await?;
     let api = |ns: &TestNamespace| Api::<Pod>::namespaced(client.clone(), ns.name());

@@ -55,29 +55,6 @@ fn tenant_policies(i: usize, ns: &str, enforcement: &str) -> anyhow::Result<(Str
     Ok((docs, vec![m, v]))
 }
 
-/// Waits until every Policy of `want` reports its enforcement.
-async fn await_enforced(cluster: &Cluster, want: &[(String, &'static str)]) -> anyhow::Result<()> {
-    let listing = "jsonpath={range .items[*]}{.metadata.name}={.status.enforcement}{\"\\n\"}{end}";
-    await_condition(
-        "the tenants' Policies enforced",
-        Duration::from_secs(600),
-        || async {
-            let out = cluster
-                .kubectl_ok(["get", "policies", "-o", listing], None)
-                .await?;
-            let placed: std::collections::HashSet<&str> = out.lines().collect();
-            let missing = want
-                .iter()
-                .filter(|(name, enforcement)| {
-                    !placed.contains(format!("{name}={enforcement}").as_str())
-                })
-                .count();
-            Ok((missing == 0).then_some(()))
-        },
-    )
-    .await
-}
-
 /// Waits until a dry-run create in tenant 0's namespaces carries its label.
 async fn await_in_effect(apis: &[&Api<Pod>]) -> anyhow::Result<()> {
     let probe = pod("probe")?;
@@ -123,18 +100,12 @@ struct Step {
 pub async fn run(count: usize, rounds: usize, concurrency: usize) -> anyhow::Result<()> {
     let cluster = cluster().await;
     let client = cluster.client().await?;
-    let home = TestNamespace::new(cluster, "bench-home").await?;
-    let quiet = TestNamespace::new(cluster, "bench-none").await?;
-    let excluded = format!("kube-system,kube-node-lease,{}", quiet.name());
-    let gh = Gatehouse::start(
-        cluster,
-        home.name(),
-        Options::service()
-            .default_logging()
-            .arg("--exclude-namespaces", &excluded),
-    )
-    .await?;
-    let procs = processes(cluster.state_dir(), gh.pid());
+    let Alone {
+        home,
+        quiet,
+        gh,
+        procs,
+    } = Alone::start(cluster).await?;
     let steps: Vec<usize> = std::env::var("TENANTS")
         .ok()
         .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
@@ -175,7 +146,13 @@ pub async fn run(count: usize, rounds: usize, concurrency: usize) -> anyhow::Res
                 .await?;
             tenants.extend(created);
         }
-        await_enforced(cluster, &enforced).await?;
+        await_enforced(
+            cluster,
+            "the tenants' Policies enforced",
+            &enforced,
+            Duration::from_secs(600),
+        )
+        .await?;
         let api = |ns: &TestNamespace| Api::<Pod>::namespaced(client.clone(), ns.name());
         let (api_none, api_auto, api_webhook) =
             (api(&quiet), api(&tenants[0].auto), api(&tenants[0].webhook));

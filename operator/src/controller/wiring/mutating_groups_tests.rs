@@ -8,25 +8,13 @@ use serde_json::json;
 
 use super::*;
 use crate::api::v1alpha1::{Operation, Rule, Scope, sample_spec};
+use crate::controller::wiring::mutating_policy::tests::wiring;
 use crate::controller::wiring::mutating_policy::{
     InProcessMutation, MutatingPlacement, place_mutating,
 };
 use crate::controller::wiring::schema_fit::SchemaFit;
-use crate::controller::wiring::{Endpoint, Wiring};
 use crate::engine::admission::Request;
 use crate::engine::matcher::{rule_matches, selector_matches};
-
-fn wiring() -> Wiring {
-    Wiring {
-        endpoint: Endpoint::Url {
-            base: "https://gatehouse.test".into(),
-        },
-        excluded_namespaces: vec!["kube-system".into()],
-        home_namespace: "gatehouse-system".into(),
-        owner_cluster_role: None,
-        owner: None,
-    }
-}
 
 fn pods_rule() -> Rule {
     Rule {
@@ -380,6 +368,27 @@ fn what_a_user_forces_in_process_stays_with_what_it_needs() {
     }
 }
 
+/// The one generated policy of `generated`, and its mutations.
+fn only_group(
+    generated: &[InProcessMutation],
+) -> (
+    &InProcessMutation,
+    &[k8s_openapi::api::admissionregistration::v1::Mutation],
+) {
+    let [objects] = generated else {
+        panic!("one generated policy: {generated:?}");
+    };
+    let mutations = objects
+        .policy
+        .spec
+        .as_ref()
+        .unwrap()
+        .mutations
+        .as_ref()
+        .unwrap();
+    (objects, mutations)
+}
+
 #[test]
 fn consecutive_members_with_one_match_are_joined_into_one_mutation() {
     // Three Policies of one scope and one match, a label each: one mutation, in-process under
@@ -394,17 +403,7 @@ fn consecutive_members_with_one_match_are_joined_into_one_mutation() {
     let between = unlike("s1b", 10, "one");
     let refs: Vec<&Policy> = same.iter().collect();
     let (_, generated) = place(&refs);
-    let [objects] = generated.as_slice() else {
-        panic!("{generated:?}");
-    };
-    let mutations = objects
-        .policy
-        .spec
-        .as_ref()
-        .unwrap()
-        .mutations
-        .as_ref()
-        .unwrap();
+    let (_, mutations) = only_group(&generated);
     assert_eq!(mutations.len(), 1, "{mutations:?}");
     let expression = mutations[0]
         .json_patch
@@ -423,17 +422,7 @@ fn consecutive_members_with_one_match_are_joined_into_one_mutation() {
         p.spec.enforcement = Enforcement::InProcess;
     }
     let (_, generated) = place(&forced.iter().collect::<Vec<_>>());
-    let [objects] = generated.as_slice() else {
-        panic!("{generated:?}");
-    };
+    let (objects, mutations) = only_group(&generated);
     assert_eq!(objects.members, ["s0", "s1", "s1b", "s2"]);
-    let mutations = objects
-        .policy
-        .spec
-        .as_ref()
-        .unwrap()
-        .mutations
-        .as_ref()
-        .unwrap();
     assert_eq!(mutations.len(), 3, "{mutations:?}");
 }

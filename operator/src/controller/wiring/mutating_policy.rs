@@ -503,4 +503,4 @@ fn dedup(mut values: Vec<String>) -> Vec<String> {
 
 #[cfg(test)]
 #[path = "mutating_policy_tests.rs"]
-mod tests;
+pub(super) mod tests;

@@ -12,7 +12,8 @@ use crate::controller::wiring::schema_fit::{OptionalStruct, SchemaFit};
 use crate::controller::wiring::{Endpoint, Wiring};
 use crate::engine::cel;
 
-fn wiring() -> Wiring {
+/// The wiring the mutating placement tests place with.
+pub(in crate::controller::wiring) fn wiring() -> Wiring {
     Wiring {
         endpoint: Endpoint::Url {
             base: "https://gatehouse.test".into(),
