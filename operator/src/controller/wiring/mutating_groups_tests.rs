@@ -426,3 +426,41 @@ fn consecutive_members_with_one_match_are_joined_into_one_mutation() {
     assert_eq!(objects.members, ["s0", "s1", "s1b", "s2"]);
     assert_eq!(mutations.len(), 3, "{mutations:?}");
 }
+
+#[test]
+fn single_mutations_matched_apart_are_concatenated_where_they_write_apart() {
+    let forced = |mut p: Policy, mutate: serde_json::Value| {
+        p.spec.enforcement = Enforcement::InProcess;
+        p.spec.mutate = vec![serde_json::from_value(mutate).unwrap()];
+        p
+    };
+    let label = |name: &str, key: &str| {
+        forced(
+            unlike(name, 10, "one"),
+            json!({"merge": {"metadata": {"labels": {key: "yes"}}}}),
+        )
+    };
+    let drop_bpf = |p: Policy| {
+        forced(
+            p,
+            json!({"forEach": "spec.containers", "merge": {"securityContext": {"capabilities": {"drop": ["BPF"]}}}}),
+        )
+    };
+    let mutations_of = |policies: &[&Policy]| {
+        let (_, generated) = place(policies);
+        only_group(&generated).1.len()
+    };
+    // A label, and every container's capability: apart, one mutation.
+    let (a, b) = (label("a", "x"), drop_bpf(unlike("b", 10, "one")));
+    assert_eq!(mutations_of(&[&a, &b]), 1);
+    // Two labels: both may create `metadata.labels`, so two mutations.
+    let c = label("c", "y");
+    assert_eq!(mutations_of(&[&a, &c]), 2);
+    // A later match that reads the object (an objectSelector): two mutations.
+    let mut selective = drop_bpf(unlike("d", 10, "one"));
+    selective.spec.match_.object_selector = Some(LabelSelector {
+        match_labels: Some(BTreeMap::from([("x".to_string(), "yes".to_string())])),
+        match_expressions: None,
+    });
+    assert_eq!(mutations_of(&[&a, &selective]), 2);
+}

@@ -30,7 +30,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::admissionregistration::v1::{
-    MatchResources, MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
+    JSONPatch, MatchResources, MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
     MutatingAdmissionPolicyBindingSpec, MutatingAdmissionPolicySpec, Mutation,
     NamedRuleWithOperations,
 };
@@ -40,12 +40,13 @@ pub use super::mutating_groups::{CROSSOVER_MUTATIONS, MUTATING_NAME, generated_n
 use super::mutating_groups::{Member, disjoint_matches, groups, name, past_crossover};
 use super::mutating_join::joined_mutate;
 pub use super::mutating_probe::{MUTATING_PROBE_ANNOTATION, MUTATING_PROBE_NAME, mutating_probe};
+use super::mutating_translation::match_reads_object;
 pub use super::mutating_translation::{match_expression, policy_mutations};
 use super::schema_fit::SchemaFit;
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, namespace_selector};
 use crate::api::v1alpha1::{Enforcement, Policy, PolicySpec, Rule};
 use crate::engine::coverage::Coverage;
-use crate::engine::defaulting::{Footprint, footprint, interacts};
+use crate::engine::defaulting::{Footprint, footprint, independent, interacts};
 use crate::engine::derived_defaults::add_derived_defaults;
 use crate::engine::policy::is_mutating;
 
@@ -337,15 +338,49 @@ fn defaulted_after(
     Ok(())
 }
 
-/// The mutations of a group, in order, with every run of consecutive members that share one
-/// match written as one mutation where their merges join into one ([`joined_mutate`]) that the
-/// translation makes one mutation of (one pass, entries writing apart): a request pays each
-/// mutation of a policy the API server calls, whatever it writes.
+/// The mutations of a group, in order, as few as they can be written exactly: a request pays
+/// each mutation of a policy the API server calls, whatever it writes.
+/// - Consecutive members that share one match are written as one mutation where their merges
+///   join into one ([`joined_mutate`]) that the translation makes one mutation of (one pass,
+///   entries writing apart).
+/// - Consecutive single mutations are then concatenated (their guarded patches computed on the
+///   same object, `(a) + (b)`) where the later one's match does not read the object and all their
+///   entries, together, settle in one pass and write apart ([`independent`]): each then computes
+///   on the object what it would compute after the others, as one Policy's independent merges
+///   already are.
 fn joined_mutations(group: Vec<Member<'_>>) -> Vec<Mutation> {
     let mut out = Vec::new();
-    // The run being joined: its members, and their one mutation so far.
+    let mut current: Option<Unit> = None;
+    for unit in same_match_units(group) {
+        current = match current.take() {
+            None => Some(unit),
+            Some(earlier) => match concatenated(&earlier, &unit) {
+                Some(both) => Some(both),
+                None => {
+                    out.extend(earlier.mutations);
+                    Some(unit)
+                }
+            },
+        };
+    }
+    out.extend(current.into_iter().flat_map(|u| u.mutations));
+    out
+}
+
+/// Consecutive members as the generated policy runs them: their mutations, the footprints of
+/// what those do, and whether the first's match reads the object.
+struct Unit {
+    mutations: Vec<Mutation>,
+    footprints: Vec<Footprint>,
+    reads_object: bool,
+}
+
+/// The group with every run of consecutive members of one match joined where it can be.
+fn same_match_units(group: Vec<Member<'_>>) -> Vec<Unit> {
+    let mut out = Vec::new();
+    // The run being joined: its members, and their joined Policy and mutation so far.
     let mut run: Vec<Member<'_>> = Vec::new();
-    let mut run_joined: Option<Mutation> = None;
+    let mut run_joined: Option<(Policy, Mutation)> = None;
     for member in group {
         let joined = run
             .first()
@@ -359,9 +394,9 @@ fn joined_mutations(group: Vec<Member<'_>>) -> Vec<Mutation> {
                 one_mutation(member.policy, &lists)
             });
         match joined {
-            Some(mutation) => {
+            Some(joined) => {
                 run.push(member);
-                run_joined = Some(mutation);
+                run_joined = Some(joined);
             }
             None => {
                 out.extend(close_run(std::mem::take(&mut run), run_joined.take()));
@@ -373,12 +408,52 @@ fn joined_mutations(group: Vec<Member<'_>>) -> Vec<Mutation> {
     out
 }
 
-/// A run's mutations: the joined one, or its one member's own.
-fn close_run(run: Vec<Member<'_>>, joined: Option<Mutation>) -> Vec<Mutation> {
+/// A run as a unit: the joined Policy's one mutation, or its one member's own.
+fn close_run(run: Vec<Member<'_>>, joined: Option<(Policy, Mutation)>) -> Option<Unit> {
     match joined {
-        Some(mutation) => vec![mutation],
-        None => run.into_iter().flat_map(|m| m.mutations).collect(),
+        Some((policy, mutation)) => Some(Unit {
+            mutations: vec![mutation],
+            footprints: footprints_of(&policy, None),
+            reads_object: match_reads_object(&policy),
+        }),
+        None => run.into_iter().next().map(|m| Unit {
+            footprints: footprints_of(m.policy, None),
+            reads_object: match_reads_object(m.policy),
+            mutations: m.mutations,
+        }),
     }
+}
+
+/// `earlier` and `later` as one mutation computing both patches on the same object, where that
+/// is what running them one after the other does (see [`joined_mutations`]).
+fn concatenated(earlier: &Unit, later: &Unit) -> Option<Unit> {
+    let ([first], [second]) = (earlier.mutations.as_slice(), later.mutations.as_slice()) else {
+        return None;
+    };
+    if later.reads_object {
+        return None;
+    }
+    let footprints: Vec<Footprint> = earlier
+        .footprints
+        .iter()
+        .chain(&later.footprints)
+        .cloned()
+        .collect();
+    if !independent(&footprints) {
+        return None;
+    }
+    let expression = |m: &Mutation| m.json_patch.as_ref()?.expression.clone();
+    let both = format!("({}) + ({})", expression(first)?, expression(second)?);
+    Some(Unit {
+        mutations: vec![Mutation {
+            json_patch: Some(JSONPatch {
+                expression: Some(both),
+            }),
+            ..first.clone()
+        }],
+        footprints,
+        reads_object: earlier.reads_object,
+    })
 }
 
 /// Whether two members are matched alike: the same match, failure and reinvocation policies.
@@ -388,14 +463,17 @@ fn same_match(a: &Policy, b: &Policy) -> bool {
         && a.spec.reinvocation_policy == b.spec.reinvocation_policy
 }
 
-/// The one mutation that runs `lists` (the mutate lists of members matched like `like`), if
-/// their merges join and the translation makes one mutation of them.
-fn one_mutation(like: &Policy, lists: &[&[crate::api::v1alpha1::Mutation]]) -> Option<Mutation> {
+/// The Policy that runs `lists` (the mutate lists of members matched like `like`) and its one
+/// mutation, if their merges join and the translation makes one mutation of them.
+fn one_mutation(
+    like: &Policy,
+    lists: &[&[crate::api::v1alpha1::Mutation]],
+) -> Option<(Policy, Mutation)> {
     let mut joined = like.clone();
     joined.spec.mutate = joined_mutate(lists)?;
     let footprints = footprints_of(&joined, None);
     let mut mutations = policy_mutations(&joined, &footprints, false).ok()?;
-    (mutations.len() == 1).then(|| mutations.remove(0))
+    (mutations.len() == 1).then(|| (joined, mutations.remove(0)))
 }
 
 /// The generated policy and binding. Every mutation is guarded by its Policy's match, so the

@@ -132,7 +132,7 @@ pub fn policy_mutations(
 /// Whether `p`'s match depends on the object, which its own mutations may change: an
 /// objectSelector, a condition reading `object`, or a namespaceSelector that may judge a
 /// Namespace by its own labels.
-fn match_reads_object(p: &Policy) -> bool {
+pub(super) fn match_reads_object(p: &Policy) -> bool {
     let m = &p.spec.match_;
     let conditions = m.conditions.iter().any(|c| {
         cel::compile(&c.expression).map_or(true, |program| cel::reads_variable(&program, "object"))
