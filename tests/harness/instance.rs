@@ -133,12 +133,20 @@ pub async fn ensure_crds(cluster: &Cluster) -> anyhow::Result<()> {
         .get_or_try_init(|| async {
             let dir = cluster.repo_root().join("crds");
             let dir = dir.to_string_lossy();
-            cluster
-                .kubectl_ok(
+            let applied = cluster
+                .kubectl_output(
                     ["apply", "--server-side", "--force-conflicts", "-k", &dir],
                     None,
                 )
                 .await?;
+            let stderr = String::from_utf8_lossy(&applied.stderr);
+            // The first thing a user sees of an install is this apply: it must not warn
+            // (e.g. a schema format Kubernetes does not know).
+            anyhow::ensure!(
+                applied.status.success() && stderr.trim().is_empty(),
+                "kubectl apply of crds/ ({}): {stderr}",
+                applied.status
+            );
             await_established(
                 cluster,
                 &[

@@ -66,16 +66,17 @@ pub struct IPPoolSpec {
     pub dns: Option<Dns>,
 }
 
-/// Observed state of an IPPool, written by the effects loop.
+/// Observed state of an IPPool, written by the effects loop. Counters are `int64`, a format
+/// Kubernetes knows (`uint64` makes `kubectl apply` of the CRD warn).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct IPPoolStatus {
     /// How many addresses the pool can hand out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub capacity: Option<u64>,
+    pub capacity: Option<i64>,
     /// How many are allocated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub allocated: Option<u64>,
+    pub allocated: Option<i64>,
     /// The generation the conditions describe.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

@@ -418,9 +418,14 @@ fn match_conditions(p: &Policy) -> Option<Vec<MatchCondition>> {
 
 /// The Policy's namespaceSelector with the exclusion ANDed in. Requirements of a selector are
 /// ANDed, so appending one `NotIn` keeps the user's meaning and adds the guarantee.
+///
+/// A selector that already pins the namespace name to values none of which is excluded gets no
+/// `NotIn`: it cannot select an excluded namespace, and the API server parses an admission
+/// policy's selectors again for every namespaced request, so each requirement costs every
+/// request of the cluster, selected or not.
 pub fn namespace_selector(user: Option<&LabelSelector>, excluded: &[String]) -> LabelSelector {
     let mut selector = user.cloned().unwrap_or_default();
-    if !excluded.is_empty() {
+    if !excluded.is_empty() && !pins_names_outside(&selector, excluded) {
         let mut values: Vec<String> = excluded.to_vec();
         values.sort();
         values.dedup();
@@ -434,6 +439,25 @@ pub fn namespace_selector(user: Option<&LabelSelector>, excluded: &[String]) -> 
             });
     }
     selector
+}
+
+/// Whether `selector` selects only namespaces named by one of its requirements (a `matchLabels`
+/// entry or an `In` on the name label) whose names are all outside `excluded`.
+fn pins_names_outside(selector: &LabelSelector, excluded: &[String]) -> bool {
+    let outside = |name: &String| !excluded.contains(name);
+    let by_label = selector
+        .match_labels
+        .as_ref()
+        .and_then(|labels| labels.get(NAMESPACE_NAME_LABEL))
+        .is_some_and(outside);
+    let by_expression = selector.match_expressions.iter().flatten().any(|e| {
+        e.key == NAMESPACE_NAME_LABEL
+            && e.operator == "In"
+            && e.values
+                .as_ref()
+                .is_some_and(|v| !v.is_empty() && v.iter().all(outside))
+    });
+    by_label || by_expression
 }
 
 #[cfg(test)]

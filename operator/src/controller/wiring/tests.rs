@@ -245,6 +245,45 @@ fn url_mode_appends_the_path() {
 }
 
 #[test]
+fn a_selector_pinning_names_outside_the_exclusion_gets_no_not_in() {
+    let excluded: Vec<String> = vec!["kube-system".into(), "gh".into()];
+    let by_label = LabelSelector {
+        match_labels: Some(BTreeMap::from([(
+            "kubernetes.io/metadata.name".into(),
+            "team-a".into(),
+        )])),
+        match_expressions: None,
+    };
+    assert_eq!(namespace_selector(Some(&by_label), &excluded), by_label);
+    let by_in = LabelSelector {
+        match_labels: None,
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: "kubernetes.io/metadata.name".into(),
+            operator: "In".into(),
+            values: Some(vec!["team-a".into(), "team-b".into()]),
+        }]),
+    };
+    assert_eq!(namespace_selector(Some(&by_in), &excluded), by_in);
+    // Naming an excluded namespace, or pinning with NotIn, keeps the guarantee.
+    for (operator, values) in [("In", vec!["team-a", "gh"]), ("NotIn", vec!["team-a"])] {
+        let user = LabelSelector {
+            match_labels: None,
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "kubernetes.io/metadata.name".into(),
+                operator: operator.into(),
+                values: Some(values.into_iter().map(String::from).collect()),
+            }]),
+        };
+        let s = namespace_selector(Some(&user), &excluded);
+        let last = s.match_expressions.unwrap().pop().unwrap();
+        assert_eq!(
+            (last.operator.as_str(), last.values.unwrap()),
+            ("NotIn", vec!["gh".to_string(), "kube-system".to_string()])
+        );
+    }
+}
+
+#[test]
 fn exclusion_is_anded_with_the_users_selector() {
     let user = LabelSelector {
         match_labels: Some(BTreeMap::from([("inject".into(), "enabled".into())])),

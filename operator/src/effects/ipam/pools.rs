@@ -177,7 +177,10 @@ pub(super) fn pool_status(
         }
     };
     let (capacity, allocated) = match (parsed, allocator) {
-        (Some(p), Some(a)) => (Some(p.capacity()), Some(a.allocated_count())),
+        (Some(p), Some(a)) => (
+            Some(i64::try_from(p.capacity()).unwrap_or(i64::MAX)),
+            Some(i64::try_from(a.allocated_count()).unwrap_or(i64::MAX)),
+        ),
         _ => (None, None),
     };
     let ready = match invalid {
