@@ -140,6 +140,7 @@ fn corpus(core: &Value) -> Vec<Case> {
             home_namespace: String::new(),
             owner_cluster_role: None,
             owner: None,
+            max_admission_policies: usize::MAX,
         };
         let fit = refs
             .iter()

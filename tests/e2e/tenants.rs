@@ -121,10 +121,13 @@ async fn only_the_seventh_applies(cluster: &Cluster, namespaces: &[String]) -> a
 /// Issue 39, test 1: 32 tenants, each with a namespace-scoped mutating and validating Policy
 /// under `Auto`, all in-process: a Pod in tenant 7's namespace gets tenant 7's mutation only,
 /// the generated objects that select its namespace hold tenant 7's Policies only, with
-/// Gatehouse running and stopped.
+/// Gatehouse running and stopped. (All 64 Policies' generated objects in-process: the cap of
+/// `--max-admission-policies` is raised to them; it has a test of its own below.)
 #[tokio::test]
 async fn a_tenants_requests_reach_only_its_own_generated_policies() {
-    scenario("gh-tenants", Options::url(), async |scene| {
+    let all = (2 * TENANTS).to_string();
+    let options = Options::url().arg("--max-admission-policies", &all);
+    scenario("gh-tenants", options, async |scene| {
         let cluster = scene.cluster;
         let namespaces: Vec<String> =
             futures::future::try_join_all((0..TENANTS).map(|_| scene.namespace("gh-tenant")))
@@ -193,6 +196,63 @@ async fn a_tenants_requests_reach_only_its_own_generated_policies() {
             .await
             .context("with Gatehouse stopped")?;
         scene.gh.restart().await?;
+        Ok(())
+    })
+    .await;
+}
+
+/// Auto weighs the cluster: past `--max-admission-policies` generated admission policies, the
+/// later Policies in (priority, name) order run on the webhook with the reason, and still
+/// mutate and refuse there; when earlier ones go, they move in-process.
+#[tokio::test]
+async fn past_the_cap_auto_runs_later_tenants_on_the_webhook() {
+    let options = Options::url().arg("--max-admission-policies", "2");
+    scenario("gh-tenant-cap", options, async |scene| {
+        let cluster = scene.cluster;
+        let mut namespaces = Vec::new();
+        let mut policies: Vec<Vec<Value>> = Vec::new();
+        for i in 0..2 {
+            let ns = scene.namespace("gh-tenant").await?;
+            let (label, forbid) = (
+                scene.policy(&format!("t{i}-label")),
+                scene.policy(&format!("t{i}-forbid")),
+            );
+            policies.push(vec![labelling(&label, &ns, i), forbidding(&forbid, &ns, i)]);
+            namespaces.push(ns);
+        }
+        // Tenant 0's two Policies come first by name: a generated policy each, the cap.
+        apply_enforced(cluster, &policies[0], "InProcess").await?;
+        apply_enforced(cluster, &policies[1], "Webhook").await?;
+        for p in &policies[1] {
+            let name = p["metadata"]["name"].as_str().unwrap_or_default();
+            let ready = await_ready_condition(cluster, name, "True").await?;
+            ensure!(
+                ready["message"].as_str().is_some_and(|m| {
+                    m.contains("past the 2 generated admission policies")
+                        && m.contains("--max-admission-policies")
+                }),
+                "{name}: {ready:#}"
+            );
+        }
+        let ns = &namespaces[1];
+        let stored = dry_run_stored(cluster, &pod(ns, json!({"app": "web"}))).await?;
+        ensure!(
+            stored["metadata"]["labels"]["tenant-1"] == "yes",
+            "through the webhook: {stored:#}"
+        );
+        let refused = dry_run_stored(cluster, &pod(ns, json!({"forbidden-1": "x"}))).await;
+        ensure!(
+            refused.is_err_and(|e| e.to_string().contains("tenant 1 forbids")),
+            "tenant 1's rule on the webhook did not refuse"
+        );
+        let mut delete = vec!["delete", "policy"];
+        delete.extend(
+            policies[0]
+                .iter()
+                .filter_map(|p| p["metadata"]["name"].as_str()),
+        );
+        cluster.kubectl_ok(delete, None).await?;
+        apply_enforced(cluster, &policies[1], "InProcess").await?;
         Ok(())
     })
     .await;

@@ -207,6 +207,8 @@ pub fn explain(policies: &[CompiledPolicy]) -> Vec<String> {
         home_namespace: String::new(),
         owner_cluster_role: None,
         owner: None,
+        max_admission_policies:
+            crate::controller::wiring::in_process_cap::DEFAULT_MAX_ADMISSION_POLICIES,
     };
     let policies: Vec<Policy> = policies
         .iter()

@@ -105,6 +105,14 @@ pub struct RunArgs {
     #[arg(long, env = "GATEHOUSE_GC_GRACE", default_value = "30s", value_parser = super::duration::parse)]
     pub gc_grace: Duration,
 
+    /// How many generated admission policies (a ValidatingAdmissionPolicy per validating
+    /// Policy, a MutatingAdmissionPolicy per group of mutating ones) `enforcement: Auto` keeps
+    /// in-process, at most. The API server matches every admission policy against every
+    /// namespaced request, selected or not; past this number, the later ones in (priority,
+    /// name) order run on the webhook, with the reason in their status.
+    #[arg(long, env = "GATEHOUSE_MAX_ADMISSION_POLICIES", default_value_t = crate::controller::wiring::in_process_cap::DEFAULT_MAX_ADMISSION_POLICIES)]
+    pub max_admission_policies: usize,
+
     /// Time between audit passes over the stored objects the validating Policies match (a
     /// pass also runs soon after a Policy's generation changes).
     #[arg(long, env = "GATEHOUSE_AUDIT_INTERVAL", default_value = "1h", value_parser = super::duration::parse)]
@@ -237,6 +245,7 @@ impl RunArgs {
             home_namespace: self.namespace.clone(),
             owner_cluster_role: Some(self.owner_cluster_role.clone()).filter(|n| !n.is_empty()),
             owner: None,
+            max_admission_policies: self.max_admission_policies,
         }
     }
 

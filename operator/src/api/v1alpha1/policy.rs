@@ -98,7 +98,10 @@ pub struct PolicySpec {
     /// requires every such Policy before it to run in-process too and its merges to fit the
     /// schemas of the kinds it matches; under `Auto`, a generated policy that would make a
     /// request pay more than one mutation (after joining the merges of Policies with one match)
-    /// leaves its Policies on the webhook, which costs less. `Webhook`: always the webhook. `InProcess`: in-process, or
+    /// leaves its Policies on the webhook, which costs less; and past the operator's
+    /// `--max-admission-policies` generated policies (default 32; the API server matches each
+    /// against every request of the cluster), the later Policies in (priority, name) order stay
+    /// on the webhook. `Webhook`: always the webhook. `InProcess`: in-process, or
     /// `Ready=False` with the reason it cannot be. `status.enforcement` says where it runs and,
     /// on the webhook, the `Ready` condition's message says why not in-process.
     #[serde(default)]

@@ -22,6 +22,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
+use super::in_process_cap::cap_in_process;
 use super::mutating_policy::{InProcessMutation, MutatingPlacement, place_mutating};
 use super::schema_fit::SchemaFit;
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, match_conditions, namespace_selector, rules};
@@ -227,8 +228,8 @@ pub fn place_all<'p>(
     served: Served,
     schema_fit: &HashMap<String, SchemaFit>,
 ) -> (Vec<(&'p Policy, Placement)>, Vec<InProcessMutation>) {
-    let (mutating, generated) = place_mutating(policies, wiring, served.mutating, schema_fit);
-    let placements = policies
+    let (mutating, mut generated) = place_mutating(policies, wiring, served.mutating, schema_fit);
+    let mut placements: Vec<(&'p Policy, Placement)> = policies
         .iter()
         .map(|p| {
             let name = p.metadata.name.as_deref().unwrap_or_default();
@@ -243,6 +244,11 @@ pub fn place_all<'p>(
             (*p, placement)
         })
         .collect();
+    cap_in_process(
+        &mut placements,
+        &mut generated,
+        wiring.max_admission_policies,
+    );
     (placements, generated)
 }
 

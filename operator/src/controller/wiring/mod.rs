@@ -9,6 +9,7 @@
 //! entry in the annotation [`GROUPS_ANNOTATION`], so every replica can answer every entry the
 //! API server may call.
 pub mod admission_policy;
+pub mod in_process_cap;
 mod mutating_groups;
 pub mod mutating_join;
 pub mod mutating_policy;
@@ -104,6 +105,9 @@ pub struct Wiring {
     pub owner_cluster_role: Option<String>,
     /// That ClusterRole as an owner reference, once read.
     pub owner: Option<OwnerReference>,
+    /// How many generated admission policies `enforcement: Auto` keeps in-process, at most
+    /// ([`in_process_cap`]).
+    pub max_admission_policies: usize,
 }
 
 /// The desired pair of configurations.

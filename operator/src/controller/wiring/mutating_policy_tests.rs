@@ -22,6 +22,8 @@ pub(in crate::controller::wiring) fn wiring() -> Wiring {
         home_namespace: "gatehouse-system".into(),
         owner_cluster_role: None,
         owner: None,
+        max_admission_policies:
+            crate::controller::wiring::in_process_cap::DEFAULT_MAX_ADMISSION_POLICIES,
     }
 }
 

@@ -33,6 +33,8 @@ fn wiring() -> Wiring {
         home_namespace: "gatehouse-system".into(),
         owner_cluster_role: None,
         owner: None,
+        max_admission_policies:
+            crate::controller::wiring::in_process_cap::DEFAULT_MAX_ADMISSION_POLICIES,
     }
 }
 
@@ -235,6 +237,8 @@ fn url_mode_appends_the_path() {
         home_namespace: "gatehouse".into(),
         owner_cluster_role: None,
         owner: None,
+        max_admission_policies:
+            crate::controller::wiring::in_process_cap::DEFAULT_MAX_ADMISSION_POLICIES,
     };
     let p = policy("p", 1, true, false);
     let d = desired(&[&p], &w, "CA");
