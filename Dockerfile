@@ -2,6 +2,9 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock rustfmt.toml ./
+COPY api ./api
+COPY cel ./cel
+COPY engine ./engine
 COPY operator ./operator
 COPY cni ./cni
 COPY tests ./tests

@@ -80,8 +80,8 @@ async fn main() -> anyhow::Result<()> {
             let policies = Arc::new(PolicyStore::new());
             let loaded = load_policies(&args.policy)?;
             // The script addresses shared entries by their paths, which depend on membership.
-            for g in gatehouse::engine::group::groups(&loaded).iter() {
-                println!("entry {}", gatehouse::engine::entry::group_path(g));
+            for g in gatehouse_engine::group::groups(&loaded).iter() {
+                println!("entry {}", gatehouse_engine::entry::group_path(g));
             }
             for policy in loaded {
                 policies.upsert(Arc::new(policy));

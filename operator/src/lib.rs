@@ -2,12 +2,10 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
-pub mod api;
 pub mod audit;
 pub mod cli;
 pub mod controller;
 pub mod effects;
-pub mod engine;
 pub mod error_chain;
 pub mod lease;
 pub mod reconcile;

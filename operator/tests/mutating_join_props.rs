@@ -3,10 +3,10 @@
 //! that list what it stores running the members one after the other.
 // Helpers of a test may unwrap too: a panic is how a test fails.
 #![allow(clippy::unwrap_used)]
-use gatehouse::api::v1alpha1::Policy;
 use gatehouse::controller::wiring::mutating_join::joined_mutate;
 use gatehouse::controller::wiring::mutating_policy::{footprints_of, policy_mutations};
-use gatehouse::engine::{compile, mutate};
+use gatehouse_api::v1alpha1::Policy;
+use gatehouse_engine::{compile, mutate};
 use proptest::prelude::*;
 use serde_json::{Map, Value, json};
 
@@ -117,7 +117,7 @@ proptest! {
             .collect();
         // Only what a member's own validation accepts (a merge may be refused as invalid).
         prop_assume!(members.iter().all(|p| compile(p).is_ok()));
-        let typed: Vec<&[gatehouse::api::v1alpha1::Mutation]> =
+        let typed: Vec<&[gatehouse_api::v1alpha1::Mutation]> =
             members.iter().map(|p| p.spec.mutate.as_slice()).collect();
         let Some(joined_list) = joined_mutate(&typed) else {
             return Ok(());
@@ -149,7 +149,7 @@ fn sixteen_labels_and_one_capability_are_one_mutation() {
             )
         })
         .collect();
-    let typed: Vec<&[gatehouse::api::v1alpha1::Mutation]> =
+    let typed: Vec<&[gatehouse_api::v1alpha1::Mutation]> =
         members.iter().map(|p| p.spec.mutate.as_slice()).collect();
     let mut joined = members[0].clone();
     joined.spec.mutate = joined_mutate(&typed).unwrap();

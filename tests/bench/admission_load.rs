@@ -68,13 +68,13 @@ mod tenants;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use ::gatehouse::engine::entry::ENTRY_SUFFIX;
 use anyhow::{Context, bail};
 use futures::StreamExt;
 use gatehouse_e2e::cpu::{cpu_snapshot, processes};
 use gatehouse_e2e::instance::{Gatehouse, Options, localhost_service};
 use gatehouse_e2e::pods::delete_all;
 use gatehouse_e2e::{Cluster, TestNamespace, TestWebhook, allow, await_condition, cluster};
+use gatehouse_engine::entry::ENTRY_SUFFIX;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::PostParams;

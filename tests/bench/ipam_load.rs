@@ -116,7 +116,7 @@ fn allocation(
     namespace: &str,
     name: &str,
     uid: &str,
-) -> anyhow::Result<::gatehouse::api::v1alpha1::IPAllocation> {
+) -> anyhow::Result<gatehouse_api::v1alpha1::IPAllocation> {
     let addr =
         std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 40, 0, 0)) + 1 + i as u32);
     Ok(serde_json::from_value(json!({
@@ -234,7 +234,7 @@ async fn main() -> anyhow::Result<()> {
     // and a JSON patch of a Pod, per Pod. Their combined rate is what the loop could reach at best.
     let raw_pool = "bench-raw";
     let raw_pods = raw_api.list(&ListParams::default()).await?.items;
-    let allocs: Api<::gatehouse::api::v1alpha1::IPAllocation> = Api::all(client.clone());
+    let allocs: Api<gatehouse_api::v1alpha1::IPAllocation> = Api::all(client.clone());
     let raw_allocations = timed(&raw_pods, concurrency, |i, p| {
         let allocs = allocs.clone();
         let owner = (p.name_any(), p.uid().unwrap_or_default());

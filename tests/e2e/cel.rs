@@ -63,7 +63,7 @@ async fn a_quantity_limit_admits_pods_within_it_and_denies_the_rest() {
 const ERRORS_PER_POLICY: usize = 6;
 
 /// The parity corpus, which the unit test `engine::cel::parity` runs through Gatehouse.
-const CORPUS: &str = include_str!("../../operator/testdata/cel/parity.txt");
+const CORPUS: &str = include_str!("../../cel/testdata/parity.txt");
 
 /// The corpus's cases with outcome `outcome`.
 fn cases(outcome: &str) -> Vec<&'static str> {

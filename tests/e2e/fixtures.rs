@@ -4,11 +4,11 @@ use std::cell::RefCell;
 use std::time::Duration;
 
 use ::gatehouse::controller::wiring;
-use ::gatehouse::engine::Phase;
-use ::gatehouse::engine::group::Group;
 use anyhow::{Context, bail};
 use gatehouse_e2e::instance::Options;
 use gatehouse_e2e::{Cluster, await_condition};
+use gatehouse_engine::Phase;
+use gatehouse_engine::group::Group;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
@@ -178,7 +178,7 @@ pub(crate) async fn entry_of(
         .await?
         .iter()
         .find(|g| g.phase == phase && g.members.iter().any(|m| m == policy))
-        .map(::gatehouse::engine::entry::group_entry_name))
+        .map(gatehouse_engine::entry::group_entry_name))
 }
 
 /// Entry names of `kind`/gatehouse (empty when absent).

@@ -788,7 +788,7 @@ async fn entry_paths(
     mutating: &str,
     validating: &str,
 ) -> anyhow::Result<(String, String)> {
-    use ::gatehouse::engine::Phase;
+    use gatehouse_engine::Phase;
     let mut paths = Vec::new();
     for (kind, policy, phase) in [
         ("mutatingwebhookconfiguration", mutating, Phase::Mutating),

@@ -243,7 +243,7 @@ async fn a_warn_rule_never_denies_on_either_path() {
         let warned = |said: &str| said.contains("nodeName") && !said.contains("denied");
         apply(cluster, &advisory("Webhook")).await?;
         await_enforcement(cluster, &name, "Webhook").await?;
-        let entry = crate::fixtures::entry_of(cluster, &name, ::gatehouse::engine::Phase::Validating)
+        let entry = crate::fixtures::entry_of(cluster, &name, gatehouse_engine::Phase::Validating)
             .await?
             .context("the Warn Policy has no entry")?;
         let configuration = get_json(cluster, &["validatingwebhookconfiguration", "gatehouse"])

@@ -8,10 +8,10 @@ use anyhow::{Context, ensure};
 use gatehouse_e2e::instance::Options;
 use serde_json::{Value, json};
 
-use ::gatehouse::api::v1alpha1::Policy;
 use ::gatehouse::controller::wiring::mutating_policy;
 use ::gatehouse::controller::wiring::schema_fit::{SchemaFit, fits, kind_schema};
 use ::gatehouse::controller::wiring::{Endpoint, Wiring};
+use gatehouse_api::v1alpha1::Policy;
 
 use crate::fixtures::{pod_policy, policy_object};
 use crate::in_process_mutation::{

@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use crate::fixtures::{WAIT, apply, apply_ready, await_ready, get_json, pod_policy, stderr};
 use crate::scene::{Scene, scenario};
 
-use ::gatehouse::api::v1alpha1::IPAM_GATE as GATE;
+use gatehouse_api::v1alpha1::IPAM_GATE as GATE;
 use gatehouse_e2e::pods::ipam_gated;
 const ANNOTATION: &str = "gatehouse.dev/ip";
 

@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail, ensure};
 use futures::{StreamExt, TryStreamExt};
-use gatehouse::api::v1alpha1::Policy;
+use gatehouse::controller::wiring::jsonpatch_cel;
 use gatehouse::controller::wiring::mutating_policy;
 use gatehouse::controller::wiring::schema_fit::{SchemaFit, fits, kind_schema};
-use gatehouse::engine::{jsonpatch_cel, mutate, policy};
+use gatehouse_api::v1alpha1::Policy;
 use gatehouse_e2e::{TestNamespace, run_test};
+use gatehouse_engine::{mutate, policy};
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};

@@ -5,10 +5,10 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use ::gatehouse::engine::Phase;
 use anyhow::{Context, bail, ensure};
 use gatehouse_e2e::instance::Options;
 use gatehouse_e2e::{Cluster, await_condition, run_test, tls_client};
+use gatehouse_engine::Phase;
 use serde_json::{Value, json};
 
 use crate::fixtures::*;

@@ -3,12 +3,12 @@
 
 use std::time::{Duration, Instant};
 
-use ::gatehouse::api::v1alpha1::Policy;
-use ::gatehouse::engine::Phase;
-use ::gatehouse::engine::group;
 use anyhow::{Context, ensure};
+use gatehouse_api::v1alpha1::Policy;
 use gatehouse_e2e::instance::Options;
 use gatehouse_e2e::{Cluster, TestWebhook, await_condition};
+use gatehouse_engine::Phase;
+use gatehouse_engine::group;
 use serde_json::{Value, json};
 
 use crate::fixtures::{
@@ -248,14 +248,14 @@ async fn an_authorizer_condition_gets_its_own_entry() {
             .await?
             .context("mutating configuration")?;
         let admins_group = group::own(&serde_json::from_value::<Policy>(all[0].clone())?, Phase::Mutating);
-        let own = ::gatehouse::engine::entry::group_entry_name(&admins_group);
+        let own = gatehouse_engine::entry::group_entry_name(&admins_group);
         let entry = cfg["webhooks"]
             .as_array()
             .and_then(|ws| ws.iter().find(|w| w["name"] == own.as_str()))
             .with_context(|| format!("no entry {own}: {cfg}"))?;
         ensure!(entry["matchConditions"][0]["name"] == "may-create", "{entry}");
         ensure!(
-            entry["clientConfig"]["service"]["path"] == ::gatehouse::engine::entry::group_path(&admins_group).as_str(),
+            entry["clientConfig"]["service"]["path"] == gatehouse_engine::entry::group_path(&admins_group).as_str(),
             "{entry}"
         );
         ensure!(entry_of(cluster, &shared, Phase::Mutating).await? != Some(own.clone()));

@@ -9,7 +9,7 @@ use gatehouse_e2e::{Cluster, await_condition};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use serde_json::{Value, json};
 
-use ::gatehouse::engine::matcher::selector_matches;
+use gatehouse_engine::matcher::selector_matches;
 
 use crate::fixtures::{WAIT, get_json, pod_policy};
 use crate::in_process_mutation::{

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use ::gatehouse::api::v1alpha1::IPAM_GATE;
+use gatehouse_api::v1alpha1::IPAM_GATE;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams};

@@ -5,13 +5,13 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use crate::api::reports::{ReportResult, ResourceReference, ResultKind, Timestamp};
-use crate::api::v1alpha1::{Operation, Policy, Rule, ValidationAction};
-use crate::engine::admission::{
+use gatehouse_api::reports::{ReportResult, ResourceReference, ResultKind, Timestamp};
+use gatehouse_api::v1alpha1::{Operation, Policy, Rule, ValidationAction};
+use gatehouse_engine::admission::{
     GroupVersionKind, GroupVersionResource, Request, RuleOutcome, Variables, rule_outcomes,
 };
-use crate::engine::matcher::{self, Namespace};
-use crate::engine::policy::{self, CompiledPolicy, InvalidPolicy};
+use gatehouse_engine::matcher::{self, Namespace};
+use gatehouse_engine::policy::{self, CompiledPolicy, InvalidPolicy};
 
 /// The `source` of every result.
 pub const SOURCE: &str = "gatehouse";

@@ -32,10 +32,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::api::v1alpha1::Policy;
 use crate::error_chain::chain;
 use crate::lease::Leadership;
 use crate::webhook::Namespaces;
+use gatehouse_api::v1alpha1::Policy;
 
 pub use judge::{AuditedKind, Judgement, NotAuditable, audit_copy, audit_request, judge};
 pub use report::{

@@ -12,13 +12,13 @@ use super::report::{Scope, Tallies, Tally};
 use super::source::{KindUnknown, Pace, Pages, may_list, resolve_kind};
 use super::writes::{clear_statuses, write_reports, write_statuses};
 use super::{AUDITED, AuditContext, AuditError, AuditLabels};
-use crate::api::reports::Timestamp;
-use crate::api::v1alpha1::Policy;
-use crate::engine::matcher::Namespace;
-use crate::engine::policy::CompiledPolicy;
 use crate::error_chain::chain;
 use crate::lease::Leadership;
 use crate::webhook::NO_SUCH_NAMESPACE;
+use gatehouse_api::reports::Timestamp;
+use gatehouse_api::v1alpha1::Policy;
+use gatehouse_engine::matcher::Namespace;
+use gatehouse_engine::policy::CompiledPolicy;
 
 /// One validating Policy in a pass.
 pub struct AuditedPolicy {

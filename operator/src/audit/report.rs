@@ -8,10 +8,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use crate::api::reports::{
+use crate::controller::wiring::MANAGED_BY_LABEL;
+use gatehouse_api::reports::{
     GROUP, ReportBody, ReportKind, ReportResult, ReportSummary, ResultKind, VERSION,
 };
-use crate::controller::wiring::MANAGED_BY_LABEL;
 
 /// Label holding the UID of the Policy a report is about (a name may be longer than a label
 /// value can be).
@@ -78,7 +78,7 @@ impl Tally {
 /// own name where the prefix would pass the 253 characters of a name.
 pub fn report_name(policy: &str) -> String {
     let name = format!("gatehouse-{policy}");
-    if name.len() <= crate::engine::k8s_names::DNS1123_SUBDOMAIN_MAX_LENGTH {
+    if name.len() <= gatehouse_cel::k8s_names::DNS1123_SUBDOMAIN_MAX_LENGTH {
         name
     } else {
         policy.to_string()
@@ -125,7 +125,7 @@ pub type Tallies = BTreeMap<String, BTreeMap<Scope, Tally>>;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::reports::{ResourceReference, Timestamp};
+    use gatehouse_api::reports::{ResourceReference, Timestamp};
 
     fn failing(name: &str, kind: ResultKind) -> ReportResult {
         ReportResult {

@@ -14,12 +14,12 @@ use super::pass::AuditedPolicy;
 use super::report::{POLICY_UID_LABEL, Scope, Tallies, report_name, report_object};
 use super::source::Pace;
 use super::{AUDITED, AuditContext, AuditError};
-use crate::api::reports::{GROUP, ReportKind, VERSION};
-use crate::api::v1alpha1::Policy;
 use crate::controller::wiring::MANAGED_BY_LABEL;
 use crate::error_chain::chain;
 use crate::lease::Leadership;
 use crate::reconcile::{FIELD_MANAGER, fenced};
+use gatehouse_api::reports::{GROUP, ReportKind, VERSION};
+use gatehouse_api::v1alpha1::Policy;
 
 fn report_resource(kind: ReportKind) -> ApiResource {
     ApiResource {

@@ -3,8 +3,8 @@ use std::path::{Path, PathBuf};
 
 use kube::CustomResourceExt;
 
-use crate::api::reports::{ReportKind, report_crd};
-use crate::api::v1alpha1::{IPAllocation, IPPool, Policy};
+use gatehouse_api::reports::{ReportKind, report_crd};
+use gatehouse_api::v1alpha1::{IPAllocation, IPPool, Policy};
 
 /// Arguments of `gatehouse crds`.
 #[derive(clap::Args, Debug, Clone)]

@@ -13,15 +13,14 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::api::v1alpha1::{Operation, Policy};
 use crate::controller::wiring::admission_policy::{self, Placement};
 use crate::controller::wiring::{Endpoint, Wiring};
-use crate::engine::admission::{GroupVersionKind, GroupVersionResource, UserInfo, review_value};
-use crate::engine::chain;
-use crate::engine::{
-    self, CompiledPolicy, Namespace, Request, Response, ReviewError, parse_request,
-};
 use crate::error_chain::chain;
+use gatehouse_api::v1alpha1::{Operation, Policy};
+use gatehouse_engine as engine;
+use gatehouse_engine::admission::{GroupVersionKind, GroupVersionResource, UserInfo, review_value};
+use gatehouse_engine::chain;
+use gatehouse_engine::{CompiledPolicy, Namespace, Request, Response, ReviewError, parse_request};
 
 /// Exit status when every Policy admitted the request.
 pub const ADMITTED: i32 = 0;

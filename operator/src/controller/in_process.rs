@@ -37,9 +37,9 @@ use super::wiring::admission_policy::{
 use super::wiring::mutating_policy::MUTATING_GENERATED_LABEL;
 use super::writes::apply_body;
 use super::{ControllerContext, FIELD_MANAGER, ReconcileError, Refusal, SpecVersion};
-use crate::api::v1alpha1::{EnforcementPoint, Policy};
 use crate::lease::Leadership;
 use crate::reconcile::{fenced, reflect};
+use gatehouse_api::v1alpha1::{EnforcementPoint, Policy};
 
 /// How long generated objects outlive the webhook write that took their Policy back: the API
 /// server's webhook cache follows a configuration write within a moment.

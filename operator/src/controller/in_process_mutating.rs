@@ -32,8 +32,8 @@ use super::wiring::mutating_policy::{
 use super::wiring::schema_fit::SchemaFit;
 use super::writes::{dry_run, search_failed};
 use super::{ControllerContext, ReconcileError, Refusal, SpecVersion};
-use crate::api::v1alpha1::Policy;
 use crate::lease::Leadership;
+use gatehouse_api::v1alpha1::Policy;
 
 const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
 const PROBE_INTERVAL: Duration = Duration::from_millis(200);

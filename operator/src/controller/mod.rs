@@ -35,13 +35,13 @@ use tokio::sync::{Notify, watch};
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::admin::Readiness;
-use crate::api::v1alpha1::{IPPool, Policy};
-use crate::engine;
 use crate::lease::Leadership;
 use crate::reconcile::{
     Next, NotLeading, Pacing, ReconcileMetrics, Term, Window, fenced, reflect, run_loop,
 };
 use crate::webhook::PolicyStore;
+use gatehouse_api::v1alpha1::{IPPool, Policy};
+use gatehouse_engine as engine;
 use in_process::{GeneratedCaches, InProcessMemory};
 use isolate::{DryRun, SearchError};
 use status::Verdict;

@@ -10,8 +10,8 @@ use tracing::debug;
 
 use super::SpecVersion;
 use super::wiring::schema_fit::{OptionalStruct, SchemaFit, fits, kind_schema};
-use crate::api::v1alpha1::{Enforcement, Policy};
-use crate::engine::policy::is_mutating;
+use gatehouse_api::v1alpha1::{Enforcement, Policy};
+use gatehouse_engine::policy::is_mutating;
 
 /// Judgements of schema fit, by Policy, with the spec each was about.
 #[derive(Default)]

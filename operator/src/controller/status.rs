@@ -1,7 +1,7 @@
 //! Policy status as a pure function of what the reconcile decided.
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::api::v1alpha1::{EnforcementPoint, Policy, PolicyStatus};
+use gatehouse_api::v1alpha1::{EnforcementPoint, Policy, PolicyStatus};
 
 /// Condition type saying whether the Policy is wired into the webhook configurations.
 pub const READY: &str = "Ready";
@@ -70,7 +70,7 @@ pub fn desired_status(policy: &Policy, outcome: &Verdict, now: Time) -> Option<P
                 "wired into the Gatehouse webhook configurations in its own webhook entry {}: \
                  its match conditions use authorizer, which only the API server can evaluate \
                  (not in-process: {webhook_because})",
-                crate::engine::entry::entry_name(
+                gatehouse_engine::entry::entry_name(
                     policy.metadata.name.as_deref().unwrap_or_default()
                 )
             ),
@@ -154,7 +154,7 @@ pub fn desired_status(policy: &Policy, outcome: &Verdict, now: Time) -> Option<P
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::v1alpha1::PolicySpec;
+    use gatehouse_api::v1alpha1::PolicySpec;
     use k8s_openapi::jiff::Timestamp;
 
     fn at(secs: i64) -> Time {

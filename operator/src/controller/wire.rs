@@ -18,9 +18,9 @@ use super::wiring::{self, Wiring};
 use super::writes::*;
 use super::{Applied, ControllerContext, PolicyCaches, ReconcileError, Refusal, SpecVersion};
 use super::{in_process, in_process_mutating};
-use crate::api::v1alpha1::Policy;
 use crate::error_chain::chain;
 use crate::lease::Leadership;
+use gatehouse_api::v1alpha1::Policy;
 
 /// The valid Policies the webhook enforces: placed there, or placed in-process and not yet
 /// confirmed enforced by the API server; never one the API server refused.

@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use kube::ResourceExt;
 use kube::runtime::watcher;
 
-use crate::api::v1alpha1::IPAllocation;
+use gatehouse_api::v1alpha1::IPAllocation;
 
 use super::allocator::{Allocator, Pool, allocation_name};
 
@@ -260,7 +260,7 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::v1alpha1::{IPAllocationSpec, Owner};
+    use gatehouse_api::v1alpha1::{IPAllocationSpec, Owner};
     use proptest::prelude::*;
     use watcher::Event;
 

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use gatehouse_ipam::annotation::{Dns, IpamAddress, Route};
 
 use super::allocator::{Pool, parse_prefix};
-use crate::api::v1alpha1::IPPoolSpec;
+use gatehouse_api::v1alpha1::IPPoolSpec;
 
 /// Why a pool's gateway, routes or DNS are refused; `field` is the path under `spec`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

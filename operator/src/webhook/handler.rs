@@ -12,10 +12,11 @@ use tracing::{Instrument, info_span, warn};
 use super::metrics::{AdmissionLabels, AdmissionMetrics};
 use super::namespaces::Namespaces;
 use super::{Lookup, MAX_BODY_BYTES, Members, PolicyStore};
-use crate::engine::chain::{self, Matching};
-use crate::engine::entry::{MUTATE_PREFIX, OWN_PREFIX, VALIDATE_POLICY_PATH, VALIDATE_PREFIX};
-use crate::engine::group::Group;
-use crate::engine::{self, CompiledPolicy, Namespace, Phase};
+use gatehouse_engine as engine;
+use gatehouse_engine::chain::{self, Matching};
+use gatehouse_engine::entry::{MUTATE_PREFIX, OWN_PREFIX, VALIDATE_POLICY_PATH, VALIDATE_PREFIX};
+use gatehouse_engine::group::Group;
+use gatehouse_engine::{CompiledPolicy, Namespace, Phase};
 
 /// How long a client may take to send the whole body once the headers are in.
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);

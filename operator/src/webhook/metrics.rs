@@ -9,9 +9,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::engine::Phase;
-use crate::engine::chain::Evaluated;
 use crate::telemetry::{HistogramFamily, latency_histogram};
+use gatehouse_engine::Phase;
+use gatehouse_engine::chain::Evaluated;
 
 /// Labels of one admission decision.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -130,7 +130,7 @@ impl AdmissionMetrics {
 /// shows in Gatehouse's CPU (`operator/benches/README.md`).
 #[derive(Default)]
 pub struct MemberMeters {
-    /// By [`Decision`](crate::engine::chain::Decision), in its declaration order.
+    /// By [`Decision`](gatehouse_engine::chain::Decision), in its declaration order.
     decisions: [OnceLock<Counter>; 5],
     evaluation: OnceLock<Histogram>,
     over_budget: OnceLock<Counter>,
@@ -170,15 +170,15 @@ mod tests {
 
     #[test]
     fn members_are_counted_into_the_families_and_only_what_happened_is_created() {
-        use crate::engine::chain::Decision;
+        use gatehouse_engine::chain::Decision;
         use std::time::Duration;
-        let policy: crate::api::v1alpha1::Policy = serde_json::from_value(serde_json::json!({
+        let policy: gatehouse_api::v1alpha1::Policy = serde_json::from_value(serde_json::json!({
             "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": "p"},
             "spec": {"match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]},
                      "validate": [{"expression": "true", "message": "m"}]},
         }))
         .unwrap();
-        let compiled = crate::engine::compile(&policy).unwrap();
+        let compiled = gatehouse_engine::compile(&policy).unwrap();
         let mut registry = Registry::with_prefix("gatehouse");
         let m = AdmissionMetrics::register(&mut registry);
         let part = |decision, over_budget| Evaluated {

@@ -3,14 +3,14 @@
 //! answer. Nothing here writes anywhere else, which is what makes `sideEffects: None` true.
 //!
 //! **No Policy can stall admission.** Two protections, both needed:
-//! * *Bounded work*: every CEL expression has a cost budget ([`crate::engine::cost`]), checked
+//! * *Bounded work*: every CEL expression has a cost budget ([`gatehouse_cel::cost`]), checked
 //!   when the Policy is written (estimated with an assumed collection size) and again before
 //!   each evaluation with the sizes the request actually holds. Past it the expression is not
 //!   run; it fails like any run-time error and the Policy's failurePolicy decides.
 //! * *Isolation*: the admin port (`/readyz`, `/livez`, `/metrics`) and the webhook port's accept
 //!   loop run on threads and runtimes of their own ([`crate::serve::on_own_thread`]); accepted connections are
 //!   handed to the main runtime's workers. A review for an entry with a heavy Policy (an expression
-//!   estimated over [`crate::engine::cost::HEAVY`] at the assumed collection size) is evaluated
+//!   estimated over [`gatehouse_cel::cost::HEAVY`] at the assumed collection size) is evaluated
 //!   on the blocking pool, taking turns on half the CPUs, never on the async workers that
 //!   accept connections; so however many slow reviews arrive, a cheap review and a probe still
 //!   find a CPU (`tests/webhook_isolation.rs`). A review with only cheap Policies (each

@@ -4,10 +4,10 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use super::metrics::MemberMeters;
-use crate::engine::CompiledPolicy;
-use crate::engine::Phase;
-use crate::engine::entry;
-use crate::engine::group::{self, Group};
+use gatehouse_engine::CompiledPolicy;
+use gatehouse_engine::Phase;
+use gatehouse_engine::entry;
+use gatehouse_engine::group::{self, Group};
 
 /// How long a group (or Policy) that left the configurations is still answered. The API
 /// server's webhook informer lags a configuration write by a moment; during that moment it may
@@ -319,7 +319,7 @@ impl PolicyStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::v1alpha1::Policy;
+    use gatehouse_api::v1alpha1::Policy;
 
     fn compiled(name: &str) -> Arc<CompiledPolicy> {
         let policy: Policy = serde_json::from_value(serde_json::json!({
@@ -332,7 +332,7 @@ mod tests {
             },
         }))
         .unwrap();
-        Arc::new(crate::engine::compile(&policy).unwrap())
+        Arc::new(gatehouse_engine::compile(&policy).unwrap())
     }
 
     fn mutating(name: &str, matching: serde_json::Value) -> Arc<CompiledPolicy> {
@@ -346,7 +346,7 @@ mod tests {
             },
         }))
         .unwrap();
-        Arc::new(crate::engine::compile(&policy).unwrap())
+        Arc::new(gatehouse_engine::compile(&policy).unwrap())
     }
 
     #[test]

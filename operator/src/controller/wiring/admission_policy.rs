@@ -26,8 +26,8 @@ use super::in_process_cap::cap_in_process;
 use super::mutating_policy::{InProcessMutation, MutatingPlacement, place_mutating};
 use super::schema_fit::SchemaFit;
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, match_conditions, namespace_selector, rules};
-use crate::api::v1alpha1::{Enforcement, Policy, ValidationAction};
-use crate::engine::group::fnv1a;
+use gatehouse_api::v1alpha1::{Enforcement, Policy, ValidationAction};
+use gatehouse_engine::group::fnv1a;
 
 /// Prefix of every generated object's name.
 pub const GENERATED_PREFIX: &str = "gatehouse-";

@@ -12,7 +12,7 @@
 
 use super::admission_policy::Placement;
 use super::mutating_policy::InProcessMutation;
-use crate::api::v1alpha1::{Enforcement, Policy};
+use gatehouse_api::v1alpha1::{Enforcement, Policy};
 
 /// The default of `--max-admission-policies`.
 pub const DEFAULT_MAX_ADMISSION_POLICIES: usize = 32;

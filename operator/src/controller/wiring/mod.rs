@@ -1,7 +1,7 @@
 //! Policies → webhook configurations, as a pure function of the valid Policies, the way the API
 //! server reaches Gatehouse, and the CA bundle.
 //!
-//! Policies share entries ([`crate::engine::group`]): a shared entry's rules are the union of its
+//! Policies share entries ([`gatehouse_engine::group`]): a shared entry's rules are the union of its
 //! members' rules, its namespaceSelector and objectSelector the exact union of theirs (the system
 //! exclusion ANDed in), its timeout the largest of theirs, with no matchConditions; Gatehouse
 //! matches each member itself, and the entry's selectors keep an outage to the members' scope. A Policy whose conditions use `authorizer` keeps an entry of its own with all of its
@@ -9,7 +9,10 @@
 //! entry in the annotation [`GROUPS_ANNOTATION`], so every replica can answer every entry the
 //! API server may call.
 pub mod admission_policy;
+pub mod defaulting;
+pub mod derived_defaults;
 pub mod in_process_cap;
+pub mod jsonpatch_cel;
 mod mutating_groups;
 pub mod mutating_join;
 pub mod mutating_policy;
@@ -28,11 +31,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
 };
 
-use crate::api::v1alpha1::{GROUP, Policy, Rule};
-use crate::engine::Phase;
-use crate::engine::coverage::Coverage;
-use crate::engine::entry::{VALIDATE_POLICY_PATH, group_entry_name, group_path};
-use crate::engine::group::{self, Group};
+use gatehouse_api::v1alpha1::{GROUP, Policy, Rule};
+use gatehouse_engine::Phase;
+use gatehouse_engine::coverage::Coverage;
+use gatehouse_engine::entry::{VALIDATE_POLICY_PATH, group_entry_name, group_path};
+use gatehouse_engine::group::{self, Group};
 
 /// Name of both webhook configurations Gatehouse owns.
 pub const CONFIGURATION_NAME: &str = "gatehouse";

@@ -4,8 +4,8 @@
 //! a request would pay more mutations than one webhook call costs ([`past_crossover`]).
 use k8s_openapi::api::admissionregistration::v1::Mutation;
 
-use crate::api::v1alpha1::{Enforcement, Policy};
-use crate::engine::coverage::Coverage;
+use gatehouse_api::v1alpha1::{Enforcement, Policy};
+use gatehouse_engine::coverage::Coverage;
 
 /// Name prefix of the generated MutatingAdmissionPolicies and their bindings; each is named
 /// after its first member ([`generated_name`]).

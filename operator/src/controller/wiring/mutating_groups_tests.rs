@@ -7,14 +7,14 @@ use proptest::prelude::*;
 use serde_json::json;
 
 use super::*;
-use crate::api::v1alpha1::{Operation, Rule, Scope, sample_spec};
 use crate::controller::wiring::mutating_policy::tests::wiring;
 use crate::controller::wiring::mutating_policy::{
     InProcessMutation, MutatingPlacement, place_mutating,
 };
 use crate::controller::wiring::schema_fit::SchemaFit;
-use crate::engine::admission::Request;
-use crate::engine::matcher::{rule_matches, selector_matches};
+use gatehouse_api::v1alpha1::{Operation, Rule, Scope, sample_spec};
+use gatehouse_engine::admission::Request;
+use gatehouse_engine::matcher::{rule_matches, selector_matches};
 
 fn pods_rule() -> Rule {
     Rule {
@@ -306,7 +306,7 @@ fn placed<'a>(placements: &'a [(String, MutatingPlacement)], name: &str) -> &'a 
 /// mutation is not joined with another's.
 fn unlike(name: &str, priority: i32, ns: &str) -> Policy {
     let mut p = tenant(name, priority, Some(ns));
-    p.spec.match_.conditions = vec![crate::api::v1alpha1::MatchCondition {
+    p.spec.match_.conditions = vec![gatehouse_api::v1alpha1::MatchCondition {
         name: name.to_string(),
         expression: "true".to_string(),
     }];

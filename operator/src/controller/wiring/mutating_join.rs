@@ -10,7 +10,7 @@
 //! is the translation's call (one pass, entries writing apart: [`super::mutating_policy`]).
 use serde_json::{Map, Value};
 
-use crate::api::v1alpha1::Mutation;
+use gatehouse_api::v1alpha1::Mutation;
 
 /// One `mutate[]` list that does what `lists` do applied one after the other, where it can be
 /// said exactly: every entry a plain merge (no `overwrite`, no `when`), entries with the same

@@ -44,11 +44,11 @@ use super::mutating_translation::match_reads_object;
 pub use super::mutating_translation::{match_expression, policy_mutations};
 use super::schema_fit::SchemaFit;
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, namespace_selector};
-use crate::api::v1alpha1::{Enforcement, Policy, PolicySpec, Rule};
-use crate::engine::coverage::Coverage;
-use crate::engine::defaulting::{Footprint, footprint, independent, interacts};
-use crate::engine::derived_defaults::add_derived_defaults;
-use crate::engine::policy::is_mutating;
+use crate::controller::wiring::defaulting::{Footprint, footprint, independent, interacts};
+use crate::controller::wiring::derived_defaults::add_derived_defaults;
+use gatehouse_api::v1alpha1::{Enforcement, Policy, PolicySpec, Rule};
+use gatehouse_engine::coverage::Coverage;
+use gatehouse_engine::policy::is_mutating;
 
 /// Label on the generated mutating objects, so a watch can select them.
 pub const MUTATING_GENERATED_LABEL: (&str, &str) = ("gatehouse.dev/generated", "mutating");
@@ -254,7 +254,7 @@ struct Appended<'p> {
 /// The footprint of each of `p`'s mutations, with what the API server may default after it
 /// counted as appended: the structs its schema fit says it may create, and the fields of the
 /// derived defaults of the kinds it matches that it writes near
-/// ([`crate::engine::derived_defaults`]).
+/// ([`crate::controller::wiring::derived_defaults`]).
 pub fn footprints_of(p: &Policy, fit: Option<&SchemaFit>) -> Vec<Footprint> {
     let optional = match fit {
         Some(SchemaFit::Fits(optional)) => optional.as_slice(),
@@ -293,7 +293,7 @@ pub fn footprints_of(p: &Policy, fit: Option<&SchemaFit>) -> Vec<Footprint> {
 
 /// Whether a mutation of `p` depends on what an earlier in-process Policy may append or create:
 /// the API server defaults what one mutation appends or creates before the next runs, the
-/// webhook path only after the last ([`crate::engine::defaulting`]).
+/// webhook path only after the last ([`crate::controller::wiring::defaulting`]).
 fn defaulted_before(p: &Policy, own: &[Footprint], earlier: &[Appended<'_>]) -> Result<(), String> {
     for (j, later) in own.iter().enumerate() {
         let found = earlier
@@ -386,7 +386,7 @@ fn same_match_units(group: Vec<Member<'_>>) -> Vec<Unit> {
             .first()
             .filter(|first| same_match(first.policy, member.policy))
             .and_then(|_| {
-                let lists: Vec<&[crate::api::v1alpha1::Mutation]> = run
+                let lists: Vec<&[gatehouse_api::v1alpha1::Mutation]> = run
                     .iter()
                     .chain(std::iter::once(&member))
                     .map(|m| m.policy.spec.mutate.as_slice())
@@ -467,7 +467,7 @@ fn same_match(a: &Policy, b: &Policy) -> bool {
 /// mutation, if their merges join and the translation makes one mutation of them.
 fn one_mutation(
     like: &Policy,
-    lists: &[&[crate::api::v1alpha1::Mutation]],
+    lists: &[&[gatehouse_api::v1alpha1::Mutation]],
 ) -> Option<(Policy, Mutation)> {
     let mut joined = like.clone();
     joined.spec.mutate = joined_mutate(lists)?;

@@ -4,13 +4,13 @@ use std::collections::HashMap;
 use serde_json::json;
 
 use super::*;
-use crate::api::v1alpha1::{
+use crate::controller::wiring::schema_fit::{OptionalStruct, SchemaFit};
+use crate::controller::wiring::{Endpoint, Wiring};
+use gatehouse_api::v1alpha1::{
     FailurePolicy, MatchCondition, Mutation as Merge, Operation, PolicySpec, ReinvocationPolicy,
     sample_spec,
 };
-use crate::controller::wiring::schema_fit::{OptionalStruct, SchemaFit};
-use crate::controller::wiring::{Endpoint, Wiring};
-use crate::engine::cel;
+use gatehouse_cel as cel;
 
 /// The wiring the mutating placement tests place with.
 pub(in crate::controller::wiring) fn wiring() -> Wiring {
@@ -141,8 +141,8 @@ fn a_policy_after_one_on_the_webhook_cannot_move_in() {
 #[test]
 fn a_refused_policy_runs_nowhere_and_so_does_not_block_later_ones() {
     let mut effects = policy("effects", 10, Enforcement::InProcess);
-    effects.spec.effects = vec![crate::api::v1alpha1::Effect {
-        ipam: Some(crate::api::v1alpha1::IpamEffect {
+    effects.spec.effects = vec![gatehouse_api::v1alpha1::Effect {
+        ipam: Some(gatehouse_api::v1alpha1::IpamEffect {
             pool: "p".into(),
             annotation: None,
         }),
@@ -381,7 +381,7 @@ fn a_policy_appending_what_a_later_one_reads_stays_out() {
     ));
     // Unless no request can match both: another namespace.
     let in_namespace = |p: &mut Policy, ns: &str| {
-        p.spec.match_.rules[0].scope = crate::api::v1alpha1::Scope::Namespaced;
+        p.spec.match_.rules[0].scope = gatehouse_api::v1alpha1::Scope::Namespaced;
         p.spec.match_.namespace_selector = Some(LabelSelector {
             match_labels: Some(
                 [("kubernetes.io/metadata.name".to_string(), ns.to_string())].into(),

@@ -11,7 +11,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
 use super::mutating_policy::InProcessMutation;
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring};
-use crate::engine::jsonpatch_cel::string_literal;
+use crate::controller::wiring::jsonpatch_cel::string_literal;
 
 /// Name of the mutating probe's policy and binding ([`mutating_probe`]).
 pub const MUTATING_PROBE_NAME: &str = "gatehouse-probe-mutating";

@@ -6,10 +6,12 @@
 use k8s_openapi::api::admissionregistration::v1::{JSONPatch, Mutation};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::api::v1alpha1::{FailurePolicy, Operation, Policy, ReinvocationPolicy, Rule};
-use crate::engine::cel;
-use crate::engine::defaulting::{Footprint, independent, interacts, settles_in_one_pass};
-use crate::engine::jsonpatch_cel::{self, string_literal};
+use crate::controller::wiring::defaulting::{
+    Footprint, independent, interacts, settles_in_one_pass,
+};
+use crate::controller::wiring::jsonpatch_cel::{self, string_literal};
+use gatehouse_api::v1alpha1::{FailurePolicy, Operation, Policy, ReinvocationPolicy, Rule};
+use gatehouse_cel as cel;
 
 /// The mutations of one Policy, each guarded by its match, or why it cannot run in-process.
 /// `footprints`: its mutations' ([`footprints_of`]); `later_overwrites`: whether a Policy after
@@ -148,7 +150,7 @@ pub(super) fn match_reads_object(p: &Policy) -> bool {
 }
 
 /// `p`'s match in CEL over the admission variables, with the meaning the webhook matcher gives
-/// it ([`crate::engine::matcher`]).
+/// it ([`gatehouse_engine::matcher`]).
 pub fn match_expression(p: &Policy) -> String {
     let m = &p.spec.match_;
     let mut parts = vec![format!(
@@ -208,9 +210,9 @@ fn rule_expression(rule: &Rule) -> String {
         .map(string_literal)
         .collect();
     let scope = match rule.scope {
-        crate::api::v1alpha1::Scope::All => "true",
-        crate::api::v1alpha1::Scope::Namespaced => "request.namespace != \"\"",
-        crate::api::v1alpha1::Scope::Cluster => "request.namespace == \"\"",
+        gatehouse_api::v1alpha1::Scope::All => "true",
+        gatehouse_api::v1alpha1::Scope::Namespaced => "request.namespace != \"\"",
+        gatehouse_api::v1alpha1::Scope::Cluster => "request.namespace == \"\"",
     };
     let resource = |var: &str| {
         format!(

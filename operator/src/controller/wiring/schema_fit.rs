@@ -9,18 +9,18 @@
 //!
 //! The walk also says where a merge may create a struct: the API server defaults the fields of
 //! a struct a mutation creates before the next mutation runs, the webhook path only after the
-//! last ([`crate::engine::defaulting`]). A struct the schema marks `default: {}` (a Go value
+//! last ([`crate::controller::wiring::defaulting`]). A struct the schema marks `default: {}` (a Go value
 //! field: `spec`, a container's `resources`) is always present and defaulted before admission;
 //! one without (a pointer: `securityContext`, `livenessProbe`, a map's struct values) may be
 //! absent, and a merge into it may create it. Creating it matters when it gets defaults: a
 //! field of its schema has a `default` (a constant, or the zero value of a field always
 //! serialized), or its type has a defaulting function
-//! ([`crate::engine::derived_defaults::DEFAULTED_TYPES`]: a `livenessProbe` gets
+//! ([`crate::controller::wiring::derived_defaults::DEFAULTED_TYPES`]: a `livenessProbe` gets
 //! `periodSeconds`); a container's `securityContext` gets none.
 use serde_json::{Map, Value};
 
-use crate::api::v1alpha1::Mutation;
-use crate::engine::derived_defaults::DEFAULTED_TYPES;
+use crate::controller::wiring::derived_defaults::DEFAULTED_TYPES;
+use gatehouse_api::v1alpha1::Mutation;
 
 /// What is known of whether a Policy's merges fit its kinds' schemas.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,8 +1,8 @@
 use super::*;
-use crate::api::v1alpha1::{MatchSpec, Operation, ReinvocationPolicy, Scope};
+use gatehouse_api::v1alpha1::{MatchSpec, Operation, ReinvocationPolicy, Scope};
 
 fn policy(name: &str, priority: i32, mutate: bool, validate: bool) -> Policy {
-    let mut spec = crate::api::v1alpha1::sample_spec(priority, mutate, validate);
+    let mut spec = gatehouse_api::v1alpha1::sample_spec(priority, mutate, validate);
     spec.match_ = MatchSpec {
         rules: vec![Rule {
             operations: vec![Operation::Create],
@@ -189,7 +189,7 @@ fn an_authorizer_policy_keeps_its_own_entry_with_every_match_field() {
     own.spec
         .match_
         .conditions
-        .push(crate::api::v1alpha1::MatchCondition {
+        .push(gatehouse_api::v1alpha1::MatchCondition {
             name: "admins".into(),
             expression: "authorizer.group('').resource('pods').check('create').allowed()".into(),
         });

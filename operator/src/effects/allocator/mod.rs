@@ -31,7 +31,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::engine::k8s_names::DNS1123_SUBDOMAIN_MAX_LENGTH;
+use gatehouse_cel::k8s_names::DNS1123_SUBDOMAIN_MAX_LENGTH;
 
 /// Host bits of the largest pool.
 pub const MAX_POOL_HOST_BITS: u8 = 20;

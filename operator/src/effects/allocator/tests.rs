@@ -1,5 +1,5 @@
 use super::*;
-use crate::engine::k8s_names::is_dns1123_subdomain;
+use gatehouse_cel::k8s_names::is_dns1123_subdomain;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()

@@ -46,15 +46,15 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::allocator::{Allocator, MAX_POOL_NAME_LEN, Pool, allocation_name, overlaps};
 use super::index::{Held, Index};
 use super::network::PoolNetwork;
-use crate::api::v1alpha1::{
-    DEFAULT_IPAM_ANNOTATION, IPAM_GATE, IPAM_POOL_LABEL, IPAllocation, IPAllocationSpec, IPPool,
-    IPPoolStatus, OWNER_UID_LABEL, Owner, POOL_LABEL, Policy,
-};
 use crate::error_chain::chain;
 use crate::lease::Leadership;
 use crate::reconcile::{
     FIELD_MANAGER, Next, NotLeading, Pacing, ReconcileMetrics, Term, Window, fenced, reflect,
     run_loop, watch_events,
+};
+use gatehouse_api::v1alpha1::{
+    DEFAULT_IPAM_ANNOTATION, IPAM_GATE, IPAM_POOL_LABEL, IPAllocation, IPAllocationSpec, IPPool,
+    IPPoolStatus, OWNER_UID_LABEL, Owner, POOL_LABEL, Policy,
 };
 use gatehouse_ipam::annotation::IPAM_ADDRESS_ANNOTATION;
 

@@ -1,5 +1,5 @@
 use super::*;
-use crate::api::v1alpha1::IPPoolSpec;
+use gatehouse_api::v1alpha1::IPPoolSpec;
 
 fn pool(name: &str, cidr: &str, created: i64) -> Arc<IPPool> {
     let mut p = IPPool::new(

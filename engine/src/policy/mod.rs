@@ -1,0 +1,259 @@
+//! Validation and compilation of Policies.
+//!
+//! [`validate`] is the single judge of what a valid Policy is: the Policy admission webhook, the
+//! controller (which writes the problems into status) and `gatehouse eval` all call it, so a
+//! Policy is never accepted by one and rejected by another. It reports every problem at once,
+//! each with the field path a user has to edit. The checks themselves are in `checks`.
+use std::collections::BTreeSet;
+use std::fmt;
+
+use ::cel::Program;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use super::entry::ENTRY_SUFFIX;
+use super::merge::is_valid_path;
+use gatehouse_api::v1alpha1::{
+    DEFAULT_IPAM_ANNOTATION, IpamEffect, Operation, Policy, PolicySpec, ReinvocationPolicy,
+};
+use gatehouse_cel::k8s_names::{
+    DNS1123_SUBDOMAIN_MAX_LENGTH, dns1123_subdomain_form_error, has_dns1123_subdomain_form,
+    is_dns1123_subdomain, is_label_value, is_qualified_name,
+};
+use gatehouse_cel::{self as cel, Expression, Site};
+use gatehouse_ipam::annotation::{IPAM_ADDRESS_ANNOTATION, IPAM_POOL_ANNOTATION};
+
+mod checks;
+
+use checks::analyse;
+
+/// The API server refuses a webhook entry with more match conditions than this.
+pub const MAX_MATCH_CONDITIONS: usize = 64;
+
+/// One thing wrong with a Policy, at a field path such as `spec.validate[0].expression`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub path: String,
+    pub message: String,
+}
+
+impl Problem {
+    fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Problem {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// A Policy that [`compile`] refused, with every problem [`validate`] found.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct InvalidPolicy {
+    pub problems: Vec<Problem>,
+}
+
+impl fmt::Display for InvalidPolicy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid Policy: ")?;
+        for (i, p) in self.problems.iter().enumerate() {
+            if i > 0 {
+                write!(f, "; ")?;
+            }
+            write!(f, "{p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A valid Policy with its CEL compiled, shared by every review of its generation.
+///
+/// `Send + Sync` (asserted in the tests): `cel::Program` is plain AST data, and the CEL
+/// environment lives in a process-wide static, so the webhook server can hand
+/// `Arc<CompiledPolicy>` to any task.
+#[derive(Debug)]
+pub struct CompiledPolicy {
+    name: String,
+    generation: Option<i64>,
+    spec: PolicySpec,
+    /// `spec.match.conditions[i]`.
+    pub(crate) conditions: Vec<Expression>,
+    /// `spec.mutate[i].when`.
+    pub(crate) whens: Vec<Option<Expression>>,
+    /// `spec.validate[i].expression`.
+    pub(crate) validations: Vec<Expression>,
+    /// A match condition reads `authorizer`: see [`needs_own_entry`].
+    own_entry: bool,
+    /// The largest write-time cost estimate among its expressions ([`gatehouse_cel::cost`]).
+    heaviest: u64,
+}
+
+impl CompiledPolicy {
+    /// `metadata.name`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `metadata.generation` this was compiled from.
+    pub fn generation(&self) -> Option<i64> {
+        self.generation
+    }
+
+    /// The spec this was compiled from.
+    pub fn spec(&self) -> &PolicySpec {
+        &self.spec
+    }
+
+    /// Whether the Policy has a `mutate` list.
+    pub fn has_mutations(&self) -> bool {
+        !self.spec.mutate.is_empty()
+    }
+
+    /// The IPAM effect, if any (validation allows at most one).
+    pub fn ipam(&self) -> Option<&IpamEffect> {
+        self.spec.effects.iter().find_map(|e| e.ipam.as_ref())
+    }
+
+    /// Whether the Policy belongs in the MutatingWebhookConfiguration: it mutates, or it marks
+    /// objects for the effects loop.
+    pub fn is_mutating(&self) -> bool {
+        is_mutating(&self.spec)
+    }
+
+    /// Whether the Policy belongs in the ValidatingWebhookConfiguration.
+    pub fn has_validations(&self) -> bool {
+        !self.spec.validate.is_empty()
+    }
+
+    /// Whether one of its expressions may cost more than [`gatehouse_cel::cost::HEAVY`] at the assumed
+    /// collection size: its reviews take turns on a few threads, so that cheap ones never wait
+    /// for a CPU behind them.
+    pub fn is_heavy(&self) -> bool {
+        self.heaviest > gatehouse_cel::cost::HEAVY
+    }
+}
+
+/// Whether a Policy with this spec needs a mutating entry.
+pub fn is_mutating(spec: &PolicySpec) -> bool {
+    !spec.mutate.is_empty() || !spec.effects.is_empty()
+}
+
+/// The match-condition variable only the API server can evaluate.
+pub const AUTHORIZER: &str = "authorizer";
+
+/// Whether `spec` needs a webhook entry of its own: a match condition reads `authorizer`, which
+/// only the API server can evaluate, so the API server must match this Policy itself instead of
+/// Gatehouse matching it inside a shared entry ([`super::group`]).
+pub fn needs_own_entry(spec: &PolicySpec) -> bool {
+    spec.match_
+        .conditions
+        .iter()
+        .any(|c| cel::compile(&c.expression).is_ok_and(|p| cel::reads_variable(&p, AUTHORIZER)))
+}
+
+impl super::group::Member for CompiledPolicy {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn spec(&self) -> &PolicySpec {
+        &self.spec
+    }
+    fn needs_own_entry(&self) -> bool {
+        self.own_entry
+    }
+}
+
+impl super::group::Member for Policy {
+    fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+    fn spec(&self) -> &PolicySpec {
+        &self.spec
+    }
+    fn needs_own_entry(&self) -> bool {
+        needs_own_entry(&self.spec)
+    }
+}
+
+/// References of members are members.
+impl<T: super::group::Member + ?Sized> super::group::Member for &T {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn spec(&self) -> &PolicySpec {
+        (**self).spec()
+    }
+    fn needs_own_entry(&self) -> bool {
+        (**self).needs_own_entry()
+    }
+}
+
+/// `Arc`s of members are members.
+impl<T: super::group::Member + ?Sized> super::group::Member for std::sync::Arc<T> {
+    fn name(&self) -> &str {
+        (**self).name()
+    }
+    fn spec(&self) -> &PolicySpec {
+        (**self).spec()
+    }
+    fn needs_own_entry(&self) -> bool {
+        (**self).needs_own_entry()
+    }
+}
+
+/// Every problem of `policy`; empty means valid.
+pub fn validate(policy: &Policy) -> Vec<Problem> {
+    analyse(policy).0
+}
+
+/// Validates `policy` and compiles its CEL once.
+pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
+    match analyse(policy) {
+        (problems, Some(programs)) if problems.is_empty() => Ok(CompiledPolicy {
+            name: policy.metadata.name.clone().unwrap_or_default(),
+            generation: policy.metadata.generation,
+            spec: policy.spec.clone(),
+            own_entry: programs
+                .conditions
+                .iter()
+                .any(|p| cel::reads_variable(p, AUTHORIZER)),
+            heaviest: programs
+                .conditions
+                .iter()
+                .chain(programs.whens.iter().flatten())
+                .chain(&programs.validations)
+                .map(|p| {
+                    gatehouse_cel::cost::estimate(p, gatehouse_cel::cost::ASSUMED_COLLECTION_SIZE)
+                })
+                .max()
+                .unwrap_or(0),
+            conditions: expressions(programs.conditions),
+            whens: programs
+                .whens
+                .into_iter()
+                .map(|when| when.map(Expression::new))
+                .collect(),
+            validations: expressions(programs.validations),
+        }),
+        // An expression that does not compile always leaves a problem behind.
+        (problems, _) => Err(InvalidPolicy { problems }),
+    }
+}
+
+fn expressions(programs: Vec<Program>) -> Vec<Expression> {
+    programs.into_iter().map(Expression::new).collect()
+}
+
+/// The compiled expressions of a Policy, once every one compiled.
+pub(super) struct Programs {
+    pub(super) conditions: Vec<Program>,
+    pub(super) whens: Vec<Option<Program>>,
+    pub(super) validations: Vec<Program>,
+}
+
+#[cfg(test)]
+mod tests;

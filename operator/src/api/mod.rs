@@ -1,4 +1,0 @@
-//! Custom resource types. `v1alpha1` is the single source of truth for the CRD schema: the doc
-//! comments on its fields become the descriptions `kubectl explain` shows.
-pub mod reports;
-pub mod v1alpha1;
