@@ -434,7 +434,7 @@ async fn helm_installs_upgrades_and_uninstalls_on_the_node() {
             names.len()
         );
 
-        // Uninstall as the README says: users' Pods and the samples first, while Gatehouse still
+        // Uninstall as docs/operations/install.md says: users' Pods and the samples first, while Gatehouse still
         // runs (an IPPool is held by a finalizer the leader removes; `helm uninstall` deletes the
         // RBAC before custom resources). Two Policies of the user's own stay through the
         // uninstall, one on the webhook and one in-process: what Gatehouse wrote for them must go
