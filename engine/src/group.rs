@@ -51,6 +51,30 @@ pub struct Group {
 }
 
 impl Group {
+    /// Its entry's name: its own Policy's entry name, or `<id>.mutate.gatehouse.dev` /
+    /// `<id>.validate.gatehouse.dev`.
+    pub fn entry_name(&self) -> String {
+        match self.id.strip_prefix(entry::OWN_PREFIX) {
+            Some(policy) => entry::entry_name(policy),
+            None => {
+                let phase = match self.phase {
+                    Phase::Mutating => "mutate",
+                    Phase::Validating => "validate",
+                };
+                format!("{}.{phase}{}", self.id, entry::ENTRY_SUFFIX)
+            }
+        }
+    }
+
+    /// The path of its entry: `/mutate/<id>` or `/validate/<id>`.
+    pub fn path(&self) -> String {
+        let prefix = match self.phase {
+            Phase::Mutating => entry::MUTATE_PREFIX,
+            Phase::Validating => entry::VALIDATE_PREFIX,
+        };
+        format!("{prefix}{}", self.id)
+    }
+
     /// Whether this is a single Policy's own entry, which the API server matched itself.
     pub fn is_own(&self) -> bool {
         self.id.starts_with(entry::OWN_PREFIX)

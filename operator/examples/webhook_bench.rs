@@ -81,7 +81,7 @@ async fn main() -> anyhow::Result<()> {
             let loaded = load_policies(&args.policy)?;
             // The script addresses shared entries by their paths, which depend on membership.
             for g in gatehouse_engine::group::groups(&loaded).iter() {
-                println!("entry {}", gatehouse_engine::entry::group_path(g));
+                println!("entry {}", g.path());
             }
             for policy in loaded {
                 policies.upsert(Arc::new(policy));

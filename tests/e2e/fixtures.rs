@@ -178,7 +178,7 @@ pub(crate) async fn entry_of(
         .await?
         .iter()
         .find(|g| g.phase == phase && g.members.iter().any(|m| m == policy))
-        .map(gatehouse_engine::entry::group_entry_name))
+        .map(|g| g.entry_name()))
 }
 
 /// Entry names of `kind`/gatehouse (empty when absent).

@@ -248,14 +248,14 @@ async fn an_authorizer_condition_gets_its_own_entry() {
             .await?
             .context("mutating configuration")?;
         let admins_group = group::own(&serde_json::from_value::<Policy>(all[0].clone())?, Phase::Mutating);
-        let own = gatehouse_engine::entry::group_entry_name(&admins_group);
+        let own = admins_group.entry_name();
         let entry = cfg["webhooks"]
             .as_array()
             .and_then(|ws| ws.iter().find(|w| w["name"] == own.as_str()))
             .with_context(|| format!("no entry {own}: {cfg}"))?;
         ensure!(entry["matchConditions"][0]["name"] == "may-create", "{entry}");
         ensure!(
-            entry["clientConfig"]["service"]["path"] == gatehouse_engine::entry::group_path(&admins_group).as_str(),
+            entry["clientConfig"]["service"]["path"] == admins_group.path().as_str(),
             "{entry}"
         );
         ensure!(entry_of(cluster, &shared, Phase::Mutating).await? != Some(own.clone()));

@@ -8,6 +8,7 @@
 //! calls per second, so the audit never crowds admission out of the API server. A kind
 //! Gatehouse may not list leaves its Policies `Audited=False` with the reason, never a silent
 //! gap; the grant is the aggregated ClusterRole `gatehouse-audit`.
+mod audited;
 mod judge;
 mod pass;
 mod report;

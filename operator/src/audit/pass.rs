@@ -7,7 +7,8 @@ use kube::api::{Api, ListParams};
 use serde_json::Value;
 use tokio::sync::watch;
 
-use super::judge::{AuditedKind, Judgement, NotAuditable, audit_copy, audited_resources, judge};
+use super::audited::{AuditedPolicy, push_once};
+use super::judge::{AuditedKind, Judgement, audited_resources, judge};
 use super::report::{Scope, Tallies, Tally};
 use super::source::{KindUnknown, Pace, Pages, may_list, resolve_kind};
 use super::writes::{clear_statuses, write_reports, write_statuses};
@@ -18,57 +19,6 @@ use crate::webhook::NO_SUCH_NAMESPACE;
 use gatehouse_api::reports::Timestamp;
 use gatehouse_api::v1alpha1::Policy;
 use gatehouse_engine::matcher::Namespace;
-use gatehouse_engine::policy::CompiledPolicy;
-
-/// One validating Policy in a pass.
-pub struct AuditedPolicy {
-    pub policy: Policy,
-    /// How the audit runs it; `None` when it cannot be audited (the reason is a problem).
-    pub copy: Option<CompiledPolicy>,
-    /// The kinds it names that are listed.
-    pub kinds: Vec<AuditedKind>,
-    /// Why some of what it names is not audited.
-    pub problems: Vec<String>,
-    /// Whether a problem may pass by itself (a LIST, a write, a permission, discovery failed):
-    /// its last reports stand until a pass succeeds. A Policy that cannot be audited as written
-    /// loses them.
-    pub keeps_reports: bool,
-    /// Objects it matched.
-    pub matched: u64,
-}
-
-impl AuditedPolicy {
-    pub fn name(&self) -> &str {
-        self.policy.metadata.name.as_deref().unwrap_or_default()
-    }
-
-    /// The Policy as a pass takes it: `None` when it has nothing to audit, or is invalid (it is
-    /// Ready=False already and judges nothing).
-    fn of(policy: Policy) -> Option<Self> {
-        if policy.spec.validate.is_empty() {
-            return None;
-        }
-        let (copy, problems) = match audit_copy(&policy) {
-            Ok(copy) => (Some(copy), Vec::new()),
-            Err(NotAuditable::Invalid(_)) => return None,
-            Err(e @ NotAuditable::MatchNeedsUser) => (None, vec![e.to_string()]),
-        };
-        Some(AuditedPolicy {
-            policy,
-            copy,
-            kinds: Vec::new(),
-            problems,
-            keeps_reports: false,
-            matched: 0,
-        })
-    }
-
-    /// Records a problem that may pass by itself.
-    pub fn transient_problem(&mut self, reason: &str) {
-        push_once(&mut self.problems, reason);
-        self.keeps_reports = true;
-    }
-}
 
 /// Whether `p` carries what a pass wrote (the `Audited` condition or the last pass's time).
 fn carries_audit_status(p: &Policy) -> bool {
@@ -177,12 +127,6 @@ enum Resolved {
     Unlisted(String),
     /// No API serves it: why.
     NotServed(String),
-}
-
-fn push_once(problems: &mut Vec<String>, reason: &str) {
-    if !problems.iter().any(|p| p == reason) {
-        problems.push(reason.to_string());
-    }
 }
 
 /// Runs one pass; a one-line summary of it.

@@ -10,7 +10,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::warn;
 
-use super::pass::AuditedPolicy;
+use super::audited::AuditedPolicy;
 use super::report::{POLICY_UID_LABEL, Scope, Tallies, report_name, report_object};
 use super::source::Pace;
 use super::{AUDITED, AuditContext, AuditError};

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::controller::wiring::admission_policy::{self, Placement};
+use crate::controller::wiring::admission_policy::Placement;
+use crate::controller::wiring::placement;
 use crate::controller::wiring::{Endpoint, Wiring};
 use crate::error_chain::chain;
 use gatehouse_api::v1alpha1::{Operation, Policy};
@@ -214,7 +215,7 @@ pub fn explain(policies: &[CompiledPolicy]) -> Vec<String> {
         .map(|p| Policy::new(p.name(), p.spec().clone()))
         .collect();
     let refs: Vec<&Policy> = policies.iter().collect();
-    let served = admission_policy::Served {
+    let served = placement::Served {
         validating: true,
         mutating: true,
     };
@@ -229,7 +230,7 @@ pub fn explain(policies: &[CompiledPolicy]) -> Vec<String> {
             )
         })
         .collect();
-    let (placements, _) = admission_policy::place_all(&refs, &wiring, served, &fit);
+    let (placements, _) = placement::place_all(&refs, &wiring, served, &fit);
     placements
         .into_iter()
         .map(|(p, placement)| {

@@ -16,34 +16,30 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::PostParams;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
-use kube::{Api, Client, Resource, ResourceExt};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::error_chain::chain;
 
+use super::generated::{LEAVE_GRACE, apply, delete, holds};
 use super::in_process_mutating::{MutatingCaches, MutatingMemory};
 use super::status::Verdict;
 use super::wiring::Wiring;
 use super::wiring::admission_policy::{
-    self, InProcess, POLICY_ANNOTATION, PROBE_LABEL, Placement, Served, probe_message,
+    self, InProcess, POLICY_ANNOTATION, PROBE_LABEL, Placement, probe_message,
 };
 use super::wiring::mutating_policy::MUTATING_GENERATED_LABEL;
-use super::writes::apply_body;
-use super::{ControllerContext, FIELD_MANAGER, ReconcileError, Refusal, SpecVersion};
+use super::wiring::placement::Served;
+use super::{ControllerContext, ReconcileError, Refusal, SpecVersion};
 use crate::lease::Leadership;
-use crate::reconcile::{fenced, reflect};
+use crate::reconcile::reflect;
 use gatehouse_api::v1alpha1::{EnforcementPoint, Policy};
 
-/// How long generated objects outlive the webhook write that took their Policy back: the API
-/// server's webhook cache follows a configuration write within a moment.
-pub const LEAVE_GRACE: Duration = Duration::from_secs(5);
 /// How long the probe may take to be enforced before the pass fails (and backs off).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
 const PROBE_INTERVAL: Duration = Duration::from_millis(200);
@@ -368,97 +364,6 @@ pub async fn remove_stale(
     Ok(wake)
 }
 
-/// Whether `cache` holds an object named like `desired` with everything `desired` says (the
-/// API server adds defaults, which are no drift).
-pub(super) fn holds<K>(cache: &Store<K>, desired: &K) -> bool
-where
-    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned,
-{
-    let Some(stored) = cache
-        .state()
-        .into_iter()
-        .find(|o| o.meta().name == desired.meta().name)
-    else {
-        return false;
-    };
-    match (
-        serde_json::to_value(stored.as_ref()),
-        serde_json::to_value(desired),
-    ) {
-        (Ok(stored), Ok(desired)) => contains(&stored, &desired),
-        _ => false,
-    }
-}
-
-/// Whether `outer` says everything `inner` says: objects field by field, lists element by
-/// element (same length), anything else equal.
-fn contains(outer: &serde_json::Value, inner: &serde_json::Value) -> bool {
-    use serde_json::Value;
-    match (outer, inner) {
-        (Value::Object(o), Value::Object(i)) => i
-            .iter()
-            .all(|(k, v)| o.get(k).is_some_and(|ov| contains(ov, v))),
-        (Value::Array(o), Value::Array(i)) => {
-            o.len() == i.len() && o.iter().zip(i).all(|(a, b)| contains(a, b))
-        }
-        _ => outer == inner,
-    }
-}
-
-/// Server-side applies `desired`; `Err(message)` when the API server refuses it as invalid.
-pub(super) async fn apply<K>(
-    ctx: &ControllerContext,
-    desired: &K,
-    leader: &watch::Receiver<Leadership>,
-) -> Result<Result<(), String>, ReconcileError>
-where
-    K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
-{
-    let kind = K::kind(&()).to_string();
-    let name = desired.meta().name.clone().unwrap_or_default();
-    let body = apply_body(desired, None)?;
-    let api: Api<K> = Api::all(ctx.client.clone());
-    let params = PatchParams::apply(FIELD_MANAGER).force();
-    let written = fenced(
-        leader,
-        || format!("{kind}/{name}"),
-        api.patch(&name, &params, &Patch::Apply(&body)),
-    )
-    .await?;
-    match written {
-        Ok(_) => Ok(Ok(())),
-        Err(kube::Error::Api(e)) if e.code == 422 => Ok(Err(e.message)),
-        Err(source) => Err(ReconcileError::ApplyConfiguration { kind, name, source }),
-    }
-}
-
-pub(super) async fn delete<K>(
-    ctx: &ControllerContext,
-    name: &str,
-    leader: &watch::Receiver<Leadership>,
-) -> Result<(), ReconcileError>
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
-{
-    let kind = K::kind(&()).to_string();
-    let api: Api<K> = Api::all(ctx.client.clone());
-    let deleted = fenced(
-        leader,
-        || format!("deletion of {kind}/{name}"),
-        api.delete(name, &DeleteParams::default()),
-    )
-    .await?;
-    match deleted {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(source) => Err(ReconcileError::ApplyConfiguration {
-            kind,
-            name: name.to_string(),
-            source,
-        }),
-    }
-}
-
 /// Writes the probe with a new token and waits until the API server denies its Lease: then
 /// every generated object written before it is enforced.
 async fn confirm_enforced(
@@ -515,23 +420,5 @@ async fn confirm_enforced(
             });
         }
         tokio::time::sleep(PROBE_INTERVAL).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    #[test]
-    fn stored_objects_with_server_defaults_hold_what_was_applied() {
-        let desired = json!({"spec": {"a": 1, "list": [{"x": 1}], "sel": {}}});
-        let stored = json!({"spec": {"a": 1, "b": 2, "list": [{"x": 1, "y": 2}], "sel": {"matchLabels": {}}}, "status": {}});
-        assert!(contains(&stored, &desired));
-        let edited = json!({"spec": {"a": 2, "list": [{"x": 1}], "sel": {}}});
-        assert!(!contains(&edited, &desired));
-        let longer = json!({"spec": {"a": 1, "list": [{"x": 1}, {"x": 2}], "sel": {}}});
-        assert!(!contains(&longer, &desired));
     }
 }

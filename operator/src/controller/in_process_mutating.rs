@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::in_process::{LEAVE_GRACE, apply, delete, holds};
+use super::generated::{LEAVE_GRACE, apply, delete, holds};
 use super::isolate::{self, Culprit, DryRun};
 use super::wiring::Wiring;
 use super::wiring::admission_policy::{PROBE_LABEL, Placement};

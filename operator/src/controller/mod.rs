@@ -1,6 +1,7 @@
 //! The Policy controller: fetch → validate (pure) → build desired configurations (pure) →
 //! server-side apply → status. One coalescing loop owns both webhook configurations, so a burst
 //! of Policy changes costs a handful of writes, not one per Policy.
+mod generated;
 mod in_process;
 mod in_process_mutating;
 pub mod isolate;
@@ -46,7 +47,7 @@ use in_process::{GeneratedCaches, InProcessMemory};
 use isolate::{DryRun, SearchError};
 use status::Verdict;
 use wire::{Decided, owned_wiring, wire};
-use wiring::admission_policy::Served;
+use wiring::placement::Served;
 use wiring::{CONFIGURATION_NAME, Wiring};
 use writes::*;
 
@@ -387,9 +388,7 @@ async fn reconcile_all(
         HashMap::new()
     };
     let (placements, generated_mutation) = match &wiring {
-        Some(wiring) => {
-            wiring::admission_policy::place_all(&placeable, wiring, served, &schema_fit)
-        }
+        Some(wiring) => wiring::placement::place_all(&placeable, wiring, served, &schema_fit),
         None => (Vec::new(), Vec::new()),
     };
     let wired = match &wiring {

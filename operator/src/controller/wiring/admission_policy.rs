@@ -13,7 +13,7 @@
 //! with the system exclusion ANDed in, the objectSelector, `match.conditions` (with `authorizer`),
 //! `failurePolicy`, and each rule (in order) as a validation whose denial is `Forbidden` (403),
 //! as the webhook's is.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::admissionregistration::v1::{
     MatchResources, NamedRuleWithOperations, ValidatingAdmissionPolicy,
@@ -22,9 +22,6 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 
-use super::in_process_cap::cap_in_process;
-use super::mutating_policy::{InProcessMutation, MutatingPlacement, place_mutating};
-use super::schema_fit::SchemaFit;
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, match_conditions, namespace_selector, rules};
 use gatehouse_api::v1alpha1::{Enforcement, Policy, ValidationAction};
 use gatehouse_engine::group::fnv1a;
@@ -215,48 +212,6 @@ pub fn place(p: &Policy, wiring: &Wiring, vap_served: bool) -> Placement {
         Err(reason) if required => Placement::Refused(reason),
         Err(reason) => Placement::Webhook(reason),
     }
-}
-
-/// Where every Policy runs, in the order given, and the generated MutatingAdmissionPolicies of
-/// the mutating ones that run in-process: validating Policies are placed one by one
-/// ([`place`]), mutating ones together ([`super::mutating_policy::place_mutating`]), since
-/// their order across Policies decides where they can run.
-/// `schema_fit` says, by Policy, whether a mutating Policy's merges fit its kinds' schemas.
-pub fn place_all<'p>(
-    policies: &[&'p Policy],
-    wiring: &Wiring,
-    served: Served,
-    schema_fit: &HashMap<String, SchemaFit>,
-) -> (Vec<(&'p Policy, Placement)>, Vec<InProcessMutation>) {
-    let (mutating, mut generated) = place_mutating(policies, wiring, served.mutating, schema_fit);
-    let mut placements: Vec<(&'p Policy, Placement)> = policies
-        .iter()
-        .map(|p| {
-            let name = p.metadata.name.as_deref().unwrap_or_default();
-            let placement = match mutating.iter().find(|(n, _)| n == name) {
-                Some((_, MutatingPlacement::InProcess(generated))) => {
-                    Placement::InProcessMutating(generated.clone())
-                }
-                Some((_, MutatingPlacement::Webhook(reason))) => Placement::Webhook(reason.clone()),
-                Some((_, MutatingPlacement::Refused(reason))) => Placement::Refused(reason.clone()),
-                None => place(p, wiring, served.validating),
-            };
-            (*p, placement)
-        })
-        .collect();
-    cap_in_process(
-        &mut placements,
-        &mut generated,
-        wiring.max_admission_policies,
-    );
-    (placements, generated)
-}
-
-/// Which admission policies the API server serves in admissionregistration.k8s.io/v1.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Served {
-    pub validating: bool,
-    pub mutating: bool,
 }
 
 /// What the API server's type checking (kube-controller-manager's

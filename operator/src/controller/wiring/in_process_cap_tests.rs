@@ -3,8 +3,8 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::*;
-use crate::controller::wiring::admission_policy::{Served, place_all};
 use crate::controller::wiring::mutating_policy::tests::wiring;
+use crate::controller::wiring::placement::{Served, place_all};
 use crate::controller::wiring::schema_fit::SchemaFit;
 use gatehouse_api::v1alpha1::{Operation, Rule, Scope, sample_spec};
 

@@ -18,6 +18,7 @@ pub mod mutating_join;
 pub mod mutating_policy;
 mod mutating_probe;
 mod mutating_translation;
+pub mod placement;
 pub mod schema_fit;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,7 +35,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use gatehouse_api::v1alpha1::{GROUP, Policy, Rule};
 use gatehouse_engine::Phase;
 use gatehouse_engine::coverage::Coverage;
-use gatehouse_engine::entry::{VALIDATE_POLICY_PATH, group_entry_name, group_path};
+use gatehouse_engine::entry::VALIDATE_POLICY_PATH;
 use gatehouse_engine::group::{self, Group};
 
 /// Name of both webhook configurations Gatehouse owns.
@@ -240,7 +241,7 @@ struct Entry {
 
 impl Entry {
     fn new(g: &Group, members: &[&Policy], wiring: &Wiring, ca_bundle: &str) -> Self {
-        let client_config = wiring.endpoint.client_config(&group_path(g), ca_bundle);
+        let client_config = wiring.endpoint.client_config(&g.path(), ca_bundle);
         let timeout = members
             .iter()
             .map(|p| p.spec.timeout_seconds)
@@ -269,7 +270,7 @@ impl Entry {
             }
         };
         Self {
-            name: group_entry_name(g),
+            name: g.entry_name(),
             client_config,
             failure_policy: Some(g.failure_policy.as_str().to_string()),
             reinvocation_policy: Some(g.reinvocation_policy.as_str().to_string()),
