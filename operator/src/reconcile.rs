@@ -32,10 +32,24 @@ pub struct ReconcileLabels {
     pub controller: String,
 }
 
+/// Labels of a failed pass: the loop and the error, as [`Failure::step`] names it.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabels {
+    pub controller: String,
+    pub error: String,
+}
+
+/// An error a loop's pass fails with, as its failure metric names it: the variant of the loop's
+/// error enum, which is named after the failing step.
+pub trait Failure: std::error::Error + 'static {
+    /// The variant's name, e.g. `ApplyConfiguration`.
+    fn step(&self) -> &'static str;
+}
+
 /// The passes of the reconcile loops (`gatehouse_reconcile_*`), by loop.
 pub struct ReconcileMetrics {
     pub runs: Family<ReconcileLabels, Counter>,
-    pub failures: Family<ReconcileLabels, Counter>,
+    pub failures: Family<FailureLabels, Counter>,
     pub duration: HistogramFamily<ReconcileLabels>,
 }
 
@@ -51,7 +65,7 @@ impl ReconcileMetrics {
         reconcile.register("runs", "Reconcile runs", metrics.runs.clone());
         reconcile.register(
             "failures",
-            "Failed reconcile runs",
+            "Failed reconcile runs, by the step that failed",
             metrics.failures.clone(),
         );
         reconcile.register(
@@ -124,7 +138,7 @@ impl Term {
 /// first, as kube's `Controller` requeues a failed object but reconciles a changed one at once.
 /// Renewals of the leader's term wake nothing. `pass` is told this replica's [`Term`]; the loop
 /// ends when the leader's channel closes.
-pub async fn run_loop<E: std::error::Error + 'static>(
+pub async fn run_loop<E: Failure>(
     controller: &'static str,
     metrics: &ReconcileMetrics,
     trigger: &Notify,
@@ -167,7 +181,13 @@ pub async fn run_loop<E: std::error::Error + 'static>(
                 }
             }
             Err(e) => {
-                metrics.failures.get_or_create(&labels).inc();
+                metrics
+                    .failures
+                    .get_or_create(&FailureLabels {
+                        controller: controller.into(),
+                        error: e.step().into(),
+                    })
+                    .inc();
                 let delay = backoff.next().unwrap_or(pacing.resync);
                 warn!(controller, error = %chain(&e), retry_in = ?delay, "pass failed; backing off");
                 Instant::now() + delay
@@ -366,6 +386,17 @@ mod tests {
     use k8s_openapi::api::core::v1::ConfigMap;
     use kube::core::Status;
 
+    /// A pass's failure in these tests.
+    #[derive(Debug, thiserror::Error)]
+    #[error("refused")]
+    struct Refused;
+
+    impl Failure for Refused {
+        fn step(&self) -> &'static str {
+            "Refused"
+        }
+    }
+
     #[test]
     fn a_too_old_resource_version_is_a_relist_and_other_errors_are_not() {
         let status = |code| {
@@ -468,7 +499,7 @@ mod tests {
             runs.push(Instant::now());
             match runs.len() {
                 // Four failures, then a success that asks for one more pass at once.
-                1..=4 => Err(std::io::Error::other("refused")),
+                1..=4 => Err(Refused),
                 5 => Ok(Next::By(Instant::now())),
                 _ => Ok(Next::Resync),
             }
@@ -487,7 +518,9 @@ mod tests {
         assert!(gaps[5] >= Duration::from_secs(3600), "{gaps:?}");
         let text = crate::telemetry::encode(&registry).expect("metrics encode");
         assert!(
-            text.contains(r#"gatehouse_reconcile_failures_total{controller="test"} 4"#),
+            text.contains(
+                r#"gatehouse_reconcile_failures_total{controller="test",error="Refused"} 4"#
+            ),
             "{text}"
         );
     }
@@ -516,7 +549,7 @@ mod tests {
         };
         let run = run_loop("test", &metrics, &trigger, &mut rx, pacing, async |t| {
             told.push(t);
-            Ok::<_, std::io::Error>(Next::Resync)
+            Ok::<_, Refused>(Next::Resync)
         });
         tokio::select! {
             () = run => {}

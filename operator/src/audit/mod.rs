@@ -29,12 +29,13 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::error_chain::chain;
 use crate::lease::Leadership;
+use crate::reconcile::{Failure, Next, Pacing, ReconcileMetrics, Term, Window, run_loop};
 use crate::webhook::Namespaces;
 use gatehouse_api::v1alpha1::Policy;
 
@@ -43,9 +44,6 @@ pub use report::{
     POLICY_ANNOTATION, POLICY_UID_LABEL, Scope, TRUNCATED_ANNOTATION, Tally, report_name,
     report_object,
 };
-
-/// How soon a failed pass is tried again (at most `--audit-interval`).
-const RETRY: Duration = Duration::from_secs(30);
 
 /// Condition type saying whether the last audit pass covered every kind the Policy names.
 pub const AUDITED: &str = "Audited";
@@ -143,6 +141,20 @@ pub enum AuditError {
     NotLeading,
 }
 
+impl Failure for AuditError {
+    fn step(&self) -> &'static str {
+        match self {
+            AuditError::ListPolicies(_) => "ListPolicies",
+            AuditError::AccessReview { .. } => "AccessReview",
+            AuditError::NotAllowed { .. } => "NotAllowed",
+            AuditError::List { .. } => "List",
+            AuditError::WriteReport { .. } => "WriteReport",
+            AuditError::DeleteReport { .. } => "DeleteReport",
+            AuditError::NotLeading => "NotLeading",
+        }
+    }
+}
+
 /// What the audit loop shares.
 pub struct AuditContext {
     pub client: Client,
@@ -150,76 +162,87 @@ pub struct AuditContext {
     pub namespaces: Namespaces,
     pub config: AuditConfig,
     pub metrics: AuditMetrics,
+    /// The reconcile loops' metrics, which the audit's loop counts its passes in.
+    pub loops: Arc<ReconcileMetrics>,
 }
 
-/// Runs the audit until `shutdown`: passes on the leader only.
+/// Runs the audit until `shutdown`, on the one reconcile loop ([`run_loop`]): passes on the
+/// leader only, `settle` after a validating Policy's generation changes (a burst shares one
+/// pass) or this replica began leading, every `interval` otherwise, and after a failed pass
+/// with kube's backoff. Shutdown does not wait for a pass.
 pub async fn run(
     ctx: Arc<AuditContext>,
     mut leader: watch::Receiver<Leadership>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    tokio::pin!(shutdown);
+    let trigger = Notify::new();
+    let pacing = Pacing {
+        window: Window {
+            quiet: ctx.config.settle,
+            max: ctx.config.settle * 4,
+        },
+        resync: ctx.config.interval,
+    };
+    let view = leader.clone();
+    let passes = run_loop(
+        "audit",
+        &ctx.loops,
+        &trigger,
+        &mut leader,
+        pacing,
+        async |term| {
+            match term {
+                Term::Following => Ok::<_, AuditError>(Next::Resync),
+                // A new term audits soon, not at once: the last leader's passes say nothing of
+                // when, and a starting process lets its caches fill first.
+                Term::Began => Ok(Next::By(Instant::now() + ctx.config.settle)),
+                Term::Continuing => {
+                    let started = Instant::now();
+                    let outcome = pass::run_pass(&ctx, &view).await;
+                    ctx.metrics
+                        .duration
+                        .observe(started.elapsed().as_secs_f64());
+                    let summary = outcome?;
+                    info!(%summary, "audit pass done");
+                    Ok(Next::Resync)
+                }
+            }
+        },
+    );
+    tokio::select! {
+        () = passes => {}
+        () = generation_changes(&ctx, &trigger) => {}
+        () = shutdown => {}
+    }
+}
+
+/// Pokes `trigger` when a Policy that validates, or did, changes generation (one that stopped
+/// validating loses its audit status in the next pass); ends when the watch does.
+async fn generation_changes(ctx: &AuditContext, trigger: &Notify) {
     let policies: Api<Policy> = Api::all(ctx.client.clone());
     // Backoff: a failing watch (API server away, CRD missing) must not spin.
     let mut events = watcher::watcher(policies, watcher::Config::default())
         .default_backoff()
         .boxed();
-    // Generation seen and whether it validates, by Policy: a change of one that validates, or
-    // did, brings the next pass forward (one that stopped loses its audit status in it).
+    // Generation seen and whether it validates, by Policy.
     let mut generations: HashMap<String, (Option<i64>, bool)> = HashMap::new();
-    let mut due = Instant::now() + ctx.config.settle;
-    let mut was_leading = false;
-    loop {
-        tokio::select! {
-            () = &mut shutdown => return,
-            event = events.next() => match event {
-                Some(Ok(Event::Apply(p) | Event::InitApply(p))) => {
-                    let name = p.metadata.name.clone().unwrap_or_default();
-                    let validates = !p.spec.validate.is_empty();
-                    let seen = generations.insert(name, (p.metadata.generation, validates));
-                    let changed = seen.map(|(g, _)| g) != Some(p.metadata.generation);
-                    let validated = seen.is_some_and(|(_, v)| v);
-                    if changed && (validates || validated) {
-                        due = due.min(Instant::now() + ctx.config.settle);
-                    }
-                }
-                Some(Ok(Event::Delete(p))) => {
-                    generations.remove(&p.metadata.name.unwrap_or_default());
-                }
-                Some(Ok(Event::Init | Event::InitDone)) => {}
-                Some(Err(e)) => warn!(error = %chain(&e), "watching Policies for the audit"),
-                None => return,
-            },
-            changed = leader.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-                // A new term audits soon: the last leader's passes say nothing of when.
-                let leading = leader.borrow().is_leading();
-                if leading && !was_leading {
-                    due = due.min(Instant::now() + ctx.config.settle);
-                }
-                was_leading = leading;
-            }
-            () = tokio::time::sleep_until(due) => {
-                due = Instant::now() + ctx.config.interval;
-                if leader.borrow().is_leading() {
-                    let started = Instant::now();
-                    // Shutdown does not wait for a pass.
-                    let outcome = tokio::select! {
-                        outcome = pass::run_pass(&ctx, &leader) => outcome,
-                        () = &mut shutdown => return,
-                    };
-                    match outcome {
-                        Ok(summary) => info!(%summary, "audit pass done"),
-                        Err(e) => {
-                            warn!(error = %chain(&e), "audit pass failed; retried soon");
-                            due = due.min(Instant::now() + RETRY);
-                        }
-                    }
-                    ctx.metrics.duration.observe(started.elapsed().as_secs_f64());
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Apply(p) | Event::InitApply(p)) => {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                let validates = !p.spec.validate.is_empty();
+                let seen = generations.insert(name, (p.metadata.generation, validates));
+                let changed = seen.map(|(g, _)| g) != Some(p.metadata.generation);
+                let validated = seen.is_some_and(|(_, v)| v);
+                if changed && (validates || validated) {
+                    trigger.notify_one();
                 }
             }
+            Ok(Event::Delete(p)) => {
+                generations.remove(&p.metadata.name.unwrap_or_default());
+            }
+            Ok(Event::Init | Event::InitDone) => {}
+            Err(e) => warn!(error = %chain(&e), "watching Policies for the audit"),
         }
     }
 }

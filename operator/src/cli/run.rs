@@ -329,7 +329,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     let ipam = IpamContext {
         client: process.client.clone(),
-        loops,
+        loops: loops.clone(),
         metrics: IpamMetrics::register(&mut registry),
         recorder: process.recorder.clone(),
         config: args.ipam_config(),
@@ -340,6 +340,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         namespaces: namespaces.clone(),
         config: args.audit_config(),
         metrics: AuditMetrics::register(&mut registry),
+        loops,
     };
     // A thread of its own: a pass decodes LIST pages and judges objects in bursts of CPU, which
     // must not hold up the webhook's reviews on the main runtime's workers (nor the lease, the

@@ -38,7 +38,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use crate::admin::Readiness;
 use crate::lease::Leadership;
 use crate::reconcile::{
-    Next, NotLeading, Pacing, ReconcileMetrics, Term, Window, fenced, reflect, run_loop,
+    Failure, Next, NotLeading, Pacing, ReconcileMetrics, Term, Window, fenced, reflect, run_loop,
 };
 use crate::webhook::PolicyStore;
 use gatehouse_api::v1alpha1::{IPPool, Policy};
@@ -92,6 +92,21 @@ pub enum ReconcileError {
     Probe { reason: String },
     #[error("asking the API server whether it serves ValidatingAdmissionPolicy")]
     Discover { source: kube::Error },
+}
+
+impl Failure for ReconcileError {
+    fn step(&self) -> &'static str {
+        match self {
+            ReconcileError::ApplyConfiguration { .. } => "ApplyConfiguration",
+            ReconcileError::DryRunConfiguration { .. } => "DryRunConfiguration",
+            ReconcileError::RefusedWithoutPolicies { .. } => "RefusedWithoutPolicies",
+            ReconcileError::WriteStatus { .. } => "WriteStatus",
+            ReconcileError::Serialize { .. } => "Serialize",
+            ReconcileError::NotLeading { .. } => "NotLeading",
+            ReconcileError::Probe { .. } => "Probe",
+            ReconcileError::Discover { .. } => "Discover",
+        }
+    }
 }
 
 impl From<NotLeading> for ReconcileError {

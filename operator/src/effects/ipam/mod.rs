@@ -49,8 +49,8 @@ use super::network::PoolNetwork;
 use crate::error_chain::chain;
 use crate::lease::Leadership;
 use crate::reconcile::{
-    FIELD_MANAGER, Next, NotLeading, Pacing, ReconcileMetrics, Term, Window, fenced, reflect,
-    run_loop, watch_events,
+    FIELD_MANAGER, Failure, Next, NotLeading, Pacing, ReconcileMetrics, Term, Window, fenced,
+    reflect, run_loop, watch_events,
 };
 use gatehouse_api::v1alpha1::{
     DEFAULT_IPAM_ANNOTATION, IPAM_GATE, IPAM_POOL_LABEL, IPAllocation, IPAllocationSpec, IPPool,
@@ -122,6 +122,20 @@ pub enum IpamError {
     },
     #[error(transparent)]
     NotLeading(#[from] NotLeading),
+}
+
+impl Failure for IpamError {
+    fn step(&self) -> &'static str {
+        match self {
+            IpamError::CreateAllocation { .. } => "CreateAllocation",
+            IpamError::DeleteAllocation { .. } => "DeleteAllocation",
+            IpamError::PatchPod { .. } => "PatchPod",
+            IpamError::WritePool { .. } => "WritePool",
+            IpamError::List { .. } => "List",
+            IpamError::ReadPod { .. } => "ReadPod",
+            IpamError::NotLeading(_) => "NotLeading",
+        }
+    }
 }
 
 /// What the loop needs, passed explicitly.
