@@ -2,7 +2,7 @@
 //! writes that move a Policy between the webhook and the API server with no gap.
 //!
 //! Moving in: the generated ValidatingAdmissionPolicy and binding are applied, the probe
-//! ([`wiring::admission_policy::probe`]) confirms the API server enforces them, and only then
+//! ([`wiring::probe::probe`]) confirms the API server enforces them, and only then
 //! does the webhook write leave the Policy out (and its status say `InProcess`, which makes
 //! every replica's webhook server skip it). Moving back: the webhook write takes the Policy in
 //! first, and its generated objects are deleted [`LEAVE_GRACE`] later, once the API server's
@@ -30,11 +30,10 @@ use super::generated::{LEAVE_GRACE, apply, delete, holds};
 use super::in_process_mutating::{MutatingCaches, MutatingMemory};
 use super::status::Verdict;
 use super::wiring::Wiring;
-use super::wiring::admission_policy::{
-    self, InProcess, POLICY_ANNOTATION, PROBE_LABEL, Placement, probe_message,
-};
+use super::wiring::admission_policy::{self, InProcess, POLICY_ANNOTATION, Placement};
 use super::wiring::mutating_policy::MUTATING_GENERATED_LABEL;
 use super::wiring::placement::Served;
+use super::wiring::probe::{PROBE_LABEL, probe, probe_message};
 use super::{ControllerContext, ReconcileError, Refusal, SpecVersion};
 use crate::lease::Leadership;
 use crate::reconcile::reflect;
@@ -378,7 +377,7 @@ async fn confirm_enforced(
             .map(|d| d.as_nanos())
             .unwrap_or_default()
     );
-    let probe = admission_policy::probe(&token, &wiring.home_namespace, wiring);
+    let probe = probe(&token, &wiring.home_namespace, wiring);
     for refused in [
         apply(ctx, &probe.policy, leader).await?,
         apply(ctx, &probe.binding, leader).await?,

@@ -24,11 +24,9 @@ use tracing::{info, warn};
 use super::generated::{LEAVE_GRACE, apply, delete, holds};
 use super::isolate::{self, Culprit, DryRun};
 use super::wiring::Wiring;
-use super::wiring::admission_policy::{PROBE_LABEL, Placement};
-use super::wiring::mutating_policy::{
-    InProcessMutation, MEMBERS_ANNOTATION, MUTATING_PROBE_ANNOTATION, mutating_probe,
-    place_mutating,
-};
+use super::wiring::admission_policy::Placement;
+use super::wiring::mutating_policy::{InProcessMutation, MEMBERS_ANNOTATION, place_mutating};
+use super::wiring::probe::{MUTATING_PROBE_ANNOTATION, PROBE_LABEL, mutating_probe};
 use super::wiring::schema_fit::SchemaFit;
 use super::writes::{dry_run, search_failed};
 use super::{ControllerContext, ReconcileError, Refusal, SpecVersion};

@@ -20,7 +20,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicyBinding, ValidatingAdmissionPolicyBindingSpec,
     ValidatingAdmissionPolicySpec, Validation,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, match_conditions, namespace_selector, rules};
 use gatehouse_api::v1alpha1::{Enforcement, Policy, ValidationAction};
@@ -238,96 +238,6 @@ pub fn type_check_warnings(stored: &ValidatingAdmissionPolicy) -> Option<String>
             text.join("; ")
         )
     })
-}
-
-/// Name of the probe policy and binding ([`probe`]).
-pub const PROBE_NAME: &str = "gatehouse-probe";
-/// Label a probe Lease carries: its token.
-pub const PROBE_LABEL: &str = "gatehouse.dev/probe";
-
-/// The probe: a policy and binding that deny only the dry-run create of a Lease named `token`
-/// (labelled with it) in `namespace`. The API server compiles its policies from two caches,
-/// one of policies and one of bindings, each filled in write order; once a probe written
-/// after some generated objects denies its Lease, both caches hold those objects, so the API
-/// server enforces them.
-pub fn probe(token: &str, namespace: &str, wiring: &Wiring) -> InProcess {
-    let metadata = ObjectMeta {
-        name: Some(PROBE_NAME.to_string()),
-        owner_references: wiring.owner.as_ref().map(|o| vec![o.clone()]),
-        labels: Some(BTreeMap::from([(
-            MANAGED_BY_LABEL.0.to_string(),
-            MANAGED_BY_LABEL.1.to_string(),
-        )])),
-        ..ObjectMeta::default()
-    };
-    let message = probe_message(token);
-    let policy = ValidatingAdmissionPolicy {
-        metadata: metadata.clone(),
-        spec: Some(ValidatingAdmissionPolicySpec {
-            failure_policy: Some("Ignore".to_string()),
-            match_conditions: Some(vec![
-                k8s_openapi::api::admissionregistration::v1::MatchCondition {
-                    name: "token".to_string(),
-                    expression: format!("object.metadata.name == '{token}'"),
-                },
-            ]),
-            match_constraints: Some(MatchResources {
-                match_policy: Some(MATCH_POLICY.to_string()),
-                namespace_selector: Some(namespace_named(namespace)),
-                resource_rules: Some(vec![NamedRuleWithOperations {
-                    api_groups: Some(vec!["coordination.k8s.io".to_string()]),
-                    api_versions: Some(vec!["v1".to_string()]),
-                    operations: Some(vec!["CREATE".to_string()]),
-                    resources: Some(vec!["leases".to_string()]),
-                    resource_names: None,
-                    scope: Some("Namespaced".to_string()),
-                }]),
-                ..MatchResources::default()
-            }),
-            validations: Some(vec![Validation {
-                expression: "false".to_string(),
-                message: Some(message),
-                message_expression: None,
-                reason: None,
-            }]),
-            ..ValidatingAdmissionPolicySpec::default()
-        }),
-        status: None,
-    };
-    let binding = ValidatingAdmissionPolicyBinding {
-        metadata,
-        spec: ValidatingAdmissionPolicyBindingSpec {
-            match_resources: Some(MatchResources {
-                object_selector: Some(LabelSelector {
-                    match_labels: Some(BTreeMap::from([(
-                        PROBE_LABEL.to_string(),
-                        token.to_string(),
-                    )])),
-                    match_expressions: None,
-                }),
-                ..MatchResources::default()
-            }),
-            param_ref: None,
-            policy_name: PROBE_NAME.to_string(),
-            validation_actions: vec!["Deny".to_string()],
-        },
-    };
-    InProcess { policy, binding }
-}
-
-/// The message the probe denies its Lease with.
-pub fn probe_message(token: &str) -> String {
-    format!("gatehouse probe {token}")
-}
-
-fn namespace_named(namespace: &str) -> LabelSelector {
-    LabelSelector {
-        match_labels: Some(BTreeMap::from([(
-            super::NAMESPACE_NAME_LABEL.to_string(),
-            namespace.to_string(),
-        )])),
-        match_expressions: None,
-    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@ use serde_json::json;
 
 use super::*;
 use crate::controller::wiring::Endpoint;
+use crate::controller::wiring::probe::{PROBE_LABEL, probe, probe_message};
 
 fn wiring() -> Wiring {
     Wiring {

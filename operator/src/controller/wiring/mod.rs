@@ -16,9 +16,9 @@ pub mod jsonpatch_cel;
 mod mutating_groups;
 pub mod mutating_join;
 pub mod mutating_policy;
-mod mutating_probe;
 mod mutating_translation;
 pub mod placement;
+pub mod probe;
 pub mod schema_fit;
 
 use std::collections::{BTreeMap, BTreeSet};

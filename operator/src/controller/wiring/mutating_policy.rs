@@ -39,7 +39,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 pub use super::mutating_groups::{CROSSOVER_MUTATIONS, MUTATING_NAME, generated_name};
 use super::mutating_groups::{Member, disjoint_matches, groups, name, past_crossover};
 use super::mutating_join::joined_mutate;
-pub use super::mutating_probe::{MUTATING_PROBE_ANNOTATION, MUTATING_PROBE_NAME, mutating_probe};
 use super::mutating_translation::match_reads_object;
 pub use super::mutating_translation::{match_expression, policy_mutations};
 use super::schema_fit::SchemaFit;
