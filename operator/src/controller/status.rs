@@ -42,10 +42,15 @@ pub enum Verdict {
     Rejected(String),
 }
 
-/// The status the Policy should have, or `None` when what it has already says the same (so an
-/// unchanged Policy costs no write). `lastTransitionTime` moves only when the status flips.
-pub fn desired_status(policy: &Policy, outcome: &Verdict, now: Time) -> Option<PolicyStatus> {
-    let generation = policy.metadata.generation;
+/// What the `Ready` condition says of a verdict.
+struct Ready {
+    status: &'static str,
+    reason: &'static str,
+    message: String,
+}
+
+/// The `Ready` condition's status, reason and message for `outcome`.
+fn ready(policy: &Policy, outcome: &Verdict) -> Ready {
     let (status, reason, message) = match outcome {
         // Stable texts: naming the shared entry would rewrite every member's status whenever
         // the membership changes.
@@ -104,6 +109,22 @@ pub fn desired_status(policy: &Policy, outcome: &Verdict, now: Time) -> Option<P
             ),
         ),
     };
+    Ready {
+        status,
+        reason,
+        message,
+    }
+}
+
+/// The status the Policy should have, or `None` when what it has already says the same (so an
+/// unchanged Policy costs no write). `lastTransitionTime` moves only when the status flips.
+pub fn desired_status(policy: &Policy, outcome: &Verdict, now: Time) -> Option<PolicyStatus> {
+    let generation = policy.metadata.generation;
+    let Ready {
+        status,
+        reason,
+        message,
+    } = ready(policy, outcome);
     let enforcement = match outcome {
         Verdict::Wired { .. } => Some(EnforcementPoint::Webhook),
         Verdict::InProcess { .. } => Some(EnforcementPoint::InProcess),
