@@ -166,7 +166,7 @@ fn the_probe_denies_only_its_own_lease() {
     let spec = json_of(&probe.policy.spec);
     assert_eq!(
         spec["matchConditions"][0]["expression"],
-        "object.metadata.name == 't-42'"
+        r#"object.metadata.name == "t-42""#
     );
     assert_eq!(
         spec["matchConstraints"]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],

@@ -142,7 +142,6 @@ fn place_in_order(
         .iter()
         .map(|p| (name(p), footprints_of(p, schema_fit.get(name(p)))))
         .collect();
-    let no_footprints = Vec::new();
     for (i, p) in ordered.iter().enumerate() {
         if let Some(reason) = costly.get(name(p)) {
             placements.push((
@@ -164,43 +163,17 @@ fn place_in_order(
             Enforcement::Auto => false,
             Enforcement::InProcess => true,
         };
-        let later_overwrites = ordered[i + 1..]
-            .iter()
-            .any(|later| later.spec.mutate.iter().any(|m| m.overwrite));
-        let own_footprints = footprints.get(name(p)).unwrap_or(&no_footprints);
         let fit = schema_fit.get(name(p)).cloned().unwrap_or_else(|| {
             SchemaFit::Unread("the schemas of the kinds it matches are not read yet".to_string())
         });
-        let before_on_webhook = on_webhook.iter().find(|w| !disjoint_matches(w, p));
-        let translated = if !served {
-            Err(
-                "the API server does not serve admissionregistration.k8s.io/v1 \
-                 MutatingAdmissionPolicy"
-                    .to_string(),
-            )
-        } else if let Some(first) = before_on_webhook {
-            Err(format!(
-                "Policy {} comes before it in (priority, name) order, can match the same \
-                 requests and runs on the webhook, and in-process mutations run before every \
-                 webhook",
-                name(first)
-            ))
-        } else {
-            let later: Vec<(&Policy, &[Footprint])> = ordered[i + 1..]
-                .iter()
-                .map(|q| {
-                    let fps = footprints.get(name(q)).unwrap_or(&no_footprints);
-                    (*q, fps.as_slice())
-                })
-                .collect();
-            defaulted_before(p, own_footprints, &appended)
-                .and_then(|()| defaulted_after(p, own_footprints, &later))
-                .and_then(|()| policy_mutations(p, own_footprints, later_overwrites))
-                .and_then(|own| match &fit {
-                    SchemaFit::Fits(_) => Ok(own),
-                    SchemaFit::Unfit(reason) | SchemaFit::Unread(reason) => Err(reason.clone()),
-                })
+        let so_far = SoFar {
+            footprints: &footprints,
+            on_webhook: &on_webhook,
+            appended: &appended,
+            served,
         };
+        let translated = so_far.translate(p, &ordered[i + 1..], &fit);
+        let own_footprints = footprints.get(name(p)).map_or(&[][..], Vec::as_slice);
         // Schemas not read this time say nothing about the Policy: it stays enforced, on the
         // webhook, until they are.
         let unread = matches!(fit, SchemaFit::Unread(_));
@@ -240,6 +213,63 @@ fn place_in_order(
         }
     }
     (placements, generated)
+}
+
+/// What the Policies placed before one tell it.
+struct SoFar<'s, 'p> {
+    /// Every mutating Policy's footprints, once.
+    footprints: &'s HashMap<&'p str, Vec<Footprint>>,
+    /// The Policies so far that run on the webhook: a later one that can select a request
+    /// with one of them must run there too.
+    on_webhook: &'s [&'p Policy],
+    /// What the in-process Policies so far may append or create.
+    appended: &'s [Appended<'p>],
+    /// Whether the API server serves MutatingAdmissionPolicy.
+    served: bool,
+}
+
+impl<'p> SoFar<'_, 'p> {
+    fn footprints_of(&self, p: &Policy) -> &[Footprint] {
+        self.footprints.get(name(p)).map_or(&[][..], Vec::as_slice)
+    }
+
+    /// The mutations `p` runs as in-process, `later` the Policies after it in order; or why it
+    /// cannot run there.
+    fn translate(
+        &self,
+        p: &'p Policy,
+        later: &[&'p Policy],
+        fit: &SchemaFit,
+    ) -> Result<Vec<Mutation>, String> {
+        if !self.served {
+            return Err(
+                "the API server does not serve admissionregistration.k8s.io/v1 \
+                 MutatingAdmissionPolicy"
+                    .to_string(),
+            );
+        }
+        if let Some(first) = self.on_webhook.iter().find(|w| !disjoint_matches(w, p)) {
+            return Err(format!(
+                "Policy {} comes before it in (priority, name) order, can match the same \
+                 requests and runs on the webhook, and in-process mutations run before every \
+                 webhook",
+                name(first)
+            ));
+        }
+        let own = self.footprints_of(p);
+        let later_overwrites = later
+            .iter()
+            .any(|q| q.spec.mutate.iter().any(|m| m.overwrite));
+        let later: Vec<(&Policy, &[Footprint])> =
+            later.iter().map(|q| (*q, self.footprints_of(q))).collect();
+        defaulted_before(p, own, self.appended)
+            .and_then(|()| defaulted_after(p, own, &later))
+            .and_then(|()| policy_mutations(p, own, later_overwrites))
+            .and_then(|mutations| match fit {
+                SchemaFit::Fits(_) => Ok(mutations),
+                SchemaFit::Unfit(reason) | SchemaFit::Unread(reason) => Err(reason.clone()),
+            })
+    }
 }
 
 /// What a mutation of an in-process Policy may append or create.
