@@ -23,7 +23,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, match_conditions, namespace_selector, rules};
-use gatehouse_api::v1alpha1::{Enforcement, Policy, ValidationAction};
+use gatehouse_api::v1alpha1::{Enforcement, Policy, PolicySpec, ValidationAction};
 use gatehouse_engine::group::fnv1a;
 
 /// Prefix of every generated object's name.
@@ -61,7 +61,50 @@ pub fn generated_name(policy: &str) -> String {
 /// The ValidatingAdmissionPolicy and binding that enforce `p` in the API server, or why they
 /// would not give exactly the webhook's answers.
 pub fn validating_admission_policy(p: &Policy, wiring: &Wiring) -> Result<InProcess, String> {
+    let action = in_process_action(&p.spec)?;
     let spec = &p.spec;
+    let name = generated_name(p.metadata.name.as_deref().unwrap_or_default());
+    let metadata = generated_meta(&name, p, wiring);
+    let validations = spec
+        .validate
+        .iter()
+        .map(|rule| Validation {
+            expression: rule.expression.clone(),
+            message: Some(rule.message.clone()),
+            message_expression: None,
+            reason: Some("Forbidden".to_string()),
+        })
+        .collect();
+    let policy = ValidatingAdmissionPolicy {
+        metadata: metadata.clone(),
+        spec: Some(ValidatingAdmissionPolicySpec {
+            failure_policy: Some(spec.failure_policy.as_str().to_string()),
+            match_conditions: match_conditions(p),
+            match_constraints: Some(match_constraints(p, wiring)),
+            validations: Some(validations),
+            ..ValidatingAdmissionPolicySpec::default()
+        }),
+        status: None,
+    };
+    let actions = match action {
+        ValidationAction::Deny => "Deny",
+        ValidationAction::Warn => "Warn",
+    };
+    let binding = ValidatingAdmissionPolicyBinding {
+        metadata,
+        spec: ValidatingAdmissionPolicyBindingSpec {
+            match_resources: None,
+            param_ref: None,
+            policy_name: name,
+            validation_actions: vec![actions.to_string()],
+        },
+    };
+    Ok(InProcess { policy, binding })
+}
+
+/// The action all of `spec`'s rules share, when the Policy can be a ValidatingAdmissionPolicy;
+/// otherwise why not, with the field.
+fn in_process_action(spec: &PolicySpec) -> Result<ValidationAction, String> {
     if !spec.mutate.is_empty() {
         return Err(
             "spec.mutate: a Policy with mutations runs on the webhook (in-process enforcement \
@@ -95,64 +138,35 @@ pub fn validating_admission_policy(p: &Policy, wiring: &Wiring) -> Result<InProc
              or hold a line break"
         ));
     }
-    let name = generated_name(p.metadata.name.as_deref().unwrap_or_default());
-    let metadata = generated_meta(&name, p, wiring);
-    let validations = spec
-        .validate
-        .iter()
-        .map(|rule| Validation {
-            expression: rule.expression.clone(),
-            message: Some(rule.message.clone()),
-            message_expression: None,
-            reason: Some("Forbidden".to_string()),
-        })
-        .collect();
-    let policy = ValidatingAdmissionPolicy {
-        metadata: metadata.clone(),
-        spec: Some(ValidatingAdmissionPolicySpec {
-            failure_policy: Some(spec.failure_policy.as_str().to_string()),
-            match_conditions: match_conditions(p),
-            match_constraints: Some(MatchResources {
-                exclude_resource_rules: None,
-                match_policy: Some(MATCH_POLICY.to_string()),
-                namespace_selector: Some(namespace_selector(
-                    spec.match_.namespace_selector.as_ref(),
-                    &wiring.excluded_namespaces,
-                )),
-                object_selector: Some(spec.match_.object_selector.clone().unwrap_or_default()),
-                resource_rules: Some(
-                    rules(&spec.match_.rules)
-                        .into_iter()
-                        .map(|r| NamedRuleWithOperations {
-                            api_groups: r.api_groups,
-                            api_versions: r.api_versions,
-                            operations: r.operations,
-                            resource_names: None,
-                            resources: r.resources,
-                            scope: r.scope,
-                        })
-                        .collect(),
-                ),
-            }),
-            validations: Some(validations),
-            ..ValidatingAdmissionPolicySpec::default()
-        }),
-        status: None,
-    };
-    let actions = match action {
-        ValidationAction::Deny => "Deny",
-        ValidationAction::Warn => "Warn",
-    };
-    let binding = ValidatingAdmissionPolicyBinding {
-        metadata,
-        spec: ValidatingAdmissionPolicyBindingSpec {
-            match_resources: None,
-            param_ref: None,
-            policy_name: name,
-            validation_actions: vec![actions.to_string()],
-        },
-    };
-    Ok(InProcess { policy, binding })
+    Ok(action)
+}
+
+/// The generated policy's match constraints: the Policy's rules and selectors, the exclusion
+/// ANDed into its namespaceSelector.
+fn match_constraints(p: &Policy, wiring: &Wiring) -> MatchResources {
+    let spec = &p.spec;
+    MatchResources {
+        exclude_resource_rules: None,
+        match_policy: Some(MATCH_POLICY.to_string()),
+        namespace_selector: Some(namespace_selector(
+            spec.match_.namespace_selector.as_ref(),
+            &wiring.excluded_namespaces,
+        )),
+        object_selector: Some(spec.match_.object_selector.clone().unwrap_or_default()),
+        resource_rules: Some(
+            rules(&spec.match_.rules)
+                .into_iter()
+                .map(|r| NamedRuleWithOperations {
+                    api_groups: r.api_groups,
+                    api_versions: r.api_versions,
+                    operations: r.operations,
+                    resource_names: None,
+                    resources: r.resources,
+                    scope: r.scope,
+                })
+                .collect(),
+        ),
+    }
 }
 
 fn generated_meta(name: &str, p: &Policy, wiring: &Wiring) -> ObjectMeta {
