@@ -539,29 +539,7 @@ fn generated_objects(group: Vec<Member<'_>>, wiring: &Wiring) -> InProcessMutati
         )])),
         ..ObjectMeta::default()
     };
-    let resource_rules: Vec<NamedRuleWithOperations> = super::union_of_rules(rules)
-        .into_iter()
-        .filter_map(|r| {
-            let operations: Vec<String> = r
-                .operations
-                .unwrap_or_default()
-                .into_iter()
-                .flat_map(|o| match o.as_str() {
-                    "*" => vec!["CREATE".to_string(), "UPDATE".to_string()],
-                    "CREATE" | "UPDATE" => vec![o],
-                    _ => vec![],
-                })
-                .collect();
-            (!operations.is_empty()).then_some(NamedRuleWithOperations {
-                api_groups: r.api_groups,
-                api_versions: r.api_versions,
-                operations: Some(dedup(operations)),
-                resource_names: None,
-                resources: r.resources,
-                scope: r.scope,
-            })
-        })
-        .collect();
+    let resource_rules = mutating_rules(rules);
     let policy = MutatingAdmissionPolicy {
         metadata: metadata.clone(),
         spec: Some(MutatingAdmissionPolicySpec {
@@ -594,6 +572,34 @@ fn generated_objects(group: Vec<Member<'_>>, wiring: &Wiring) -> InProcessMutati
         binding,
         members,
     }
+}
+
+/// The members' rules as one generated policy's: their union, with the operations a
+/// MutatingAdmissionPolicy acts on (CREATE and UPDATE; `*` is both).
+fn mutating_rules(rules: Vec<&Rule>) -> Vec<NamedRuleWithOperations> {
+    super::union_of_rules(rules)
+        .into_iter()
+        .filter_map(|r| {
+            let operations: Vec<String> = r
+                .operations
+                .unwrap_or_default()
+                .into_iter()
+                .flat_map(|o| match o.as_str() {
+                    "*" => vec!["CREATE".to_string(), "UPDATE".to_string()],
+                    "CREATE" | "UPDATE" => vec![o],
+                    _ => vec![],
+                })
+                .collect();
+            (!operations.is_empty()).then_some(NamedRuleWithOperations {
+                api_groups: r.api_groups,
+                api_versions: r.api_versions,
+                operations: Some(dedup(operations)),
+                resource_names: None,
+                resources: r.resources,
+                scope: r.scope,
+            })
+        })
+        .collect()
 }
 
 fn dedup(mut values: Vec<String>) -> Vec<String> {
