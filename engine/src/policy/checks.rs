@@ -44,6 +44,23 @@ pub(super) fn analyse(policy: &Policy) -> (Vec<Problem>, Option<Programs>) {
         }
     }
 
+    // Every part is checked, each problem reported, before any result is dropped.
+    let conditions = check_conditions(spec, &mut problems);
+    let whens = check_mutations(spec, &mut problems);
+    let validations = check_validations(spec, &mut problems);
+    let programs = match (conditions, whens, validations) {
+        (Some(conditions), Some(whens), Some(validations)) => Some(Programs {
+            conditions,
+            whens,
+            validations,
+        }),
+        _ => None,
+    };
+    (problems, programs)
+}
+
+/// Checks `spec.match.conditions`; their programs when every one compiles.
+fn check_conditions(spec: &PolicySpec, problems: &mut Vec<Problem>) -> Option<Vec<Program>> {
     let mut all_compiled = true;
     let mut names = BTreeSet::new();
     let mut conditions = Vec::new();
@@ -61,7 +78,7 @@ pub(super) fn analyse(policy: &Policy) -> (Vec<Problem>, Option<Programs>) {
         if condition.name.trim().is_empty() {
             problems.push(Problem::new(format!("{path}.name"), "must not be empty"));
         } else {
-            check_qualified_name(&format!("{path}.name"), &condition.name, &mut problems);
+            check_qualified_name(&format!("{path}.name"), &condition.name, problems);
             if !names.insert(condition.name.as_str()) {
                 problems.push(Problem::new(
                     format!("{path}.name"),
@@ -70,17 +87,18 @@ pub(super) fn analyse(policy: &Policy) -> (Vec<Problem>, Option<Programs>) {
             }
         }
         let path = format!("{path}.expression");
-        match check_expression(
-            &path,
-            &condition.expression,
-            Site::MatchCondition,
-            &mut problems,
-        ) {
+        match check_expression(&path, &condition.expression, Site::MatchCondition, problems) {
             Some(p) => conditions.push(p),
             None => all_compiled = false,
         }
     }
 
+    all_compiled.then_some(conditions)
+}
+
+/// Checks `spec.mutate`; the programs of its `when` guards when every one compiles.
+fn check_mutations(spec: &PolicySpec, problems: &mut Vec<Problem>) -> Option<Vec<Option<Program>>> {
+    let mut all_compiled = true;
     let mut whens = Vec::new();
     for (i, mutation) in spec.mutate.iter().enumerate() {
         let path = format!("spec.mutate[{i}]");
@@ -114,7 +132,7 @@ pub(super) fn analyse(policy: &Policy) -> (Vec<Problem>, Option<Programs>) {
                 let site = Site::When {
                     for_each: mutation.for_each.is_some(),
                 };
-                match check_expression(&format!("{path}.when"), when, site, &mut problems) {
+                match check_expression(&format!("{path}.when"), when, site, problems) {
                     Some(p) => whens.push(Some(p)),
                     None => all_compiled = false,
                 }
@@ -122,6 +140,12 @@ pub(super) fn analyse(policy: &Policy) -> (Vec<Problem>, Option<Programs>) {
         }
     }
 
+    all_compiled.then_some(whens)
+}
+
+/// Checks `spec.validate`; the programs of its rules when every one compiles.
+fn check_validations(spec: &PolicySpec, problems: &mut Vec<Problem>) -> Option<Vec<Program>> {
+    let mut all_compiled = true;
     let mut validations = Vec::new();
     for (i, rule) in spec.validate.iter().enumerate() {
         let path = format!("spec.validate[{i}]");
@@ -129,18 +153,13 @@ pub(super) fn analyse(policy: &Policy) -> (Vec<Problem>, Option<Programs>) {
             problems.push(Problem::new(format!("{path}.message"), "must not be empty"));
         }
         let path = format!("{path}.expression");
-        match check_expression(&path, &rule.expression, Site::Validation, &mut problems) {
+        match check_expression(&path, &rule.expression, Site::Validation, problems) {
             Some(p) => validations.push(p),
             None => all_compiled = false,
         }
     }
 
-    let programs = all_compiled.then_some(Programs {
-        conditions,
-        whens,
-        validations,
-    });
-    (problems, programs)
+    all_compiled.then_some(validations)
 }
 
 /// Compiles one expression and checks its variables; `None` when it does not compile.
