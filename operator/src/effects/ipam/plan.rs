@@ -49,30 +49,18 @@ pub(super) fn plan(
             continue;
         };
         let recorded = held.iter().find(|h| h.pool == pool_name).and_then(|h| h.ip);
-        let (address, create) = match recorded {
-            Some(address) => (address, false),
-            None => {
-                if deleting.contains(&pool_name) || !index.has_pool(&pool_name) {
-                    let reason = judged
-                        .invalid
-                        .get(&pool_name)
-                        .cloned()
-                        .unwrap_or_else(|| "no such IPPool".to_string());
-                    let note = format!("IPPool {pool_name} cannot allocate: {reason}");
-                    tells.extend(tell(pod, memory, "PoolNotReady", note));
-                    continue;
-                }
-                match index.pick(&pool_name) {
-                    Some(address) => (address, true),
-                    None => {
-                        *waiting.entry(pool_name.clone()).or_default() += 1;
-                        let note = format!(
-                            "IPPool {pool_name} has no free address; the Pod waits for one"
-                        );
-                        tells.extend(tell(pod, memory, "PoolExhausted", note));
-                        continue;
-                    }
-                }
+        let (address, create) = match pick(&pool_name, recorded, judged, deleting, index) {
+            Pick::Recorded(address) => (address, false),
+            Pick::Fresh(address) => (address, true),
+            Pick::NotReady(note) => {
+                tells.extend(tell(pod, memory, "PoolNotReady", note));
+                continue;
+            }
+            Pick::Exhausted => {
+                *waiting.entry(pool_name.clone()).or_default() += 1;
+                let note = format!("IPPool {pool_name} has no free address; the Pod waits for one");
+                tells.extend(tell(pod, memory, "PoolExhausted", note));
+                continue;
             }
         };
         memory.told_exhausted.remove(&uid);
@@ -96,7 +84,54 @@ pub(super) fn plan(
             create,
         });
     }
-    // Marked Pods gone since the last pass were deleted: their addresses go back at once.
+    releases.extend(gone(memory, &seen, index));
+    Plan {
+        places,
+        releases,
+        tells,
+        waiting,
+        seen,
+    }
+}
+
+/// What a gated Pod gets from its pool this pass.
+enum Pick {
+    /// The address an allocation of its already records.
+    Recorded(IpAddr),
+    /// A free address, for a new allocation.
+    Fresh(IpAddr),
+    /// Nothing: the pool cannot allocate (why, for the Pod's Event).
+    NotReady(String),
+    /// Nothing: every address is taken.
+    Exhausted,
+}
+
+/// The address of a Pod marked for `pool_name` that holds `recorded` there, if anything.
+fn pick(
+    pool_name: &str,
+    recorded: Option<IpAddr>,
+    judged: &JudgedPools,
+    deleting: &HashSet<String>,
+    index: &mut Index,
+) -> Pick {
+    if let Some(address) = recorded {
+        return Pick::Recorded(address);
+    }
+    if deleting.contains(pool_name) || !index.has_pool(pool_name) {
+        let reason = judged
+            .invalid
+            .get(pool_name)
+            .cloned()
+            .unwrap_or_else(|| "no such IPPool".to_string());
+        return Pick::NotReady(format!("IPPool {pool_name} cannot allocate: {reason}"));
+    }
+    index.pick(pool_name).map_or(Pick::Exhausted, Pick::Fresh)
+}
+
+/// The allocations of marked Pods gone since the last pass (`memory`, against `seen` now):
+/// they were deleted, and their addresses go back at once.
+fn gone(memory: &Memory, seen: &HashMap<String, Vec<String>>, index: &Index) -> Vec<Held> {
+    let mut releases = Vec::new();
     for (uid, names) in &memory.pods {
         if seen.contains_key(uid) {
             continue;
@@ -107,13 +142,7 @@ pub(super) fn plan(
             }
         }
     }
-    Plan {
-        places,
-        releases,
-        tells,
-        waiting,
-        seen,
-    }
+    releases
 }
 
 pub(super) fn is_finished(pod: &Pod) -> bool {
