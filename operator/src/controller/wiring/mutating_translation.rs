@@ -22,6 +22,62 @@ pub fn policy_mutations(
     later_overwrites: bool,
 ) -> Result<Vec<Mutation>, String> {
     let spec = &p.spec;
+    translatable(p, footprints, later_overwrites)?;
+    let guarded = spec.mutate.iter().any(|m| m.when.is_some());
+    let reads_object = match_reads_object(p);
+    let mut expressions = Vec::new();
+    for (i, m) in spec.mutate.iter().enumerate() {
+        let translated = jsonpatch_cel::mutation_expression(m, false)
+            .map_err(|e| format!("spec.mutate[{i}]: {e}"))?;
+        expressions.extend(translated);
+    }
+    // One pass when no guard reads what another mutation writes (a single merge without a
+    // per-element guard among them); otherwise as many passes as the engine makes at most.
+    let single = spec.mutate.len() == 1 && !(spec.mutate[0].for_each.is_some() && guarded);
+    let passes = if single || settles_in_one_pass(footprints) {
+        1
+    } else {
+        spec.mutate.len() + 2
+    };
+    if reads_object && passes * expressions.len() > 1 {
+        return Err(
+            "spec.match: the match reads the object and the Policy has more than one mutation \
+             (the API server would match each mutation against the previous one's output, the \
+             webhook matches the Policy once)"
+                .to_string(),
+        );
+    }
+    let guard = match_expression(p);
+    let mutation = |expression: &str| Mutation {
+        patch_type: "JSONPatch".to_string(),
+        json_patch: Some(JSONPatch {
+            expression: Some(format!("{guard} ? ({expression}) : []")),
+        }),
+        apply_configuration: None,
+    };
+    // The API server decodes and defaults the object after every mutation, even an empty one:
+    // independent merges go in one.
+    if passes == 1 && expressions.len() > 1 && independent(footprints) {
+        let joined: Vec<String> = expressions.iter().map(|e| format!("({e})")).collect();
+        return Ok(vec![mutation(&joined.join(" + "))]);
+    }
+    let mut mutations = Vec::new();
+    for _ in 0..passes {
+        for expression in &expressions {
+            mutations.push(mutation(expression));
+        }
+    }
+    Ok(mutations)
+}
+
+/// Why `p`'s mutations cannot run in a generated MutatingAdmissionPolicy as the webhook runs
+/// them, with the field; `Ok` when nothing stands in the way of translating them.
+fn translatable(
+    p: &Policy,
+    footprints: &[Footprint],
+    later_overwrites: bool,
+) -> Result<(), String> {
+    let spec = &p.spec;
     if !spec.effects.is_empty() {
         return Err(
             "spec.effects: the marking for effects runs on the webhook (its scheduling gate \
@@ -86,49 +142,7 @@ pub fn policy_mutations(
             }
         }
     }
-    let mut expressions = Vec::new();
-    for (i, m) in spec.mutate.iter().enumerate() {
-        let translated = jsonpatch_cel::mutation_expression(m, false)
-            .map_err(|e| format!("spec.mutate[{i}]: {e}"))?;
-        expressions.extend(translated);
-    }
-    // One pass when no guard reads what another mutation writes (a single merge without a
-    // per-element guard among them); otherwise as many passes as the engine makes at most.
-    let single = spec.mutate.len() == 1 && !(spec.mutate[0].for_each.is_some() && guarded);
-    let passes = if single || settles_in_one_pass(footprints) {
-        1
-    } else {
-        spec.mutate.len() + 2
-    };
-    if reads_object && passes * expressions.len() > 1 {
-        return Err(
-            "spec.match: the match reads the object and the Policy has more than one mutation \
-             (the API server would match each mutation against the previous one's output, the \
-             webhook matches the Policy once)"
-                .to_string(),
-        );
-    }
-    let guard = match_expression(p);
-    let mutation = |expression: &str| Mutation {
-        patch_type: "JSONPatch".to_string(),
-        json_patch: Some(JSONPatch {
-            expression: Some(format!("{guard} ? ({expression}) : []")),
-        }),
-        apply_configuration: None,
-    };
-    // The API server decodes and defaults the object after every mutation, even an empty one:
-    // independent merges go in one.
-    if passes == 1 && expressions.len() > 1 && independent(footprints) {
-        let joined: Vec<String> = expressions.iter().map(|e| format!("({e})")).collect();
-        return Ok(vec![mutation(&joined.join(" + "))]);
-    }
-    let mut mutations = Vec::new();
-    for _ in 0..passes {
-        for expression in &expressions {
-            mutations.push(mutation(expression));
-        }
-    }
-    Ok(mutations)
+    Ok(())
 }
 
 /// Whether `p`'s match depends on the object, which its own mutations may change: an
