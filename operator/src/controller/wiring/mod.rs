@@ -34,7 +34,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 
 use gatehouse_api::v1alpha1::{GROUP, Policy, Rule};
 use gatehouse_engine::Phase;
-use gatehouse_engine::coverage::Coverage;
+use gatehouse_engine::coverage::{Coverage, Selector};
 use gatehouse_engine::entry::VALIDATE_POLICY_PATH;
 use gatehouse_engine::group::{self, Group};
 
@@ -427,45 +427,34 @@ fn match_conditions(p: &Policy) -> Option<Vec<MatchCondition>> {
 /// The Policy's namespaceSelector with the exclusion ANDed in. Requirements of a selector are
 /// ANDed, so appending one `NotIn` keeps the user's meaning and adds the guarantee.
 ///
-/// A selector that already pins the namespace name to values none of which is excluded gets no
-/// `NotIn`: it cannot select an excluded namespace, and the API server parses an admission
-/// policy's selectors again for every namespaced request, so each requirement costs every
-/// request of the cluster, selected or not.
+/// A selector that already selects no excluded namespace (e.g. it pins the namespace name to
+/// others) gets no `NotIn`: the API server parses an admission policy's selectors again for
+/// every namespaced request, so each requirement costs every request of the cluster, selected
+/// or not.
 pub fn namespace_selector(user: Option<&LabelSelector>, excluded: &[String]) -> LabelSelector {
     let mut selector = user.cloned().unwrap_or_default();
-    if !excluded.is_empty() && !pins_names_outside(&selector, excluded) {
-        let mut values: Vec<String> = excluded.to_vec();
-        values.sort();
-        values.dedup();
+    if excluded.is_empty() {
+        return selector;
+    }
+    let mut values: Vec<String> = excluded.to_vec();
+    values.sort();
+    values.dedup();
+    let exclusion = LabelSelectorRequirement {
+        key: NAMESPACE_NAME_LABEL.to_string(),
+        operator: "NotIn".to_string(),
+        values: Some(values),
+    };
+    let excluding = LabelSelector {
+        match_labels: None,
+        match_expressions: Some(vec![exclusion.clone()]),
+    };
+    if !Selector::of(Some(&excluding)).contains(&Selector::of(Some(&selector))) {
         selector
             .match_expressions
             .get_or_insert_with(Vec::new)
-            .push(LabelSelectorRequirement {
-                key: NAMESPACE_NAME_LABEL.to_string(),
-                operator: "NotIn".to_string(),
-                values: Some(values),
-            });
+            .push(exclusion);
     }
     selector
-}
-
-/// Whether `selector` selects only namespaces named by one of its requirements (a `matchLabels`
-/// entry or an `In` on the name label) whose names are all outside `excluded`.
-fn pins_names_outside(selector: &LabelSelector, excluded: &[String]) -> bool {
-    let outside = |name: &String| !excluded.contains(name);
-    let by_label = selector
-        .match_labels
-        .as_ref()
-        .and_then(|labels| labels.get(NAMESPACE_NAME_LABEL))
-        .is_some_and(outside);
-    let by_expression = selector.match_expressions.iter().flatten().any(|e| {
-        e.key == NAMESPACE_NAME_LABEL
-            && e.operator == "In"
-            && e.values
-                .as_ref()
-                .is_some_and(|v| !v.is_empty() && v.iter().all(outside))
-    });
-    by_label || by_expression
 }
 
 #[cfg(test)]
