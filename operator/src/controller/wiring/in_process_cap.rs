@@ -12,6 +12,7 @@
 
 use super::admission_policy::Placement;
 use super::mutating_policy::InProcessMutation;
+use super::policy_name;
 use gatehouse_api::v1alpha1::{Enforcement, Policy};
 
 /// The default of `--max-admission-policies`.
@@ -103,10 +104,6 @@ fn generated_policies<'p>(placements: &[(&'p Policy, Placement)]) -> Vec<Generat
         }
     }
     units
-}
-
-fn policy_name(p: &Policy) -> &str {
-    p.metadata.name.as_deref().unwrap_or_default()
 }
 
 #[cfg(test)]
