@@ -22,9 +22,15 @@ pub fn policy_mutations(
     later_overwrites: bool,
 ) -> Result<Vec<Mutation>, String> {
     let spec = &p.spec;
-    translatable(p, footprints, later_overwrites)?;
-    let guarded = spec.mutate.iter().any(|m| m.when.is_some());
-    let reads_object = match_reads_object(p);
+    let reads = Reads {
+        guarded: spec.mutate.iter().any(|m| m.when.is_some()),
+        object: match_reads_object(p),
+    };
+    translatable(p, footprints, later_overwrites, &reads)?;
+    let Reads {
+        guarded,
+        object: reads_object,
+    } = reads;
     let mut expressions = Vec::new();
     for (i, m) in spec.mutate.iter().enumerate() {
         let translated = jsonpatch_cel::mutation_expression(m, false)
@@ -70,12 +76,21 @@ pub fn policy_mutations(
     Ok(mutations)
 }
 
+/// What a Policy's translation depends on, worked out once.
+struct Reads {
+    /// Whether a mutation has a `when` guard.
+    guarded: bool,
+    /// Whether its match reads the object ([`match_reads_object`]).
+    object: bool,
+}
+
 /// Why `p`'s mutations cannot run in a generated MutatingAdmissionPolicy as the webhook runs
 /// them, with the field; `Ok` when nothing stands in the way of translating them.
 fn translatable(
     p: &Policy,
     footprints: &[Footprint],
     later_overwrites: bool,
+    reads: &Reads,
 ) -> Result<(), String> {
     let spec = &p.spec;
     if !spec.effects.is_empty() {
@@ -103,9 +118,8 @@ fn translatable(
             ));
         }
     }
-    let guarded = spec.mutate.iter().any(|m| m.when.is_some());
     if spec.failure_policy == FailurePolicy::Ignore
-        && (guarded || !spec.match_.conditions.is_empty())
+        && (reads.guarded || !spec.match_.conditions.is_empty())
     {
         return Err(
             "spec.failurePolicy: Ignore with when guards or match conditions (the generated \
@@ -114,13 +128,12 @@ fn translatable(
                 .to_string(),
         );
     }
-    let reads_object = match_reads_object(p);
     if spec.reinvocation_policy == ReinvocationPolicy::IfNeeded {
         let plain = spec
             .mutate
             .iter()
             .all(|m| m.for_each.is_none() && m.when.is_none() && !m.overwrite);
-        if !plain || reads_object || later_overwrites {
+        if !plain || reads.object || later_overwrites {
             return Err(
                 "spec.reinvocationPolicy: IfNeeded runs in-process only for plain merges (no \
                  forEach, when or overwrite), a match that does not read the object, and no \
