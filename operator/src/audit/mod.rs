@@ -204,7 +204,9 @@ pub async fn run(
                         .observe(started.elapsed().as_secs_f64());
                     let summary = outcome?;
                     info!(%summary, "audit pass done");
-                    Ok(Next::Resync)
+                    // Passes start every interval, however long one takes (a long pass is
+                    // followed at once), as they did before the audit ran on this loop.
+                    Ok(Next::By(started + ctx.config.interval))
                 }
             }
         },
