@@ -20,8 +20,8 @@ use gatehouse::cli::eval::load_policies;
 // The same allocator as the `gatehouse` binary, for both modes, so the comparison is fair.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use gatehouse::serve::{Handler, serve_tls};
-use gatehouse::telemetry;
+use gatehouse::runtime::serve::{Handler, serve_tls};
+use gatehouse::runtime::telemetry;
 use gatehouse::tls::{self, CertResolver};
 use gatehouse::webhook::{self, PolicyStore, WebhookState};
 use http::StatusCode;
@@ -126,5 +126,5 @@ async fn baseline(req: Request<Incoming>) -> Response<Full<Bytes>> {
             }
         },
     };
-    gatehouse::serve::response(status, body.to_string(), "application/json")
+    gatehouse::runtime::serve::response(status, body.to_string(), "application/json")
 }

@@ -11,8 +11,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use gatehouse::admin::Readiness;
-use gatehouse::admin::{self, AdminState};
+use gatehouse::runtime::admin::Readiness;
+use gatehouse::runtime::admin::{self, AdminState};
 use gatehouse::tls::{CertResolver, server_config};
 use gatehouse::webhook::{self, PolicyStore, WebhookState};
 use gatehouse_api::v1alpha1::Policy;
@@ -86,7 +86,7 @@ async fn start() -> Servers {
         );
         policies.upsert(Arc::new(compile(&p).unwrap()));
     }
-    let mut registry = gatehouse::telemetry::registry();
+    let mut registry = gatehouse::runtime::telemetry::registry();
     let metrics = Arc::new(gatehouse::webhook::AdmissionMetrics::register(
         &mut registry,
     ));
@@ -95,7 +95,7 @@ async fn start() -> Servers {
     let handler = webhook::handler(state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let webhook_port = listener.local_addr().unwrap().port();
-    tokio::spawn(gatehouse::serve::serve_tls(
+    tokio::spawn(gatehouse::runtime::serve::serve_tls(
         listener,
         Arc::new(server_config(resolver).unwrap()),
         handler,
@@ -112,7 +112,7 @@ async fn start() -> Servers {
     let admin_handler = admin::handler(admin_state);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let admin_port = listener.local_addr().unwrap().port();
-    tokio::spawn(gatehouse::serve::serve_http(
+    tokio::spawn(gatehouse::runtime::serve::serve_http(
         listener,
         admin_handler,
         std::future::pending(),
@@ -245,7 +245,7 @@ async fn slow_and_over_budget_reviews_delay_neither_a_cheap_one_nor_readyz() {
         assert_eq!(body["response"]["allowed"], true, "{body}");
     }
     eprintln!("all answered after {:?}", started.elapsed());
-    let text = gatehouse::telemetry::encode(&servers.registry).unwrap();
+    let text = gatehouse::runtime::telemetry::encode(&servers.registry).unwrap();
     let counted: f64 = text
         .lines()
         .filter(|l| l.starts_with("gatehouse_policy_over_budget_total"))

@@ -65,11 +65,11 @@ async fn start(body_read_timeout: Duration) -> Server {
         ))
         .unwrap(),
     ));
-    let mut registry = gatehouse::telemetry::registry();
+    let mut registry = gatehouse::runtime::telemetry::registry();
     let metrics = Arc::new(gatehouse::webhook::AdmissionMetrics::register(
         &mut registry,
     ));
-    let handshakes = gatehouse::serve::handshake_counter(&mut registry);
+    let handshakes = gatehouse::runtime::serve::handshake_counter(&mut registry);
     let mut state = WebhookState::new(policies.clone(), metrics);
     state.body_read_timeout = body_read_timeout;
     let state = Arc::new(state);
@@ -79,7 +79,7 @@ async fn start(body_read_timeout: Duration) -> Server {
     let (stop, stopped) = oneshot::channel::<()>();
     let done = tokio::spawn({
         async move {
-            gatehouse::serve::serve_tls_on(
+            gatehouse::runtime::serve::serve_tls_on(
                 None,
                 listener,
                 config,
@@ -409,7 +409,7 @@ mod tokio_stream_like {
 
 /// The handshake counter's value for `result`, read from the exposition as a scraper would.
 fn handshakes(server: &Server, result: &str) -> u64 {
-    let text = gatehouse::telemetry::encode(&server.registry).unwrap();
+    let text = gatehouse::runtime::telemetry::encode(&server.registry).unwrap();
     let series = format!("gatehouse_tls_handshakes_total{{result=\"{result}\"}} ");
     text.lines()
         .find_map(|line| line.strip_prefix(&series))

@@ -33,9 +33,9 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::error_chain::chain;
-use crate::lease::Leadership;
-use crate::reconcile::{Failure, Next, Pacing, ReconcileMetrics, Term, Window, run_loop};
+use crate::runtime::error_chain::chain;
+use crate::runtime::lease::Leadership;
+use crate::runtime::reconcile::{Failure, Next, Pacing, ReconcileMetrics, Term, Window, run_loop};
 use crate::webhook::Namespaces;
 use gatehouse_api::v1alpha1::Policy;
 

@@ -14,7 +14,7 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 
 use super::AuditError;
 use super::judge::AuditedKind;
-use crate::error_chain::chain;
+use crate::runtime::error_chain::chain;
 
 /// Paces the audit's calls (LISTs and writes): at most `qps` per second.
 pub struct Pace {

@@ -15,9 +15,9 @@ use super::report::{POLICY_UID_LABEL, Scope, Tallies, report_name, report_object
 use super::source::Pace;
 use super::{AUDITED, AuditContext, AuditError};
 use crate::controller::wiring::MANAGED_BY_LABEL;
-use crate::error_chain::chain;
-use crate::lease::Leadership;
-use crate::reconcile::{FIELD_MANAGER, fenced};
+use crate::runtime::error_chain::chain;
+use crate::runtime::lease::Leadership;
+use crate::runtime::reconcile::{FIELD_MANAGER, fenced};
 use gatehouse_api::reports::{GROUP, ReportKind, VERSION};
 use gatehouse_api::v1alpha1::Policy;
 

@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::controller::wiring::admission_policy::Placement;
 use crate::controller::wiring::placement;
 use crate::controller::wiring::{Endpoint, Wiring};
-use crate::error_chain::chain;
+use crate::runtime::error_chain::chain;
 use gatehouse_api::v1alpha1::{Operation, Policy};
 use gatehouse_engine as engine;
 use gatehouse_engine::admission::{GroupVersionKind, GroupVersionResource, UserInfo, review_value};

@@ -4,7 +4,7 @@ pub mod duration;
 pub mod eval;
 pub mod run;
 
-use crate::error_chain::chain;
+use crate::runtime::error_chain::chain;
 use clap::{Parser, Subcommand};
 
 /// `gatehouse --version`: the crate version and the git revision it was built from.

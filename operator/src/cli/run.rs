@@ -12,16 +12,16 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 use tracing::{error, info};
 
-use crate::admin::{self, AdminState, Readiness};
 use crate::audit::{self, AuditConfig, AuditContext, AuditMetrics};
 use crate::controller::wiring::{CONFIGURATION_NAME, Endpoint, Wiring};
 use crate::controller::{self, ControllerContext};
 use crate::effects::ipam::{self, IpamConfig, IpamContext, IpamMetrics};
-use crate::error_chain::chain;
-use crate::lease::{self, Leadership, LeaseConfig};
-use crate::reconcile::ReconcileMetrics;
-use crate::serve;
-use crate::telemetry;
+use crate::runtime::admin::{self, AdminState, Readiness};
+use crate::runtime::error_chain::chain;
+use crate::runtime::lease::{self, Leadership, LeaseConfig};
+use crate::runtime::reconcile::ReconcileMetrics;
+use crate::runtime::serve;
+use crate::runtime::telemetry;
 use crate::tls::{self, CertResolver, Coordination, San, TlsConfig, TlsManager, TlsMetrics};
 use crate::webhook::{self, AdmissionMetrics, PolicyStore, WebhookState};
 

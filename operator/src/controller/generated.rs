@@ -12,8 +12,8 @@ use tokio::sync::watch;
 
 use super::writes::apply_body;
 use super::{ControllerContext, FIELD_MANAGER, ReconcileError};
-use crate::lease::Leadership;
-use crate::reconcile::fenced;
+use crate::runtime::lease::Leadership;
+use crate::runtime::reconcile::fenced;
 
 /// How long generated objects outlive the webhook write that took their Policy back: the API
 /// server's webhook cache follows a configuration write within a moment.

@@ -24,7 +24,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::error_chain::chain;
+use crate::runtime::error_chain::chain;
 
 use super::generated::{LEAVE_GRACE, apply, delete, holds};
 use super::in_process_mutating::{MutatingCaches, MutatingMemory};
@@ -35,8 +35,8 @@ use super::wiring::mutating_policy::MUTATING_GENERATED_LABEL;
 use super::wiring::placement::Served;
 use super::wiring::probe::{PROBE_LABEL, probe, probe_message};
 use super::{ControllerContext, ReconcileError, Refusal, SpecVersion};
-use crate::lease::Leadership;
-use crate::reconcile::reflect;
+use crate::runtime::lease::Leadership;
+use crate::runtime::reconcile::reflect;
 use gatehouse_api::v1alpha1::{EnforcementPoint, Policy};
 
 /// How long the probe may take to be enforced before the pass fails (and backs off).

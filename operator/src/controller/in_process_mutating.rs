@@ -30,7 +30,7 @@ use super::wiring::probe::{MUTATING_PROBE_ANNOTATION, PROBE_LABEL, mutating_prob
 use super::wiring::schema_fit::SchemaFit;
 use super::writes::{dry_run, search_failed};
 use super::{ControllerContext, ReconcileError, Refusal, SpecVersion};
-use crate::lease::Leadership;
+use crate::runtime::lease::Leadership;
 use gatehouse_api::v1alpha1::Policy;
 
 const PROBE_TIMEOUT: Duration = Duration::from_secs(20);

@@ -35,9 +35,9 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::admin::Readiness;
-use crate::lease::Leadership;
-use crate::reconcile::{
+use crate::runtime::admin::Readiness;
+use crate::runtime::lease::Leadership;
+use crate::runtime::reconcile::{
     Failure, Next, NotLeading, Pacing, ReconcileMetrics, Term, Window, fenced, reflect, run_loop,
 };
 use crate::webhook::PolicyStore;
@@ -51,7 +51,7 @@ use wiring::placement::Served;
 use wiring::{CONFIGURATION_NAME, Wiring};
 use writes::*;
 
-pub use crate::reconcile::FIELD_MANAGER;
+pub use crate::runtime::reconcile::FIELD_MANAGER;
 
 /// Every configuration write costs the API server a webhook-informer update: a burst of Policy
 /// changes is worth collecting into one (200 Policies: one write, see the e2e test).

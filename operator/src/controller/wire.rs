@@ -18,8 +18,8 @@ use super::wiring::{self, Wiring};
 use super::writes::*;
 use super::{Applied, ControllerContext, PolicyCaches, ReconcileError, Refusal, SpecVersion};
 use super::{in_process, in_process_mutating};
-use crate::error_chain::chain;
-use crate::lease::Leadership;
+use crate::runtime::error_chain::chain;
+use crate::runtime::lease::Leadership;
 use gatehouse_api::v1alpha1::Policy;
 
 /// The valid Policies the webhook enforces: placed there, or placed in-process and not yet

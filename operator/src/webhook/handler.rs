@@ -83,9 +83,9 @@ impl<'a> Route<'a> {
     }
 }
 
-/// The webhook port's [`Handler`](crate::serve::Handler): [`handle`] over `state`. `gatehouse run`,
+/// The webhook port's [`Handler`](crate::runtime::serve::Handler): [`handle`] over `state`. `gatehouse run`,
 /// the server tests and the benchmark server all serve this one.
-pub fn handler(state: Arc<WebhookState>) -> crate::serve::Handler {
+pub fn handler(state: Arc<WebhookState>) -> crate::runtime::serve::Handler {
     Arc::new(move |req| {
         let state = state.clone();
         Box::pin(async move { handle(state, req).await })
@@ -378,7 +378,7 @@ async fn too_large(body: &mut Incoming) -> Response<Full<Bytes>> {
 }
 
 fn json(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
-    crate::serve::response(status, body, "application/json")
+    crate::runtime::serve::response(status, body, "application/json")
 }
 
 /// Errors are JSON too, so that the API server's log shows the reason verbatim.

@@ -9,7 +9,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::telemetry::{HistogramFamily, latency_histogram};
+use crate::runtime::telemetry::{HistogramFamily, latency_histogram};
 use gatehouse_engine::Phase;
 use gatehouse_engine::chain::Evaluated;
 
@@ -139,7 +139,7 @@ pub struct MemberMeters {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::telemetry::encode;
+    use crate::runtime::telemetry::encode;
 
     #[test]
     fn admission_and_policy_families_are_prefixed() {

@@ -8,7 +8,7 @@
 //!   each evaluation with the sizes the request actually holds. Past it the expression is not
 //!   run; it fails like any run-time error and the Policy's failurePolicy decides.
 //! * *Isolation*: the admin port (`/readyz`, `/livez`, `/metrics`) and the webhook port's accept
-//!   loop run on threads and runtimes of their own ([`crate::serve::on_own_thread`]); accepted connections are
+//!   loop run on threads and runtimes of their own ([`crate::runtime::serve::on_own_thread`]); accepted connections are
 //!   handed to the main runtime's workers. A review for an entry with a heavy Policy (an expression
 //!   estimated over [`gatehouse_cel::cost::HEAVY`] at the assumed collection size) is evaluated
 //!   on the blocking pool, taking turns on half the CPUs, never on the async workers that

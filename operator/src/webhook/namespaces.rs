@@ -9,7 +9,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::Notify;
 
-use crate::reconcile::reflect;
+use crate::runtime::reconcile::reflect;
 
 /// Why the labels of a Namespace that does not exist are unknown.
 pub const NO_SUCH_NAMESPACE: &str = "no such Namespace";

@@ -46,9 +46,9 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::allocator::{Allocator, MAX_POOL_NAME_LEN, Pool, allocation_name, overlaps};
 use super::index::{Held, Index};
 use super::network::PoolNetwork;
-use crate::error_chain::chain;
-use crate::lease::Leadership;
-use crate::reconcile::{
+use crate::runtime::error_chain::chain;
+use crate::runtime::lease::Leadership;
+use crate::runtime::reconcile::{
     FIELD_MANAGER, Failure, Next, NotLeading, Pacing, ReconcileMetrics, Term, Window, fenced,
     reflect, run_loop, watch_events,
 };

@@ -47,7 +47,7 @@ impl TlsMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::telemetry::{encode, registry};
+    use crate::runtime::telemetry::{encode, registry};
 
     #[test]
     fn expiries_are_exported_per_certificate() {

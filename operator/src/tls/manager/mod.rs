@@ -39,8 +39,8 @@ use super::rotation::{
     KEY_NEXT_CA_KEY, KEY_PREVIOUS_CA_CERT, KEY_PREVIOUS_RETIRED_AT, KEY_ROTATION_STARTED_AT,
     KEY_TLS_CERT, KEY_TLS_KEY, SecretPlan, TlsMaterial, TlsState,
 };
-use crate::admin::Readiness;
-use crate::error_chain::chain;
+use crate::runtime::admin::Readiness;
+use crate::runtime::error_chain::chain;
 
 mod metrics;
 mod secret;

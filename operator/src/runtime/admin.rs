@@ -37,8 +37,8 @@ pub struct AdminState {
     pub registry: Arc<Registry>,
 }
 
-/// The admin port's [`Handler`](crate::serve::Handler): [`handle`] over `state`.
-pub fn handler(state: Arc<AdminState>) -> crate::serve::Handler {
+/// The admin port's [`Handler`](crate::runtime::serve::Handler): [`handle`] over `state`.
+pub fn handler(state: Arc<AdminState>) -> crate::runtime::serve::Handler {
     Arc::new(move |req| {
         let resp = handle(&state, &req);
         Box::pin(async move { resp })
@@ -60,7 +60,7 @@ pub fn handle<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> 
                 )
             }
         }
-        "/metrics" => match crate::telemetry::encode(&state.registry) {
+        "/metrics" => match crate::runtime::telemetry::encode(&state.registry) {
             Ok(body) => text(
                 StatusCode::OK,
                 body,
@@ -81,7 +81,7 @@ pub fn handle<B>(state: &AdminState, req: &Request<B>) -> Response<Full<Bytes>> 
 }
 
 fn text(status: StatusCode, body: String, content_type: &'static str) -> Response<Full<Bytes>> {
-    crate::serve::response(status, body, content_type)
+    crate::runtime::serve::response(status, body, content_type)
 }
 
 #[cfg(test)]
@@ -98,7 +98,7 @@ mod tests {
     fn readyz_follows_caches_and_certificate() {
         let state = AdminState {
             readiness: Arc::new(Readiness::default()),
-            registry: Arc::new(crate::telemetry::registry()),
+            registry: Arc::new(crate::runtime::telemetry::registry()),
         };
         assert_eq!(status_of(&state, "/livez"), StatusCode::OK);
         let readyz = || status_of(&state, "/readyz");

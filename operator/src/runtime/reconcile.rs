@@ -1,7 +1,7 @@
 //! What the reconcile loops (the Policy controller and the effects loop) share: one loop
 //! ([`run_loop`]) with coalescing of bursts and kube's backoff for failing passes, reflectors
 //! that poke its trigger, one field manager, and writes fenced by the leader's term
-//! ([`crate::lease`]).
+//! ([`crate::runtime::lease`]).
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,14 +17,14 @@ use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::error_chain::chain;
-use crate::lease::Leadership;
+use crate::runtime::error_chain::chain;
+use crate::runtime::lease::Leadership;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
-use crate::telemetry::{HistogramFamily, latency_histogram};
+use crate::runtime::telemetry::{HistogramFamily, latency_histogram};
 
 /// Labels of a reconcile loop.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -488,7 +488,7 @@ mod tests {
     async fn a_failing_pass_backs_off_and_a_pass_asked_for_runs_at_once() {
         let (tx, mut rx) = watch::channel(term(true));
         let trigger = Notify::new();
-        let mut registry = crate::telemetry::registry();
+        let mut registry = crate::runtime::telemetry::registry();
         let metrics = ReconcileMetrics::register(&mut registry);
         let pacing = Pacing {
             window: WINDOW,
@@ -516,7 +516,7 @@ mod tests {
             "the asked-for pass waited: {gaps:?}"
         );
         assert!(gaps[5] >= Duration::from_secs(3600), "{gaps:?}");
-        let text = crate::telemetry::encode(&registry).expect("metrics encode");
+        let text = crate::runtime::telemetry::encode(&registry).expect("metrics encode");
         assert!(
             text.contains(
                 r#"gatehouse_reconcile_failures_total{controller="test",error="Refused"} 4"#
@@ -529,7 +529,7 @@ mod tests {
     async fn a_pass_is_told_when_a_term_began() {
         let (tx, mut rx) = watch::channel(term(true));
         let trigger = std::sync::Arc::new(Notify::new());
-        let metrics = ReconcileMetrics::register(&mut crate::telemetry::registry());
+        let metrics = ReconcileMetrics::register(&mut crate::runtime::telemetry::registry());
         let pacing = Pacing {
             window: WINDOW,
             resync: Duration::from_secs(3600),
