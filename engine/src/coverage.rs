@@ -464,5 +464,4 @@ fn resource_contains(outer: &str, inner: &str) -> bool {
 }
 
 #[cfg(test)]
-#[path = "coverage_tests.rs"]
 mod tests;

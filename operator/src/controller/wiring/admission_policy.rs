@@ -255,5 +255,4 @@ pub fn type_check_warnings(stored: &ValidatingAdmissionPolicy) -> Option<String>
 }
 
 #[cfg(test)]
-#[path = "admission_policy_tests.rs"]
 mod tests;

@@ -107,5 +107,4 @@ fn generated_policies<'p>(placements: &[(&'p Policy, Placement)]) -> Vec<Generat
 }
 
 #[cfg(test)]
-#[path = "in_process_cap_tests.rs"]
 mod tests;

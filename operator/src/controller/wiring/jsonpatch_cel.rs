@@ -389,5 +389,4 @@ pub fn mutation_expression(mutation: &Mutation, ignore: bool) -> Result<Option<S
 }
 
 #[cfg(test)]
-#[path = "jsonpatch_cel_tests.rs"]
 mod tests;

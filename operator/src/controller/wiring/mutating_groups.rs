@@ -124,5 +124,4 @@ pub(super) fn past_crossover(
 }
 
 #[cfg(test)]
-#[path = "mutating_groups_tests.rs"]
 mod tests;

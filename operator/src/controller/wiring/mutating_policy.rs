@@ -615,5 +615,4 @@ fn dedup(mut values: Vec<String>) -> Vec<String> {
 }
 
 #[cfg(test)]
-#[path = "mutating_policy_tests.rs"]
 pub(super) mod tests;

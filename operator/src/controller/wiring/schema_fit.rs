@@ -348,5 +348,4 @@ impl Walk<'_, '_> {
 }
 
 #[cfg(test)]
-#[path = "schema_fit_tests.rs"]
 mod tests;
