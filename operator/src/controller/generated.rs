@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
 use super::writes::apply_body;
-use super::{ControllerContext, FIELD_MANAGER, ReconcileError};
+use super::{ControllerContext, FIELD_MANAGER, WriteError};
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::fenced;
 
@@ -61,7 +61,7 @@ pub async fn apply<K>(
     ctx: &ControllerContext,
     desired: &K,
     leader: &watch::Receiver<Leadership>,
-) -> Result<Result<(), String>, ReconcileError>
+) -> Result<Result<(), String>, WriteError>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
@@ -79,7 +79,7 @@ where
     match written {
         Ok(_) => Ok(Ok(())),
         Err(kube::Error::Api(e)) if e.code == 422 => Ok(Err(e.message)),
-        Err(source) => Err(ReconcileError::ApplyConfiguration { kind, name, source }),
+        Err(source) => Err(WriteError::ApplyConfiguration { kind, name, source }),
     }
 }
 
@@ -88,7 +88,7 @@ pub async fn delete<K>(
     ctx: &ControllerContext,
     name: &str,
     leader: &watch::Receiver<Leadership>,
-) -> Result<(), ReconcileError>
+) -> Result<(), WriteError>
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
@@ -103,7 +103,7 @@ where
     match deleted {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(source) => Err(ReconcileError::ApplyConfiguration {
+        Err(source) => Err(WriteError::ApplyConfiguration {
             kind,
             name: name.to_string(),
             source,

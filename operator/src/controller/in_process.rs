@@ -18,7 +18,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::PostParams;
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
+use kube::runtime::watcher::{self, DefaultBackoff};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
@@ -34,7 +34,7 @@ use super::wiring::admission_policy::{self, InProcess, POLICY_ANNOTATION, Placem
 use super::wiring::mutating_policy::MUTATING_GENERATED_LABEL;
 use super::wiring::placement::Served;
 use super::wiring::probe::{PROBE_LABEL, probe, probe_message};
-use super::{ControllerContext, ReconcileError, Refusal, SpecVersion};
+use super::{ControllerContext, Refusal, SpecVersion, WriteError};
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::reflect;
 use gatehouse_api::v1alpha1::{EnforcementPoint, Policy};
@@ -129,7 +129,7 @@ pub struct GeneratedCaches {
 }
 
 /// Watches of the generated ValidatingAdmissionPolicies and bindings, when the API server serves
-/// them (asked until it answers).
+/// them (asked until it answers, backing off as the reconcile loop does).
 pub async fn watch(
     client: &Client,
     trigger: &Arc<Notify>,
@@ -137,13 +137,14 @@ pub async fn watch(
     Option<GeneratedCaches>,
     futures::future::BoxFuture<'static, ()>,
 ) {
+    let mut backoff = DefaultBackoff::default();
     let served = loop {
         match admission_policies_served(client).await {
             Ok(served) => break served,
             Err(e) => {
-                let e = ReconcileError::Discover { source: e };
-                warn!(error = %chain(&e), "retrying in 2s");
-                tokio::time::sleep(Duration::from_secs(2)).await;
+                let retry_in = backoff.next().unwrap_or(Duration::from_secs(30));
+                warn!(error = %chain(&e), ?retry_in, "asking the API server whether it serves ValidatingAdmissionPolicy failed");
+                tokio::time::sleep(retry_in).await;
             }
         }
     };
@@ -229,7 +230,7 @@ pub async fn enforce(
     leader: &watch::Receiver<Leadership>,
     memory: &mut InProcessMemory,
     rejected: &mut HashMap<String, Refusal>,
-) -> Result<(), ReconcileError> {
+) -> Result<(), WriteError> {
     let mut to_confirm = Vec::new();
     for (p, placement) in placements {
         let Placement::InProcess(objects) = placement else {
@@ -298,7 +299,7 @@ pub async fn remove_stale(
     rejected: &HashMap<String, Refusal>,
     leader: &watch::Receiver<Leadership>,
     memory: &mut InProcessMemory,
-) -> Result<Option<Instant>, ReconcileError> {
+) -> Result<Option<Instant>, WriteError> {
     let keep: HashMap<String, String> = placements
         .iter()
         .filter(|(p, _)| !rejected.contains_key(&p.name_any()))
@@ -369,7 +370,7 @@ async fn confirm_enforced(
     ctx: &ControllerContext,
     wiring: &Wiring,
     leader: &watch::Receiver<Leadership>,
-) -> Result<(), ReconcileError> {
+) -> Result<(), WriteError> {
     let token = format!(
         "gatehouse-probe-{:x}",
         std::time::SystemTime::now()
@@ -383,7 +384,7 @@ async fn confirm_enforced(
         apply(ctx, &probe.binding, leader).await?,
     ] {
         if let Err(reason) = refused {
-            return Err(ReconcileError::Probe { reason });
+            return Err(WriteError::Probe { reason });
         }
     }
     let lease = Lease {
@@ -406,12 +407,12 @@ async fn confirm_enforced(
             Err(kube::Error::Api(e)) if e.message.contains(&expected) => return Ok(()),
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code < 500 && e.code != 429 => {
-                return Err(ReconcileError::Probe { reason: e.message });
+                return Err(WriteError::Probe { reason: e.message });
             }
             Err(_) => {}
         }
         if Instant::now() >= deadline {
-            return Err(ReconcileError::Probe {
+            return Err(WriteError::Probe {
                 reason: format!(
                     "the API server did not enforce the probe within {}s",
                     PROBE_TIMEOUT.as_secs()

@@ -29,7 +29,7 @@ use super::wiring::mutating_policy::{InProcessMutation, MEMBERS_ANNOTATION, plac
 use super::wiring::probe::{MUTATING_PROBE_ANNOTATION, PROBE_LABEL, mutating_probe};
 use super::wiring::schema_fit::SchemaFit;
 use super::writes::{dry_run, search_failed};
-use super::{ControllerContext, ReconcileError, Refusal, SpecVersion};
+use super::{ControllerContext, Refusal, SpecVersion, WriteError};
 use crate::runtime::lease::Leadership;
 use gatehouse_api::v1alpha1::Policy;
 
@@ -99,7 +99,7 @@ pub async fn enforce(
     leader: &watch::Receiver<Leadership>,
     memory: &mut MutatingMemory,
     rejected: &mut HashMap<String, Refusal>,
-) -> Result<Option<Instant>, ReconcileError> {
+) -> Result<Option<Instant>, WriteError> {
     let stored: Vec<Arc<MutatingAdmissionPolicy>> = caches.policies.state();
     if let Some(wake) = leaving_grace(&stored, placements, memory) {
         return Ok(Some(wake));
@@ -213,7 +213,7 @@ async fn remove_stale(
     desired: &[InProcessMutation],
     leader: &watch::Receiver<Leadership>,
     memory: &mut MutatingMemory,
-) -> Result<(), ReconcileError> {
+) -> Result<(), WriteError> {
     let wanted = |name: &str| desired.iter().any(|d| d.name() == name);
     let mut stale: Vec<String> = caches
         .policies
@@ -243,7 +243,7 @@ async fn blame(
     placements: &[(&Policy, Placement)],
     schema_fit: &HashMap<String, SchemaFit>,
     rejected: &mut HashMap<String, Refusal>,
-) -> Result<(), ReconcileError> {
+) -> Result<(), WriteError> {
     let members: Vec<&Policy> = placements
         .iter()
         .map(|(p, _)| *p)
@@ -284,7 +284,7 @@ async fn confirm_enforced(
     ctx: &ControllerContext,
     wiring: &Wiring,
     leader: &watch::Receiver<Leadership>,
-) -> Result<(), ReconcileError> {
+) -> Result<(), WriteError> {
     let token = format!(
         "gatehouse-probe-mutating-{:x}",
         std::time::SystemTime::now()
@@ -298,7 +298,7 @@ async fn confirm_enforced(
         apply(ctx, &probe.binding, leader).await?,
     ] {
         if let Err(reason) = refused {
-            return Err(ReconcileError::Probe { reason });
+            return Err(WriteError::Probe { reason });
         }
     }
     let lease = Lease {
@@ -322,12 +322,12 @@ async fn confirm_enforced(
             }
             Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code < 500 && e.code != 429 => {
-                return Err(ReconcileError::Probe { reason: e.message });
+                return Err(WriteError::Probe { reason: e.message });
             }
             Err(_) => {}
         }
         if Instant::now() >= deadline {
-            return Err(ReconcileError::Probe {
+            return Err(WriteError::Probe {
                 reason: format!(
                     "the API server did not run the mutating probe within {}s",
                     PROBE_TIMEOUT.as_secs()

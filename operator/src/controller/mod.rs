@@ -1,55 +1,43 @@
 //! The Policy controller: fetch → validate (pure) → build desired configurations (pure) →
 //! server-side apply → status. One coalescing loop owns both webhook configurations, so a burst
 //! of Policy changes costs a handful of writes, not one per Policy.
+mod configurations;
 mod generated;
 mod in_process;
 mod in_process_mutating;
 pub mod isolate;
+mod pass;
 mod schemas;
 pub mod status;
-#[cfg(test)]
-mod tests;
-mod wire;
 pub mod wiring;
 mod writes;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::Client;
+use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
-use kube::{Api, Client, Resource, ResourceExt};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, info, info_span};
 
 use crate::runtime::admin::Readiness;
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::{
-    Failure, Next, NotLeading, Pacing, ReconcileMetrics, Term, Window, fenced, reflect, run_loop,
+    Failure, Next, NotLeading, Pacing, ReconcileMetrics, Term, Window, reflect, run_loop,
 };
 use crate::webhook::PolicyStore;
 use gatehouse_api::v1alpha1::{IPPool, Policy};
-use gatehouse_engine as engine;
 use in_process::{GeneratedCaches, InProcessMemory};
-use isolate::{DryRun, SearchError};
-use status::Verdict;
-use wire::{Decided, owned_wiring, wire};
-use wiring::placement::Served;
 use wiring::{CONFIGURATION_NAME, Wiring};
-use writes::*;
 
 pub use crate::runtime::reconcile::FIELD_MANAGER;
 
@@ -62,9 +50,39 @@ const COALESCE: Window = Window {
 /// Level-triggered safety net in case a watch event was missed.
 const RESYNC: Duration = Duration::from_secs(60);
 
-/// Errors of one reconcile pass.
+/// A pass's failure, by the step of [`pass`] that failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
+    #[error("checking the Policies' match conditions with the API server")]
+    Check(#[source] WriteError),
+    #[error("enforcing Policies in-process")]
+    EnforceInProcess(#[source] WriteError),
+    #[error("writing the webhook configurations")]
+    WriteConfigurations(#[source] WriteError),
+    #[error("removing generated objects no Policy stands for")]
+    RemoveStale(#[source] WriteError),
+    #[error("writing the Policies' statuses")]
+    WriteStatuses(#[source] WriteError),
+    #[error("not leading any more: {what} not written")]
+    NotLeading { what: String },
+}
+
+impl Failure for ReconcileError {
+    fn step(&self) -> &'static str {
+        match self {
+            ReconcileError::Check(_) => "Check",
+            ReconcileError::EnforceInProcess(_) => "EnforceInProcess",
+            ReconcileError::WriteConfigurations(_) => "WriteConfigurations",
+            ReconcileError::RemoveStale(_) => "RemoveStale",
+            ReconcileError::WriteStatuses(_) => "WriteStatuses",
+            ReconcileError::NotLeading { .. } => "NotLeading",
+        }
+    }
+}
+
+/// What failed inside a step: one call to the API server, or what it answered.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
     #[error("applying {kind}/{name}")]
     ApplyConfiguration {
         kind: String,
@@ -90,28 +108,11 @@ pub enum ReconcileError {
     NotLeading { what: String },
     #[error("confirming that the API server enforces the generated admission policies: {reason}")]
     Probe { reason: String },
-    #[error("asking the API server whether it serves ValidatingAdmissionPolicy")]
-    Discover { source: kube::Error },
 }
 
-impl Failure for ReconcileError {
-    fn step(&self) -> &'static str {
-        match self {
-            ReconcileError::ApplyConfiguration { .. } => "ApplyConfiguration",
-            ReconcileError::DryRunConfiguration { .. } => "DryRunConfiguration",
-            ReconcileError::RefusedWithoutPolicies { .. } => "RefusedWithoutPolicies",
-            ReconcileError::WriteStatus { .. } => "WriteStatus",
-            ReconcileError::Serialize { .. } => "Serialize",
-            ReconcileError::NotLeading { .. } => "NotLeading",
-            ReconcileError::Probe { .. } => "Probe",
-            ReconcileError::Discover { .. } => "Discover",
-        }
-    }
-}
-
-impl From<NotLeading> for ReconcileError {
+impl From<NotLeading> for WriteError {
     fn from(e: NotLeading) -> Self {
-        ReconcileError::NotLeading { what: e.what }
+        WriteError::NotLeading { what: e.what }
     }
 }
 
@@ -225,40 +226,48 @@ struct PolicyCaches {
 pub async fn run(
     ctx: Arc<ControllerContext>,
     mut ca_bundle: watch::Receiver<Option<String>>,
-    mut leader: watch::Receiver<Leadership>,
+    leader: watch::Receiver<Leadership>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
     let trigger = Arc::new(Notify::new());
-    let (policies, policy_watch) = reflect::<Policy>(
-        ctx.client.clone(),
-        watcher::Config::default(),
-        trigger.clone(),
-    );
-    let by_name = watcher::Config::default().fields(&format!("metadata.name={CONFIGURATION_NAME}"));
-    let (mutating, mutating_watch) = reflect::<MutatingWebhookConfiguration>(
-        ctx.client.clone(),
-        by_name.clone(),
-        trigger.clone(),
-    );
-    let (validating, validating_watch) =
-        reflect::<ValidatingWebhookConfiguration>(ctx.client.clone(), by_name, trigger.clone());
-    let (pools, pools_watch) = reflect::<IPPool>(
-        ctx.client.clone(),
-        watcher::Config::default(),
-        trigger.clone(),
-    );
-    let (generated, generated_watch) = tokio::select! {
-        watched = in_process::watch(&ctx.client, &trigger) => watched,
+    let Watched { caches, watches } = tokio::select! {
+        watched = watch_all(&ctx.client, &trigger) => watched,
         () = &mut shutdown => return,
     };
-    let caches = PolicyCaches {
-        policies,
-        mutating,
-        validating,
-        pools,
-        generated,
+    let work = async {
+        caches.synced().await;
+        if ca_bundle.wait_for(|b| b.is_some()).await.is_err() {
+            return;
+        }
+        info!("caches synced and certificate known; reconciling");
+        reconcile_loop(&ctx, &caches, ca_bundle, leader, &trigger).await;
     };
+    tokio::select! {
+        () = work => {}
+        () = &mut shutdown => {}
+    }
+    watches.abort();
+}
+
+/// The caches of a pass with the task that keeps them current.
+struct Watched {
+    caches: PolicyCaches,
+    watches: tokio::task::JoinHandle<()>,
+}
+
+/// Starts the watches a pass reads, each change notifying `trigger`; the generated admission
+/// policies' ones once the API server said whether it serves them.
+async fn watch_all(client: &Client, trigger: &Arc<Notify>) -> Watched {
+    let every = watcher::Config::default;
+    let (policies, policy_watch) = reflect::<Policy>(client.clone(), every(), trigger.clone());
+    let by_name = every().fields(&format!("metadata.name={CONFIGURATION_NAME}"));
+    let (mutating, mutating_watch) =
+        reflect::<MutatingWebhookConfiguration>(client.clone(), by_name.clone(), trigger.clone());
+    let (validating, validating_watch) =
+        reflect::<ValidatingWebhookConfiguration>(client.clone(), by_name, trigger.clone());
+    let (pools, pools_watch) = reflect::<IPPool>(client.clone(), every(), trigger.clone());
+    let (generated, generated_watch) = in_process::watch(client, trigger).await;
     let watches = tokio::spawn(async move {
         tokio::join!(
             policy_watch,
@@ -268,273 +277,90 @@ pub async fn run(
             generated_watch
         );
     });
-
-    let work = async {
-        let synced = async {
-            let _ = tokio::join!(
-                caches.policies.wait_until_ready(),
-                caches.mutating.wait_until_ready(),
-                caches.validating.wait_until_ready(),
-                caches.pools.wait_until_ready(),
-                async {
-                    if let Some(g) = &caches.generated {
-                        let _ = tokio::join!(
-                            g.policies.wait_until_ready(),
-                            g.bindings.wait_until_ready()
-                        );
-                    }
-                }
-            );
-        };
-        synced.await;
-        let bundle_known = ca_bundle.wait_for(|b| b.is_some()).await.is_ok();
-        if !bundle_known {
-            return;
-        }
-        info!("caches synced and certificate known; reconciling");
-
-        let ca_bundle_now = ca_bundle.clone();
-        // A new bundle is a change like any other: it reaches the loop through the trigger.
-        let bundle_changes = async {
-            while ca_bundle.changed().await.is_ok() {
-                trigger.notify_one();
-            }
-        };
-        let leader_view = leader.clone();
-        let mut applied = Applied::default();
-        let pacing = Pacing {
-            window: COALESCE,
-            resync: RESYNC,
-        };
-        let passes = run_loop(
-            "policy",
-            &ctx.loops,
-            &trigger,
-            &mut leader,
-            pacing,
-            async |term| {
-                // A new term must not trust what an earlier one remembered.
-                if term != Term::Continuing {
-                    applied = Applied::default();
-                }
-                let bundle = ca_bundle_now.borrow().clone().unwrap_or_default();
-                let leading = term.is_leading();
-                let result =
-                    reconcile_all(&ctx, &caches, &bundle, leading, &leader_view, &mut applied)
-                        .instrument(info_span!("reconcile", controller = "policy"))
-                        .await;
-                match result {
-                    Err(ReconcileError::NotLeading { what }) => {
-                        info!(%what, "leadership ended during the pass; stopped writing");
-                        Ok(Next::Resync)
-                    }
-                    other => other,
-                }
-            },
-        );
-        tokio::select! {
-            () = passes => {}
-            () = bundle_changes => {}
-        }
-    };
-    tokio::select! {
-        () = work => {}
-        () = &mut shutdown => {}
+    Watched {
+        caches: PolicyCaches {
+            policies,
+            mutating,
+            validating,
+            pools,
+            generated,
+        },
+        watches,
     }
-    watches.abort();
 }
 
-async fn reconcile_all(
+impl PolicyCaches {
+    /// Waits until every cache holds its first list.
+    async fn synced(&self) {
+        let _ = tokio::join!(
+            self.policies.wait_until_ready(),
+            self.mutating.wait_until_ready(),
+            self.validating.wait_until_ready(),
+            self.pools.wait_until_ready(),
+            async {
+                if let Some(g) = &self.generated {
+                    let _ =
+                        tokio::join!(g.policies.wait_until_ready(), g.bindings.wait_until_ready());
+                }
+            }
+        );
+    }
+}
+
+/// The Policy controller's passes on the one reconcile loop, until the leader's channel closes.
+async fn reconcile_loop(
     ctx: &ControllerContext,
     caches: &PolicyCaches,
-    bundle: &str,
-    leading: bool,
-    leader: &watch::Receiver<Leadership>,
-    applied: &mut Applied,
-) -> Result<Next, ReconcileError> {
-    let all = caches.policies.state();
-    let pool_exists = |name: &str| {
-        caches
-            .pools
-            .get(&kube::runtime::reflector::ObjectRef::new(name))
-            .is_some()
-    };
-    let Judged { valid, verdicts } =
-        judge(&all, |policy| serve(&ctx.policies, policy), pool_exists);
-    // Whoever leads: a Policy the API server enforces (its status says so, for its current
-    // spec) is never evaluated by this replica's webhook server too.
-    ctx.policies.set_in_process(
-        valid
-            .iter()
-            .filter(|p| in_process::enforced_in_process(p))
-            .map(|p| p.name_any())
-            .collect(),
-    );
-    ctx.readiness.policies_loaded.store(true, Ordering::Release);
-
-    // Writes are fenced by `leader`'s term; `leading` is what this pass was told.
-    let wiring = if leading {
-        Some(owned_wiring(ctx, applied).await)
-    } else {
-        None
-    };
-    // A Policy the API server refused runs nowhere, so it neither holds a place in the
-    // in-process mutation order nor blocks one; a new spec of it is tried again.
-    applied.rejected.retain(|name, refusal| {
-        valid
-            .iter()
-            .any(|p| p.name_any() == *name && SpecVersion::of(p) == refusal.spec)
-    });
-    let placeable: Vec<&Policy> = valid
-        .iter()
-        .map(|p| p.as_ref())
-        .filter(|p| !applied.rejected.contains_key(&p.name_any()))
-        .collect();
-    let served = Served {
-        validating: caches.generated.is_some(),
-        mutating: caches
-            .generated
-            .as_ref()
-            .is_some_and(|g| g.mutating.is_some()),
-    };
-    let schema_fit = if wiring.is_some() && served.mutating {
-        schemas::judge(&ctx.client, &placeable, &mut applied.schemas).await
-    } else {
-        HashMap::new()
-    };
-    let (placements, generated_mutation) = match &wiring {
-        Some(wiring) => wiring::placement::place_all(&placeable, wiring, served, &schema_fit),
-        None => (Vec::new(), Vec::new()),
-    };
-    let wired = match &wiring {
-        Some(wiring) => {
-            let decided = Decided {
-                valid: &valid,
-                placements: &placements,
-                generated_mutation: &generated_mutation,
-                schema_fit: &schema_fit,
-                wiring,
-                bundle,
-            };
-            wire(ctx, caches, &decided, leader, applied).await
+    mut ca_bundle: watch::Receiver<Option<String>>,
+    mut leader: watch::Receiver<Leadership>,
+    trigger: &Notify,
+) {
+    let ca_bundle_now = ca_bundle.clone();
+    // A new bundle is a change like any other: it reaches the loop through the trigger.
+    let bundle_changes = async {
+        while ca_bundle.changed().await.is_ok() {
+            trigger.notify_one();
         }
-        None => Ok(None),
     };
-
-    // Entries the API server may still call, as read back: never a 404 for those, whoever
-    // leads. Anything else no longer valid may be forgotten once its grace is over.
-    ctx.policies.set_wired(wiring::wired_groups(
-        caches.mutating.state().iter().map(|c| c.as_ref()),
-        caches.validating.state().iter().map(|c| c.as_ref()),
-    ));
-    let keep: HashSet<String> = valid.iter().map(|p| p.name_any()).collect();
-    for name in ctx.policies.names() {
-        if !keep.contains(&name) {
-            ctx.policies.retire(&name);
-        }
-    }
-
-    if !leading {
-        return Ok(Next::Resync);
-    }
-    let now = Time(Timestamp::now());
-    let verdicts = in_process::verdicts(verdicts, &placements, &applied.in_process);
-    for (policy, verdict) in statuses(verdicts, &applied.rejected, wired.is_ok()) {
-        write_status(ctx, &policy, &verdict, now.clone(), leader).await?;
-    }
-    wired.map(|wake| wake.map_or(Next::Resync, Next::By))
-}
-
-/// What a pass decides of every Policy before any write.
-struct Judged {
-    /// The Policies to wire, compiled into the server's store.
-    valid: Vec<Arc<Policy>>,
-    /// Every Policy with its verdict, in order.
-    verdicts: Vec<(Arc<Policy>, Verdict)>,
-}
-
-/// Judges every Policy: `serve` compiles one into the server's store (or finds it there) or
-/// lists its problems, and an ipam effect needs its IPPool (`pool_exists`) to be wired, since
-/// wired it would hold every Pod it marks at its gate with no pool to serve them.
-fn judge(
-    all: &[Arc<Policy>],
-    mut serve: impl FnMut(&Policy) -> Result<(), Vec<String>>,
-    pool_exists: impl Fn(&str) -> bool,
-) -> Judged {
-    let mut judged = Judged {
-        valid: Vec::new(),
-        verdicts: Vec::with_capacity(all.len()),
+    let leader_view = leader.clone();
+    let mut applied = Applied::default();
+    let pacing = Pacing {
+        window: COALESCE,
+        resync: RESYNC,
     };
-    for policy in all {
-        let problems = match serve(policy) {
-            Ok(()) => missing_pools(policy, &pool_exists),
-            Err(problems) => problems,
-        };
-        let verdict = if problems.is_empty() {
-            judged.valid.push(policy.clone());
-            Verdict::Wired {
-                own_entry: engine::policy::needs_own_entry(&policy.spec),
-                // Said once the pass has placed it.
-                webhook_because: String::new(),
+    let passes = run_loop(
+        "policy",
+        &ctx.loops,
+        trigger,
+        &mut leader,
+        pacing,
+        async |term| {
+            // A new term must not trust what an earlier one remembered.
+            if term != Term::Continuing {
+                applied = Applied::default();
             }
-        } else {
-            Verdict::Invalid(problems)
-        };
-        judged.verdicts.push((policy.clone(), verdict));
+            let bundle = ca_bundle_now.borrow().clone().unwrap_or_default();
+            let input = pass::PassInput {
+                ctx,
+                caches,
+                bundle: &bundle,
+                leading: term.is_leading(),
+                leader: &leader_view,
+            };
+            let result = pass::reconcile_all(&input, &mut applied)
+                .instrument(info_span!("reconcile", controller = "policy"))
+                .await;
+            match result {
+                Err(ReconcileError::NotLeading { what }) => {
+                    info!(%what, "leadership ended during the pass; stopped writing");
+                    Ok(Next::Resync)
+                }
+                other => other,
+            }
+        },
+    );
+    tokio::select! {
+        () = passes => {}
+        () = bundle_changes => {}
     }
-    judged
-}
-
-/// Compiles `policy` into the server's store unless its spec is served already (the store is
-/// the cache: CEL is compiled once per spec, not once per pass), or lists its problems. A
-/// Policy is served before the API server is told about it.
-fn serve(store: &PolicyStore, policy: &Policy) -> Result<(), Vec<String>> {
-    let served = store
-        .get(&policy.name_any())
-        .is_some_and(|c| c.spec() == &policy.spec);
-    if served {
-        return Ok(());
-    }
-    match engine::compile(policy) {
-        Ok(compiled) => {
-            store.upsert(Arc::new(compiled));
-            Ok(())
-        }
-        Err(invalid) => Err(invalid.problems.iter().map(ToString::to_string).collect()),
-    }
-}
-
-/// The statuses a leader writes once the wiring is known: a Policy the API server refused says
-/// so with its message, and one is reported wired only once the configurations were written.
-fn statuses(
-    verdicts: Vec<(Arc<Policy>, Verdict)>,
-    rejected: &HashMap<String, Refusal>,
-    wired: bool,
-) -> Vec<(Arc<Policy>, Verdict)> {
-    verdicts
-        .into_iter()
-        .map(|(policy, verdict)| match rejected.get(&policy.name_any()) {
-            Some(refusal) => (policy, Verdict::Rejected(refusal.message.clone())),
-            None => (policy, verdict),
-        })
-        .filter(|(_, verdict)| wired || !matches!(verdict, Verdict::Wired { .. }))
-        .collect()
-}
-
-/// The ipam effects of `policy` whose IPPool does not exist, as problems.
-fn missing_pools(policy: &Policy, pool_exists: impl Fn(&str) -> bool) -> Vec<String> {
-    policy
-        .spec
-        .effects
-        .iter()
-        .enumerate()
-        .filter_map(|(i, e)| Some((i, e.ipam.as_ref()?)))
-        .filter(|(_, ipam)| !pool_exists(&ipam.pool))
-        .map(|(i, ipam)| {
-            format!(
-                "spec.effects[{i}].ipam.pool: IPPool {:?} does not exist; the Policy is not wired until it does",
-                ipam.pool
-            )
-        })
-        .collect()
 }

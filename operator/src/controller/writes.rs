@@ -1,6 +1,22 @@
 //! The writes of a pass: the configurations (applied, or dry-run to find a refused Policy) and
 //! the Policies' status.
-use super::*;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::Store;
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tracing::{debug, warn};
+
+use super::isolate::{DryRun, SearchError};
+use super::status::{self, Verdict};
+use super::wiring::{self, CONFIGURATION_NAME};
+use super::{Applied, ControllerContext, LastWrite, PolicyCaches, WriteError};
+use crate::runtime::lease::Leadership;
+use crate::runtime::reconcile::{FIELD_MANAGER, fenced};
+use gatehouse_api::v1alpha1::Policy;
 
 pub(super) async fn apply_both(
     ctx: &ControllerContext,
@@ -8,7 +24,7 @@ pub(super) async fn apply_both(
     desired: wiring::Desired,
     applied: &mut Applied,
     leader: &watch::Receiver<Leadership>,
-) -> Result<(), ReconcileError> {
+) -> Result<(), WriteError> {
     let Applied {
         mutating,
         validating,
@@ -29,7 +45,7 @@ pub(super) async fn apply_both(
 pub(super) async fn dry_run_both(
     ctx: &ControllerContext,
     desired: wiring::Desired,
-) -> Result<DryRun, ReconcileError> {
+) -> Result<DryRun, WriteError> {
     let mutating = dry_run(ctx, desired.mutating, CONFIGURATION_NAME).await?;
     if mutating != DryRun::Accepted {
         return Ok(mutating);
@@ -38,10 +54,10 @@ pub(super) async fn dry_run_both(
 }
 
 /// A search that blamed no Policy, as the pass's error.
-pub(super) fn search_failed(e: SearchError<ReconcileError>) -> ReconcileError {
+pub(super) fn search_failed(e: SearchError<WriteError>) -> WriteError {
     match e {
         SearchError::RefusedWithoutCandidates(reason) => {
-            ReconcileError::RefusedWithoutPolicies { reason }
+            WriteError::RefusedWithoutPolicies { reason }
         }
         SearchError::DryRun(e) => e,
     }
@@ -51,7 +67,7 @@ pub(super) async fn dry_run<K>(
     ctx: &ControllerContext,
     desired: K,
     name: &str,
-) -> Result<DryRun, ReconcileError>
+) -> Result<DryRun, WriteError>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
@@ -62,7 +78,7 @@ where
     match api.patch(name, &params, &Patch::Apply(&body)).await {
         Ok(_) => Ok(DryRun::Accepted),
         Err(kube::Error::Api(e)) if e.code == 422 => Ok(DryRun::Refused(e.message)),
-        Err(source) => Err(ReconcileError::DryRunConfiguration {
+        Err(source) => Err(WriteError::DryRunConfiguration {
             kind: kind.to_string(),
             name: name.to_string(),
             source,
@@ -75,11 +91,11 @@ where
 pub(super) fn apply_body<K>(
     desired: &K,
     resource_version: Option<&str>,
-) -> Result<serde_json::Value, ReconcileError>
+) -> Result<serde_json::Value, WriteError>
 where
     K: Resource<DynamicType = ()> + Serialize,
 {
-    let mut body = serde_json::to_value(desired).map_err(|source| ReconcileError::Serialize {
+    let mut body = serde_json::to_value(desired).map_err(|source| WriteError::Serialize {
         what: "webhook configuration",
         source,
     })?;
@@ -97,16 +113,15 @@ pub(super) async fn apply_if_changed<K>(
     desired: K,
     last: &mut Option<LastWrite>,
     leader: &watch::Receiver<Leadership>,
-) -> Result<(), ReconcileError>
+) -> Result<(), WriteError>
 where
     K: Resource<DynamicType = ()> + Clone + Serialize + DeserializeOwned + std::fmt::Debug,
 {
     let kind = K::kind(&());
-    let desired_json =
-        serde_json::to_value(&desired).map_err(|source| ReconcileError::Serialize {
-            what: "webhook configuration",
-            source,
-        })?;
+    let desired_json = serde_json::to_value(&desired).map_err(|source| WriteError::Serialize {
+        what: "webhook configuration",
+        source,
+    })?;
     let live_rv = live
         .state()
         .into_iter()
@@ -128,7 +143,7 @@ where
         api.patch(CONFIGURATION_NAME, &params, &Patch::Apply(&body)),
     )
     .await?
-    .map_err(|source| ReconcileError::ApplyConfiguration {
+    .map_err(|source| WriteError::ApplyConfiguration {
         kind: kind.to_string(),
         name: CONFIGURATION_NAME.to_string(),
         source,
@@ -149,7 +164,7 @@ pub(super) async fn write_status(
     outcome: &Verdict,
     now: Time,
     leader: &watch::Receiver<Leadership>,
-) -> Result<(), ReconcileError> {
+) -> Result<(), WriteError> {
     let Some(status) = status::desired_status(policy, outcome, now) else {
         return Ok(());
     };
@@ -171,7 +186,7 @@ pub(super) async fn write_status(
         Ok(_) => {}
         // Deleted or changed meanwhile: nothing to report on this version.
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(()),
-        Err(source) => return Err(ReconcileError::WriteStatus { name, source }),
+        Err(source) => return Err(WriteError::WriteStatus { name, source }),
     }
     let (reason, note) = match outcome {
         Verdict::Wired { .. } | Verdict::InProcess { .. } => return Ok(()),

@@ -38,7 +38,7 @@ fn a_pass_judges_every_policy_and_serves_only_the_valid_ones() {
         pooled("no-pool", "missing"),
     ];
     let store = PolicyStore::new();
-    let judged = judge(&all, |p| serve(&store, p), |pool| pool == "pods-v4");
+    let judged = judge_each(&all, |p| compile(&store, p), |pool| pool == "pods-v4");
     let names = |ps: &[Arc<Policy>]| ps.iter().map(|p| p.name_any()).collect::<Vec<_>>();
     assert_eq!(names(&judged.valid), ["good", "has-pool"]);
     assert_eq!(store.names().len(), 3, "the broken Policy is not served");
@@ -50,11 +50,11 @@ fn a_pass_judges_every_policy_and_serves_only_the_valid_ones() {
     assert!(problems("no-pool").contains("IPPool \"missing\" does not exist"));
     // A second pass finds the served spec in the store and compiles nothing.
     let mut compiled = 0;
-    judge(
+    judge_each(
         &all[..1],
         |p| {
             compiled += usize::from(store.get(&p.name_any()).is_none());
-            serve(&store, p)
+            compile(&store, p)
         },
         |_| true,
     );

@@ -1,25 +1,22 @@
-//! The leader's writes of one pass, in order: the API server's judgement of new match
-//! conditions, in-process enforcement moved in, both webhook configurations (leaving out the
-//! Policies the API server refuses), then generated objects no Policy stands for.
+//! The leader's writes of the webhook configurations: the API server's check of new match
+//! conditions (step 3 of the pass) and both configurations, leaving out the Policies the API
+//! server refuses (step 5).
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::{Api, Resource, ResourceExt};
-use tokio::sync::watch;
-use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use super::isolate::{self, Culprit, DryRun, Split};
+use super::pass::PassInput;
 use super::wiring::admission_policy::Placement;
 use super::wiring::mutating_policy::InProcessMutation;
 use super::wiring::schema_fit::SchemaFit;
 use super::wiring::{self, Wiring};
-use super::writes::*;
-use super::{Applied, ControllerContext, PolicyCaches, ReconcileError, Refusal, SpecVersion};
-use super::{in_process, in_process_mutating};
+use super::writes::{apply_both, dry_run, dry_run_both, search_failed};
+use super::{Applied, ControllerContext, Refusal, SpecVersion, WriteError};
 use crate::runtime::error_chain::chain;
-use crate::runtime::lease::Leadership;
 use gatehouse_api::v1alpha1::Policy;
 
 /// The valid Policies the webhook enforces: placed there, or placed in-process and not yet
@@ -38,75 +35,32 @@ fn on_webhook<'a>(placements: &[(&'a Policy, Placement)], applied: &Applied) -> 
         .collect()
 }
 
-/// What a leader's pass decided before its writes.
-pub(super) struct Decided<'a> {
-    /// The valid Policies.
-    pub valid: &'a [Arc<Policy>],
-    /// Where each of them runs (the ones the API server refused left out).
-    pub placements: &'a [(&'a Policy, Placement)],
+/// Where the valid Policies run, as the place step decided.
+pub(super) struct Placed<'a> {
+    /// Each valid Policy the API server had not refused, with where it runs.
+    pub placements: Vec<(&'a Policy, Placement)>,
     /// The MutatingAdmissionPolicies of the mutating Policies placed in-process.
-    pub generated_mutation: &'a [InProcessMutation],
+    pub generated_mutation: Vec<InProcessMutation>,
     /// Whether each mutating Policy's merges fit its kinds' schemas.
-    pub schema_fit: &'a HashMap<String, SchemaFit>,
-    /// The wiring, with its owner.
-    pub wiring: &'a Wiring,
-    /// The CA bundle the entries carry.
-    pub bundle: &'a str,
+    pub schema_fit: HashMap<String, SchemaFit>,
 }
 
-/// Moves Policies in-process (confirmed before the webhook lets go of them), writes both
-/// configurations from the Policies left on the webhook, leaving out the ones the API server
-/// refuses (found by bisecting with dry runs when a write is refused as invalid), then removes
-/// generated objects no Policy stands for. Returns when to look again, if sooner than a resync.
-pub(super) async fn wire(
-    ctx: &ControllerContext,
-    caches: &PolicyCaches,
-    decided: &Decided<'_>,
-    leader: &watch::Receiver<Leadership>,
+/// Step 5, write configurations: both configurations from the Policies left on the webhook,
+/// leaving out the ones the API server refuses (found by bisecting with dry runs when a write
+/// is refused as invalid; they join `applied.rejected`).
+pub(super) async fn write_configurations(
+    input: &PassInput<'_>,
+    placements: &[(&Policy, Placement)],
+    wiring: &Wiring,
     applied: &mut Applied,
-) -> Result<Option<Instant>, ReconcileError> {
-    let Decided {
-        valid,
-        placements,
-        generated_mutation,
-        schema_fit,
-        wiring,
+) -> Result<(), WriteError> {
+    let PassInput {
+        ctx,
+        caches,
         bundle,
-    } = decided;
-    let (valid, placements, wiring, bundle) = (*valid, *placements, *wiring, *bundle);
-    applied.rejected.retain(|name, refusal| {
-        valid
-            .iter()
-            .any(|p| p.name_any() == *name && SpecVersion::of(p) == refusal.spec)
-    });
-    check_conditions(ctx, wiring, valid, bundle, applied).await?;
-    if let Some(generated) = &caches.generated {
-        in_process::enforce(
-            ctx,
-            wiring,
-            generated,
-            placements,
-            leader,
-            &mut applied.in_process,
-            &mut applied.rejected,
-        )
-        .await?;
-    }
-    let mut mutating_wake = None;
-    if let Some(mutating) = caches.generated.as_ref().and_then(|g| g.mutating.as_ref()) {
-        mutating_wake = in_process_mutating::enforce(
-            ctx,
-            wiring,
-            mutating,
-            generated_mutation,
-            placements,
-            schema_fit,
-            leader,
-            &mut applied.in_process.mutating,
-            &mut applied.rejected,
-        )
-        .await?;
-    }
+        leader,
+        ..
+    } = *input;
     let candidates = on_webhook(placements, applied);
     let desired = wiring::desired(&candidates, wiring, bundle);
     let first = apply_both(ctx, caches, desired, applied, leader).await;
@@ -115,55 +69,40 @@ pub(super) async fn wire(
     if first.is_err() {
         applied.in_process.mutating.restart_grace();
     }
-    if matches!(&first, Err(ReconcileError::ApplyConfiguration { source: kube::Error::Api(e), .. }) if e.code == 422)
-    {
-        if let Err(e) = &first {
-            warn!(error = %chain(e), "the API server refused the configurations; finding the Policy to blame");
-        }
-        let split = isolate::refused(candidates, |subset: Vec<&Policy>| {
-            let desired = wiring::desired(&subset, wiring, bundle);
-            dry_run_both(ctx, desired)
-        })
-        .await
-        .map_err(search_failed)?;
-        for Culprit {
-            candidate: policy,
-            reason,
-        } in split.refused
-        {
-            warn!(policy = %policy.name_any(), %reason, "the API server refuses this Policy's entries; leaving it out");
-            applied.rejected.insert(
-                policy.name_any(),
-                Refusal {
-                    spec: SpecVersion::of(policy),
-                    message: reason,
-                },
-            );
-        }
-        let kept = on_webhook(placements, applied);
-        let desired = wiring::desired(&kept, wiring, bundle);
-        if let Err(e) = apply_both(ctx, caches, desired, applied, leader).await {
-            applied.in_process.mutating.restart_grace();
-            return Err(e);
-        }
-    } else {
-        first?;
+    let refused_as_invalid = matches!(&first, Err(WriteError::ApplyConfiguration { source: kube::Error::Api(e), .. }) if e.code == 422);
+    if !refused_as_invalid {
+        return first;
     }
-    let stale_wake = match &caches.generated {
-        Some(generated) => {
-            in_process::remove_stale(
-                ctx,
-                generated,
-                placements,
-                &applied.rejected,
-                leader,
-                &mut applied.in_process,
-            )
-            .await?
-        }
-        None => None,
-    };
-    Ok([mutating_wake, stale_wake].into_iter().flatten().min())
+    if let Err(e) = &first {
+        warn!(error = %chain(e), "the API server refused the configurations; finding the Policy to blame");
+    }
+    let split = isolate::refused(candidates, |subset: Vec<&Policy>| {
+        let desired = wiring::desired(&subset, wiring, bundle);
+        dry_run_both(ctx, desired)
+    })
+    .await
+    .map_err(search_failed)?;
+    for Culprit {
+        candidate: policy,
+        reason,
+    } in split.refused
+    {
+        warn!(policy = %policy.name_any(), %reason, "the API server refuses this Policy's entries; leaving it out");
+        applied.rejected.insert(
+            policy.name_any(),
+            Refusal {
+                spec: SpecVersion::of(policy),
+                message: reason,
+            },
+        );
+    }
+    let kept = on_webhook(placements, applied);
+    let desired = wiring::desired(&kept, wiring, bundle);
+    let written = apply_both(ctx, caches, desired, applied, leader).await;
+    if written.is_err() {
+        applied.in_process.mutating.restart_grace();
+    }
+    written
 }
 
 /// The wiring with its owner: the installation's ClusterRole, read once (and again each pass
@@ -193,16 +132,16 @@ pub(super) async fn owned_wiring(ctx: &ControllerContext, applied: &mut Applied)
     wiring
 }
 
-/// Has the API server judge the match conditions of every Policy it has not judged yet (in this
+/// Step 3, check: has the API server judge the match conditions of every Policy it has not judged yet (in this
 /// term, at this generation), with one dry run, bisecting only when it refuses some; refused
 /// Policies join `applied.rejected` with the API server's message.
-async fn check_conditions(
+pub(super) async fn check_conditions(
     ctx: &ControllerContext,
     wiring: &Wiring,
     valid: &[Arc<Policy>],
     bundle: &str,
     applied: &mut Applied,
-) -> Result<(), ReconcileError> {
+) -> Result<(), WriteError> {
     applied.conditions_checked.retain(|name, checked| {
         valid
             .iter()

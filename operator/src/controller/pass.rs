@@ -1,0 +1,338 @@
+//! One pass of the Policy controller, a pipeline of named steps:
+//!
+//! judge → place → check → enforce in-process → write configurations → remove stale →
+//! write statuses.
+//!
+//! Every replica judges (its webhook server serves what it compiles, and must never 404 an
+//! entry the API server may still call); only the leader goes on, and each of its writes is
+//! fenced by its term. A step that fails is the pass's error variant
+//! ([`ReconcileError`]), so the failure metric says which step failed.
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use tokio::sync::watch;
+
+use super::configurations::{Placed, check_conditions, owned_wiring, write_configurations};
+use super::status::Verdict;
+use super::wiring::placement::{Served, place_all};
+use super::wiring::{self, Wiring};
+use super::writes::write_status;
+use super::{
+    Applied, ControllerContext, PolicyCaches, ReconcileError, Refusal, SpecVersion, WriteError,
+    in_process, in_process_mutating, schemas,
+};
+use crate::runtime::lease::Leadership;
+use crate::runtime::reconcile::Next;
+use crate::webhook::PolicyStore;
+use gatehouse_api::v1alpha1::Policy;
+use gatehouse_engine as engine;
+
+/// What one pass is given.
+pub(super) struct PassInput<'a> {
+    pub ctx: &'a ControllerContext,
+    pub caches: &'a PolicyCaches,
+    /// The CA bundle the entries carry.
+    pub bundle: &'a str,
+    /// Whether this pass was told this replica leads; writes check `leader` again.
+    pub leading: bool,
+    pub leader: &'a watch::Receiver<Leadership>,
+}
+
+/// Runs the pipeline once. Returns when to look again, if sooner than a resync.
+pub(super) async fn reconcile_all(
+    input: &PassInput<'_>,
+    applied: &mut Applied,
+) -> Result<Next, ReconcileError> {
+    let PassInput { ctx, caches, .. } = *input;
+    let judged = judge(ctx, caches);
+    if !input.leading {
+        track_wired(ctx, caches, &judged.valid);
+        return Ok(Next::Resync);
+    }
+    let wiring = owned_wiring(ctx, applied).await;
+    forget_old_refusals(&mut applied.rejected, &judged.valid);
+    let placed = place(input, &judged.valid, &wiring, applied).await;
+    let written = enforce_and_write(input, &judged.valid, &placed, &wiring, applied).await;
+    track_wired(ctx, caches, &judged.valid);
+    write_statuses(input, judged.verdicts, &placed, applied, written.is_ok()).await?;
+    written.map(|wake| wake.map_or(Next::Resync, Next::By))
+}
+
+/// What the judge step decides of every Policy before any write.
+struct Judged {
+    /// The Policies to wire, compiled into the server's store.
+    valid: Vec<Arc<Policy>>,
+    /// Every Policy with its verdict, in order.
+    verdicts: Vec<(Arc<Policy>, Verdict)>,
+}
+
+/// Step 1, judge: every Policy compiled into this replica's webhook server (or found there) or
+/// found invalid; then the server told which Policies the API server enforces (their status
+/// says so, for their current spec), so it never evaluates those too.
+fn judge(ctx: &ControllerContext, caches: &PolicyCaches) -> Judged {
+    let all = caches.policies.state();
+    let pool_exists = |name: &str| {
+        caches
+            .pools
+            .get(&kube::runtime::reflector::ObjectRef::new(name))
+            .is_some()
+    };
+    let judged = judge_each(&all, |policy| compile(&ctx.policies, policy), pool_exists);
+    ctx.policies.set_in_process(
+        judged
+            .valid
+            .iter()
+            .filter(|p| in_process::enforced_in_process(p))
+            .map(|p| p.name_any())
+            .collect(),
+    );
+    ctx.readiness.policies_loaded.store(true, Ordering::Release);
+    judged
+}
+
+/// Judges every Policy: `compile` compiles one into the server's store (or finds it there) or
+/// lists its problems, and an ipam effect needs its IPPool (`pool_exists`) to be wired, since
+/// wired it would hold every Pod it marks at its gate with no pool to serve them.
+fn judge_each(
+    all: &[Arc<Policy>],
+    mut compile: impl FnMut(&Policy) -> Result<(), Vec<String>>,
+    pool_exists: impl Fn(&str) -> bool,
+) -> Judged {
+    let mut judged = Judged {
+        valid: Vec::new(),
+        verdicts: Vec::with_capacity(all.len()),
+    };
+    for policy in all {
+        let problems = match compile(policy) {
+            Ok(()) => missing_pools(policy, &pool_exists),
+            Err(problems) => problems,
+        };
+        let verdict = if problems.is_empty() {
+            judged.valid.push(policy.clone());
+            Verdict::Wired {
+                own_entry: engine::policy::needs_own_entry(&policy.spec),
+                // Said once the pass has placed it.
+                webhook_because: String::new(),
+            }
+        } else {
+            Verdict::Invalid(problems)
+        };
+        judged.verdicts.push((policy.clone(), verdict));
+    }
+    judged
+}
+
+/// Compiles `policy` into the server's store unless its spec is there already (the store is
+/// the cache: CEL is compiled once per spec, not once per pass), or lists its problems. A
+/// Policy is served before the API server is told about it.
+fn compile(store: &PolicyStore, policy: &Policy) -> Result<(), Vec<String>> {
+    let stored = store
+        .get(&policy.name_any())
+        .is_some_and(|c| c.spec() == &policy.spec);
+    if stored {
+        return Ok(());
+    }
+    match engine::compile(policy) {
+        Ok(compiled) => {
+            store.upsert(Arc::new(compiled));
+            Ok(())
+        }
+        Err(invalid) => Err(invalid.problems.iter().map(ToString::to_string).collect()),
+    }
+}
+
+/// A Policy the API server refused runs nowhere, so it neither holds a place in the in-process
+/// mutation order nor blocks one; a new spec of it (or of one gone) is tried again.
+fn forget_old_refusals(rejected: &mut HashMap<String, Refusal>, valid: &[Arc<Policy>]) {
+    rejected.retain(|name, refusal| {
+        valid
+            .iter()
+            .any(|p| p.name_any() == *name && SpecVersion::of(p) == refusal.spec)
+    });
+}
+
+/// Step 2, place: where each valid Policy the API server has not refused runs, with the
+/// generated MutatingAdmissionPolicies of the mutating ones placed in-process.
+async fn place<'a>(
+    input: &PassInput<'_>,
+    valid: &'a [Arc<Policy>],
+    wiring: &Wiring,
+    applied: &mut Applied,
+) -> Placed<'a> {
+    let placeable: Vec<&Policy> = valid
+        .iter()
+        .map(|p| p.as_ref())
+        .filter(|p| !applied.rejected.contains_key(&p.name_any()))
+        .collect();
+    let generated = input.caches.generated.as_ref();
+    let served = Served {
+        validating: generated.is_some(),
+        mutating: generated.is_some_and(|g| g.mutating.is_some()),
+    };
+    let schema_fit = if served.mutating {
+        schemas::judge(&input.ctx.client, &placeable, &mut applied.schemas).await
+    } else {
+        HashMap::new()
+    };
+    let (placements, generated_mutation) = place_all(&placeable, wiring, served, &schema_fit);
+    Placed {
+        placements,
+        generated_mutation,
+        schema_fit,
+    }
+}
+
+/// Steps 3 to 6: check the match conditions with the API server, enforce in-process (moved in
+/// before the webhook lets go), write both configurations, remove what no Policy stands for.
+async fn enforce_and_write(
+    input: &PassInput<'_>,
+    valid: &[Arc<Policy>],
+    placed: &Placed<'_>,
+    wiring: &Wiring,
+    applied: &mut Applied,
+) -> Result<Option<tokio::time::Instant>, ReconcileError> {
+    let PassInput {
+        ctx,
+        caches,
+        bundle,
+        leader,
+        ..
+    } = *input;
+    let placements = placed.placements.as_slice();
+    check_conditions(ctx, wiring, valid, bundle, applied)
+        .await
+        .map_err(step(ReconcileError::Check))?;
+    let mut mutating_wake = None;
+    if let Some(generated) = &caches.generated {
+        let memory = &mut applied.in_process;
+        in_process::enforce(
+            ctx,
+            wiring,
+            generated,
+            placements,
+            leader,
+            memory,
+            &mut applied.rejected,
+        )
+        .await
+        .map_err(step(ReconcileError::EnforceInProcess))?;
+        if let Some(mutating) = &generated.mutating {
+            mutating_wake = in_process_mutating::enforce(
+                ctx,
+                wiring,
+                mutating,
+                &placed.generated_mutation,
+                placements,
+                &placed.schema_fit,
+                leader,
+                &mut applied.in_process.mutating,
+                &mut applied.rejected,
+            )
+            .await
+            .map_err(step(ReconcileError::EnforceInProcess))?;
+        }
+    }
+    write_configurations(input, placements, wiring, applied)
+        .await
+        .map_err(step(ReconcileError::WriteConfigurations))?;
+    let stale_wake = match &caches.generated {
+        Some(generated) => in_process::remove_stale(
+            ctx,
+            generated,
+            placements,
+            &applied.rejected,
+            leader,
+            &mut applied.in_process,
+        )
+        .await
+        .map_err(step(ReconcileError::RemoveStale))?,
+        None => None,
+    };
+    Ok([mutating_wake, stale_wake].into_iter().flatten().min())
+}
+
+/// The pass's error for a failure of one step; leadership lost mid-step is not a step's
+/// failure but the end of the pass's writes.
+fn step(at: fn(WriteError) -> ReconcileError) -> impl Fn(WriteError) -> ReconcileError {
+    move |e| match e {
+        WriteError::NotLeading { what } => ReconcileError::NotLeading { what },
+        e => at(e),
+    }
+}
+
+/// Tells the webhook server which entries the API server may still call, as read back: never a
+/// 404 for those, whoever leads. Anything else no longer valid may be forgotten once its grace
+/// is over.
+fn track_wired(ctx: &ControllerContext, caches: &PolicyCaches, valid: &[Arc<Policy>]) {
+    ctx.policies.set_wired(wiring::wired_groups(
+        caches.mutating.state().iter().map(|c| c.as_ref()),
+        caches.validating.state().iter().map(|c| c.as_ref()),
+    ));
+    let keep: HashSet<String> = valid.iter().map(|p| p.name_any()).collect();
+    for name in ctx.policies.names() {
+        if !keep.contains(&name) {
+            ctx.policies.retire(&name);
+        }
+    }
+}
+
+/// Step 7, write statuses: where each Policy runs, or why it runs nowhere. Written whether or
+/// not the configurations were (`wired`), but a Policy is reported wired only once they were.
+async fn write_statuses(
+    input: &PassInput<'_>,
+    verdicts: Vec<(Arc<Policy>, Verdict)>,
+    placed: &Placed<'_>,
+    applied: &Applied,
+    wired: bool,
+) -> Result<(), ReconcileError> {
+    let now = Time(Timestamp::now());
+    let verdicts = in_process::verdicts(verdicts, &placed.placements, &applied.in_process);
+    for (policy, verdict) in statuses(verdicts, &applied.rejected, wired) {
+        write_status(input.ctx, &policy, &verdict, now.clone(), input.leader)
+            .await
+            .map_err(step(ReconcileError::WriteStatuses))?;
+    }
+    Ok(())
+}
+
+/// The statuses a leader writes once the wiring is known: a Policy the API server refused says
+/// so with its message, and one is reported wired only once the configurations were written.
+fn statuses(
+    verdicts: Vec<(Arc<Policy>, Verdict)>,
+    rejected: &HashMap<String, Refusal>,
+    wired: bool,
+) -> Vec<(Arc<Policy>, Verdict)> {
+    verdicts
+        .into_iter()
+        .map(|(policy, verdict)| match rejected.get(&policy.name_any()) {
+            Some(refusal) => (policy, Verdict::Rejected(refusal.message.clone())),
+            None => (policy, verdict),
+        })
+        .filter(|(_, verdict)| wired || !matches!(verdict, Verdict::Wired { .. }))
+        .collect()
+}
+
+/// The ipam effects of `policy` whose IPPool does not exist, as problems.
+fn missing_pools(policy: &Policy, pool_exists: impl Fn(&str) -> bool) -> Vec<String> {
+    policy
+        .spec
+        .effects
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| Some((i, e.ipam.as_ref()?)))
+        .filter(|(_, ipam)| !pool_exists(&ipam.pool))
+        .map(|(i, ipam)| {
+            format!(
+                "spec.effects[{i}].ipam.pool: IPPool {:?} does not exist; the Policy is not wired until it does",
+                ipam.pool
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;
