@@ -51,6 +51,19 @@ pub async fn write_reports(
     leader: &watch::Receiver<Leadership>,
     pace: &mut Pace,
 ) -> Result<usize, AuditError> {
+    let written = apply_reports(ctx, audited, tallies, leader, pace).await?;
+    delete_unwritten(ctx, audited, &written, leader, pace).await?;
+    Ok(written.len())
+}
+
+/// Applies every Policy's reports; the ones written, by scope and name.
+async fn apply_reports(
+    ctx: &AuditContext,
+    audited: &mut [AuditedPolicy],
+    tallies: &Tallies,
+    leader: &watch::Receiver<Leadership>,
+    pace: &mut Pace,
+) -> Result<BTreeSet<(Scope, String)>, AuditError> {
     let mut written: BTreeSet<(Scope, String)> = BTreeSet::new();
     let params = PatchParams::apply(FIELD_MANAGER).force();
     for entry in audited.iter_mut() {
@@ -81,9 +94,20 @@ pub async fn write_reports(
             }
         }
     }
-    // Reports of Policies gone, of scopes left without matched objects, of Policies that no
-    // longer validate or cannot be audited as written; not of a Policy this pass could not
-    // fully list or write (its last reports stand until a pass succeeds).
+    Ok(written)
+}
+
+/// Deletes the Gatehouse reports not `written`: of Policies gone, of scopes left without
+/// matched objects, of Policies that no longer validate or cannot be audited as written; not of
+/// a Policy this pass could not fully list or write (its last reports stand until a pass
+/// succeeds).
+async fn delete_unwritten(
+    ctx: &AuditContext,
+    audited: &[AuditedPolicy],
+    written: &BTreeSet<(Scope, String)>,
+    leader: &watch::Receiver<Leadership>,
+    pace: &mut Pace,
+) -> Result<(), AuditError> {
     let kept: BTreeSet<String> = audited
         .iter()
         .filter(|a| a.keeps_reports)
@@ -140,7 +164,7 @@ pub async fn write_reports(
             }
         }
     }
-    Ok(written.len())
+    Ok(())
 }
 
 /// Sets each Policy's `Audited` condition and `status.lastAuditTime`. A Policy changed since

@@ -381,24 +381,8 @@ pub fn synthesize(args: &EvalArgs) -> Result<Request, EvalError> {
         },
         None => (plural(&kind), None),
     };
-    let metadata = |field: &str| {
-        object
-            .pointer(&format!("/metadata/{field}"))
-            .and_then(Value::as_str)
-            .map(str::to_string)
-    };
-    let namespace = args
-        .namespace
-        .clone()
-        .or_else(|| metadata("namespace"))
-        .unwrap_or_else(|| {
-            if CLUSTER_SCOPED.contains(&kind.as_str()) {
-                String::new()
-            } else {
-                "default".to_string()
-            }
-        });
-    let name = metadata("name").unwrap_or_default();
+    let namespace = namespace_of(args, &object, &kind);
+    let name = metadata_field(&object, "name").unwrap_or_default();
     let (object, old_object) = match args.operation {
         // The API server sends the object being deleted as oldObject.
         Operation::Delete => (None, Some(old_object.unwrap_or(object))),
@@ -433,6 +417,29 @@ pub fn synthesize(args: &EvalArgs) -> Result<Request, EvalError> {
         dry_run: false,
         options: None,
     })
+}
+
+/// `field` of `object`'s metadata, when it is a string.
+fn metadata_field(object: &Value, field: &str) -> Option<String> {
+    object
+        .pointer(&format!("/metadata/{field}"))
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
+/// The request's namespace: `--namespace`, else the object's, else `default` for a namespaced
+/// kind (as `kubectl create` does) and none for a cluster-scoped one.
+fn namespace_of(args: &EvalArgs, object: &Value, kind: &str) -> String {
+    args.namespace
+        .clone()
+        .or_else(|| metadata_field(object, "namespace"))
+        .unwrap_or_else(|| {
+            if CLUSTER_SCOPED.contains(&kind) {
+                String::new()
+            } else {
+                "default".to_string()
+            }
+        })
 }
 
 fn read_object(path: &Path) -> Result<Value, EvalError> {

@@ -297,20 +297,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     };
 
-    let (leader_tx, leader_rx) = watch::channel(Leadership::default());
-    let lease_config = LeaseConfig::new(
-        args.namespace.clone(),
-        process.identity.clone(),
-        args.lease_duration,
-    );
-    let leader_gauge = lease::leader_gauge(&mut registry);
-    let lease_task = lease::run(
-        process.client.clone(),
-        lease_config,
-        leader_tx,
-        leader_gauge,
-        stopped(),
-    );
+    let (leader_rx, lease_task) = process.lease(&args, &mut registry, stopped());
     let loops = Arc::new(ReconcileMetrics::register(&mut registry));
     let controller = ControllerContext::new(
         process.client.clone(),
@@ -342,14 +329,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         metrics: AuditMetrics::register(&mut registry),
         loops,
     };
-    // A thread of its own: a pass decodes LIST pages and judges objects in bursts of CPU, which
-    // must not hold up the webhook's reviews on the main runtime's workers (nor the lease, the
-    // controller and the effects loop); the OS shares the cores between them instead.
-    let audit_context = Arc::new(audit_context);
-    let (audit_leader, audit_stopped) = (leader_rx.clone(), stopped());
-    let audit_task = serve::on_own_thread("gatehouse-audit", move || {
-        audit::run(audit_context, audit_leader, audit_stopped)
-    });
+    let audit_task = audit_on_own_thread(audit_context, leader_rx.clone(), stopped());
     let ipam_task = ipam::run(Arc::new(ipam), leader_rx, stopped());
 
     let ports = process.ports(&args, policies, namespaces, resolver, registry)?;
@@ -392,6 +372,28 @@ impl Process {
         }
     }
 
+    /// This replica's part in leader election: the leadership it publishes, and the task that
+    /// keeps the Lease until `stopped`.
+    fn lease<S: Future<Output = ()>>(
+        &self,
+        args: &RunArgs,
+        registry: &mut Registry,
+        stopped: S,
+    ) -> (
+        watch::Receiver<Leadership>,
+        impl Future<Output = ()> + use<S>,
+    ) {
+        let (leader_tx, leader_rx) = watch::channel(Leadership::default());
+        let config = LeaseConfig::new(
+            args.namespace.clone(),
+            self.identity.clone(),
+            args.lease_duration,
+        );
+        let gauge = lease::leader_gauge(registry);
+        let task = lease::run(self.client.clone(), config, leader_tx, gauge, stopped);
+        (leader_rx, task)
+    }
+
     /// What the TLS manager needs to take part in rotations; its metrics go to `registry`.
     fn coordination(&self, replica_ttl: Duration, registry: &mut Registry) -> Coordination {
         Coordination {
@@ -430,6 +432,18 @@ impl Process {
             })),
         })
     }
+}
+
+/// The audit on a thread of its own: a pass decodes LIST pages and judges objects in bursts of
+/// CPU, which must not hold up the webhook's reviews on the main runtime's workers (nor the
+/// lease, the controller and the effects loop); the OS shares the cores between them instead.
+fn audit_on_own_thread(
+    ctx: AuditContext,
+    leader: watch::Receiver<Leadership>,
+    stopped: impl Future<Output = ()> + Send + 'static,
+) -> impl Future<Output = ()> {
+    let ctx = Arc::new(ctx);
+    serve::on_own_thread("gatehouse-audit", move || audit::run(ctx, leader, stopped))
 }
 
 /// Runs `work` until `stopped`.

@@ -281,6 +281,51 @@ enum Moved {
     Std(std::net::TcpStream),
 }
 
+/// HTTP/1 connections with a deadline for a request's headers.
+fn connection_builder() -> Builder<TokioExecutor> {
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    builder
+}
+
+/// The accepted `stream` with the runtime to serve it on: `connections`' if given (the socket
+/// must then leave this runtime's reactor for that one's), else this one.
+fn hand_over(
+    connections: Option<&tokio::runtime::Handle>,
+    stream: TcpStream,
+    peer: SocketAddr,
+) -> Option<(Moved, tokio::runtime::Handle)> {
+    match connections {
+        Some(handle) => match stream.into_std() {
+            Ok(std) => Some((Moved::Std(std), handle.clone())),
+            Err(e) => {
+                debug!(%peer, error = %e, "handing the connection over failed");
+                None
+            }
+        },
+        None => Some((Moved::Tokio(stream), tokio::runtime::Handle::current())),
+    }
+}
+
+impl Moved {
+    /// The connection, registered with the reactor of the runtime this runs on.
+    fn take_over(self, peer: SocketAddr) -> Option<TcpStream> {
+        match self {
+            Moved::Tokio(stream) => Some(stream),
+            Moved::Std(std) => match TcpStream::from_std(std) {
+                Ok(stream) => Some(stream),
+                Err(e) => {
+                    debug!(%peer, error = %e, "taking the connection over failed");
+                    None
+                }
+            },
+        }
+    }
+}
+
 async fn accept_loop<IO, Fut>(
     connections: Option<tokio::runtime::Handle>,
     listener: TcpListener,
@@ -297,12 +342,7 @@ async fn accept_loop<IO, Fut>(
         .map(|a| a.to_string())
         .unwrap_or_else(|_| "?".into());
     let graceful = GracefulShutdown::new();
-    let mut builder = Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    let builder = Arc::new(builder);
+    let builder = Arc::new(connection_builder());
     let wrap = Arc::new(wrap);
     tokio::pin!(shutdown);
     loop {
@@ -324,27 +364,12 @@ async fn accept_loop<IO, Fut>(
         let handler = handler.clone();
         let builder = builder.clone();
         let wrap = wrap.clone();
-        // On another runtime the socket must be registered with that runtime's reactor.
-        let (stream, runtime) = match &connections {
-            Some(handle) => match stream.into_std() {
-                Ok(std) => (Moved::Std(std), handle.clone()),
-                Err(e) => {
-                    debug!(%peer, error = %e, "handing the connection over failed");
-                    continue;
-                }
-            },
-            None => (Moved::Tokio(stream), tokio::runtime::Handle::current()),
+        let Some((stream, runtime)) = hand_over(connections.as_ref(), stream, peer) else {
+            continue;
         };
         runtime.spawn(async move {
-            let stream = match stream {
-                Moved::Tokio(stream) => stream,
-                Moved::Std(std) => match TcpStream::from_std(std) {
-                    Ok(stream) => stream,
-                    Err(e) => {
-                        debug!(%peer, error = %e, "taking the connection over failed");
-                        return;
-                    }
-                },
+            let Some(stream) = stream.take_over(peer) else {
+                return;
             };
             let Some(io) = wrap(stream, peer).await else {
                 return;

@@ -147,18 +147,7 @@ async fn review_entry(
             return error(StatusCode::NOT_FOUND, format!("no webhook entry {id:?}"));
         }
     };
-    let span = info_span!(
-        "admission",
-        uid = %request.uid(),
-        entry = id,
-        phase = phase.as_str(),
-        kind = %request.kind_name(),
-        namespace = %request.namespace(),
-        name = %request.name(),
-        operation = %request.operation(),
-        allowed = tracing::field::Empty,
-        patched = tracing::field::Empty,
-    );
+    let span = admission_span(&request, id, phase);
     let labels = namespace_labels(state, &request, &members, matched)
         .instrument(span.clone())
         .await;
@@ -179,19 +168,9 @@ async fn review_entry(
         move || span.in_scope(|| answer(&state, &review))
     };
     let (allowed, body) = if heavy {
-        // A heavy Policy's review takes turns on half the CPUs, on the blocking pool.
-        let Ok(_slot) = state.heavy_evaluations.acquire().await else {
-            return error(StatusCode::SERVICE_UNAVAILABLE, "shutting down".into());
-        };
-        match tokio::task::spawn_blocking(evaluate).await {
+        match on_blocking_pool(state, evaluate).await {
             Ok(done) => done,
-            Err(e) => {
-                warn!(error = %e, "evaluation failed");
-                return error(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("evaluating the review failed: {e}"),
-                );
-            }
+            Err(refused) => return refused,
         }
     } else {
         evaluate()
@@ -209,6 +188,43 @@ async fn review_entry(
         .get_or_create(&labels)
         .observe(started.elapsed().as_secs_f64());
     json(StatusCode::OK, body)
+}
+
+/// The span of one review, its answer recorded in it once known.
+fn admission_span(request: &engine::Request, id: &str, phase: Phase) -> tracing::Span {
+    info_span!(
+        "admission",
+        uid = %request.uid(),
+        entry = id,
+        phase = phase.as_str(),
+        kind = %request.kind_name(),
+        namespace = %request.namespace(),
+        name = %request.name(),
+        operation = %request.operation(),
+        allowed = tracing::field::Empty,
+        patched = tracing::field::Empty,
+    )
+}
+
+/// Runs a heavy Policy's `evaluate` on the blocking pool, taking turns on half the CPUs; the
+/// error response when it cannot.
+async fn on_blocking_pool(
+    state: &WebhookState,
+    evaluate: impl FnOnce() -> (bool, Vec<u8>) + Send + 'static,
+) -> Result<(bool, Vec<u8>), Response<Full<Bytes>>> {
+    let Ok(_slot) = state.heavy_evaluations.acquire().await else {
+        return Err(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting down".into(),
+        ));
+    };
+    tokio::task::spawn_blocking(evaluate).await.map_err(|e| {
+        warn!(error = %e, "evaluation failed");
+        error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("evaluating the review failed: {e}"),
+        )
+    })
 }
 
 /// One entry's review with everything its answer depends on.

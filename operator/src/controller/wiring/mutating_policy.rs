@@ -143,26 +143,12 @@ fn place_in_order(
         .map(|p| (name(p), footprints_of(p, schema_fit.get(name(p)))))
         .collect();
     for (i, p) in ordered.iter().enumerate() {
-        if let Some(reason) = costly.get(name(p)) {
-            placements.push((
-                name(p).to_string(),
-                MutatingPlacement::Webhook(reason.clone()),
-            ));
+        if let Some(reason) = sent_to_webhook(p, costly) {
+            placements.push((name(p).to_string(), MutatingPlacement::Webhook(reason)));
             on_webhook.push(p);
             continue;
         }
-        let required = match p.spec.enforcement {
-            Enforcement::Webhook => {
-                placements.push((
-                    name(p).to_string(),
-                    MutatingPlacement::Webhook("spec.enforcement is Webhook".to_string()),
-                ));
-                on_webhook.push(p);
-                continue;
-            }
-            Enforcement::Auto => false,
-            Enforcement::InProcess => true,
-        };
+        let required = p.spec.enforcement == Enforcement::InProcess;
         let fit = schema_fit.get(name(p)).cloned().unwrap_or_else(|| {
             SchemaFit::Unread("the schemas of the kinds it matches are not read yet".to_string())
         });
@@ -200,6 +186,26 @@ fn place_in_order(
             }
         }
     }
+    let generated = generate(members, wiring, &mut placements);
+    (placements, generated)
+}
+
+/// Why `p` runs on the webhook whatever its mutations are: Auto found it too costly in-process
+/// (`costly`, by name), or its spec says so.
+fn sent_to_webhook(p: &Policy, costly: &HashMap<String, String>) -> Option<String> {
+    if let Some(reason) = costly.get(name(p)) {
+        return Some(reason.clone());
+    }
+    (p.spec.enforcement == Enforcement::Webhook).then(|| "spec.enforcement is Webhook".to_string())
+}
+
+/// The generated MutatingAdmissionPolicies of the in-process `members`, one per group, each
+/// member's placement added to `placements`.
+fn generate(
+    members: Vec<Member<'_>>,
+    wiring: &Wiring,
+    placements: &mut Vec<(String, MutatingPlacement)>,
+) -> Vec<InProcessMutation> {
     let generated: Vec<InProcessMutation> = groups(members)
         .into_iter()
         .map(|group| generated_objects(group, wiring))
@@ -212,7 +218,7 @@ fn place_in_order(
             ));
         }
     }
-    (placements, generated)
+    generated
 }
 
 /// What the Policies placed before one tell it.
