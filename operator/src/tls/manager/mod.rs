@@ -113,6 +113,24 @@ impl Step {
     }
 }
 
+/// When the manager's loop acts next.
+struct Timers {
+    next_reconcile: Instant,
+    /// After a failed reconcile, none runs before this.
+    retry_not_before: Instant,
+    /// The next failure's wait.
+    backoff: Duration,
+    /// When this replica's serving record is written next.
+    next_record: Instant,
+}
+
+/// Whether the Secret's watch goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WatchState {
+    Going,
+    Ended,
+}
+
 /// A fact about one CA (by DER) and since when it has held.
 type Since = Option<(Vec<u8>, Instant)>;
 
@@ -199,80 +217,106 @@ impl TlsManager {
         self.config.validate()?;
         let mut shutdown = std::pin::pin!(shutdown);
         let mut secrets = self.watch_secret();
-        let mut next_reconcile = Instant::now();
-        let mut retry_not_before = Instant::now();
-        let mut backoff = ERROR_BACKOFF_MIN;
-        let mut next_record = Instant::now();
+        let now = Instant::now();
+        let mut timers = Timers {
+            next_reconcile: now,
+            retry_not_before: now,
+            backoff: ERROR_BACKOFF_MIN,
+            next_record: now,
+        };
         loop {
             let served_before = self.served_ca.clone();
             tokio::select! {
                 biased;
                 () = &mut shutdown => return Ok(()),
-                () = tokio::time::sleep_until(next_record), if self.served_ca.is_some() => {
+                () = tokio::time::sleep_until(timers.next_record), if self.served_ca.is_some() => {
                     let served = self.served_ca.clone().unwrap_or_default();
-                    next_record = Instant::now() + self.records.renew_every();
+                    timers.next_record = Instant::now() + self.records.renew_every();
                     if let Err(error) = self.records.publish(&served).await {
                         warn!(%error, "writing this replica's serving record failed");
-                        next_record = Instant::now() + CONFIRM_POLL;
+                        timers.next_record = Instant::now() + CONFIRM_POLL;
                     }
                 }
-                event = secrets.next() => match event {
-                    Some(Ok(Some(secret))) => {
-                        let material = material_of(&secret);
-                        // Our own writes are observed as they return; their watch events, and
-                        // those of versions in between, arrive later and must not roll the
-                        // served certificate back.
-                        if self.is_stale(&secret) {
-                            continue;
-                        }
-                        self.observe(&material);
-                        // Another replica may have acted already (then our timer moves later)
-                        // or the new content may need action (then it moves earlier).
-                        let due = self.due(&material);
-                        next_reconcile = due.max(retry_not_before);
-                    }
-                    Some(Ok(None)) => {
-                        info!(secret = %self.config.secret_name, "TLS Secret absent; creating it");
-                        next_reconcile = retry_not_before;
-                    }
-                    Some(Err(error)) => {
-                        // StreamBackoff already delays the next attempt of the watcher.
-                        warn!(%error, "watching the TLS Secret failed; retrying");
-                    }
-                    None => {
+                event = secrets.next() => {
+                    if self.on_secret_event(event, &mut timers) == WatchState::Ended {
                         warn!("TLS Secret watch ended; restarting it");
                         secrets = self.watch_secret();
                     }
-                },
-                () = tokio::time::sleep_until(next_reconcile) => {
+                }
+                () = tokio::time::sleep_until(timers.next_reconcile) => {
                     let result = tokio::select! {
                         biased;
                         () = &mut shutdown => return Ok(()),
                         result = self.reconcile() => result,
                     };
-                    match result {
-                        Ok((material, next_check, version)) => {
-                            self.remember_version(version);
-                            self.observe(&material);
-                            backoff = ERROR_BACKOFF_MIN;
-                            retry_not_before = Instant::now();
-                            next_reconcile = instant_at(next_check);
-                            if self.note_waiting(&material).await {
-                                next_reconcile = next_reconcile.min(Instant::now() + CONFIRM_POLL);
-                            }
-                        }
-                        Err(error) => {
-                            warn!(error = %chain(&error), retry_in = ?backoff, "TLS Secret reconcile failed");
-                            retry_not_before = Instant::now() + backoff;
-                            next_reconcile = retry_not_before;
-                            backoff = (backoff * 2).min(ERROR_BACKOFF_MAX);
-                        }
-                    }
+                    self.after_reconcile(result, &mut timers).await;
                 }
             }
             // What this replica serves changed: say so at once, a waiting drop depends on it.
             if self.served_ca != served_before {
-                next_record = Instant::now();
+                timers.next_record = Instant::now();
+            }
+        }
+    }
+
+    /// Serves what a Secret watch event brings and moves the next reconcile to when the plan
+    /// says; whether the watch goes on.
+    fn on_secret_event(
+        &mut self,
+        event: Option<Result<Option<Secret>, watcher::Error>>,
+        timers: &mut Timers,
+    ) -> WatchState {
+        match event {
+            Some(Ok(Some(secret))) => {
+                let material = material_of(&secret);
+                // Our own writes are observed as they return; their watch events, and those of
+                // versions in between, arrive later and must not roll the served certificate
+                // back.
+                if self.is_stale(&secret) {
+                    return WatchState::Going;
+                }
+                self.observe(&material);
+                // Another replica may have acted already (then our timer moves later) or the
+                // new content may need action (then it moves earlier).
+                timers.next_reconcile = self.due(&material).max(timers.retry_not_before);
+            }
+            Some(Ok(None)) => {
+                info!(secret = %self.config.secret_name, "TLS Secret absent; creating it");
+                timers.next_reconcile = timers.retry_not_before;
+            }
+            Some(Err(error)) => {
+                // StreamBackoff already delays the next attempt of the watcher.
+                warn!(%error, "watching the TLS Secret failed; retrying");
+            }
+            None => return WatchState::Ended,
+        }
+        WatchState::Going
+    }
+
+    /// Sets the timers after a reconcile: from the plan when it succeeded, after a doubling
+    /// backoff when it failed.
+    async fn after_reconcile(
+        &mut self,
+        result: Result<(TlsMaterial, SystemTime, Option<String>), TlsError>,
+        timers: &mut Timers,
+    ) {
+        match result {
+            Ok((material, next_check, version)) => {
+                self.remember_version(version);
+                self.observe(&material);
+                timers.backoff = ERROR_BACKOFF_MIN;
+                timers.retry_not_before = Instant::now();
+                timers.next_reconcile = instant_at(next_check);
+                if self.note_waiting(&material).await {
+                    timers.next_reconcile =
+                        timers.next_reconcile.min(Instant::now() + CONFIRM_POLL);
+                }
+            }
+            Err(error) => {
+                warn!(error = %chain(&error), retry_in = ?timers.backoff, "TLS Secret reconcile failed");
+                timers.retry_not_before = Instant::now() + timers.backoff;
+                timers.next_reconcile = timers.retry_not_before;
+                timers.backoff = (timers.backoff * 2).min(ERROR_BACKOFF_MAX);
             }
         }
     }
