@@ -76,12 +76,76 @@ pub fn library(env: &mut Env) -> Result<(), DeclarationError> {
     Ok(())
 }
 
+/// A macro's operands once checked: the range, the two variable names, the optional filter
+/// and the body.
+struct Operands {
+    range: IdedExpr,
+    first: String,
+    second: String,
+    filter: Option<IdedExpr>,
+    body: IdedExpr,
+}
+
+/// The expressions of the comprehension a macro expands to, but for its range and variable.
+struct Parts {
+    init: IdedExpr,
+    condition: IdedExpr,
+    step: IdedExpr,
+    result: IdedExpr,
+}
+
+/// Makes a node of the expansion, with an id of its own.
+type Node<'a> = dyn FnMut(Expr) -> IdedExpr + 'a;
+
 fn expand(
     shape: Shape,
     helper: &mut MacroExprHelper<'_>,
     target: &mut Option<IdedExpr>,
     args: &mut Vec<IdedExpr>,
 ) -> Result<IdedExpr, ParseError> {
+    let Operands {
+        range,
+        first,
+        second,
+        filter,
+        body,
+    } = operands(helper, target, args)?;
+    let mut node = |expr: Expr| helper.next_expr(expr);
+    let parts = match shape {
+        Shape::All => quantifier(&mut node, true, body),
+        Shape::Exists => quantifier(&mut node, false, body),
+        Shape::ExistsOne => exists_one(&mut node, body),
+        Shape::TransformList | Shape::TransformMap | Shape::TransformMapEntry => {
+            transform(&mut node, shape, &first, filter, body)
+        }
+    };
+    // The step, with `second` then `first` bound to the pair's parts around it.
+    let mut step = parts.step;
+    for (index, variable) in [(1, second), (0, first)] {
+        let pair = node(Expr::Ident(PAIR.into()));
+        let at = node(Expr::Literal(LiteralValue::Int(CelInt::from(index))));
+        let part = node(call(operators::INDEX, vec![pair, at]));
+        step = bind(&mut node, variable, part, step);
+    }
+    let pairs = node(call(ENTRIES, vec![range]));
+    Ok(node(Expr::Comprehension(Box::new(ComprehensionExpr {
+        iter_range: pairs,
+        iter_var: PAIR.into(),
+        iter_var2: None,
+        accu_var: ACCUMULATOR.into(),
+        accu_init: parts.init,
+        loop_cond: parts.condition,
+        loop_step: step,
+        result: parts.result,
+    }))))
+}
+
+/// The receiver and arguments of a two-variable macro, or why they cannot be expanded.
+fn operands(
+    helper: &MacroExprHelper<'_>,
+    target: &mut Option<IdedExpr>,
+    args: &mut Vec<IdedExpr>,
+) -> Result<Operands, ParseError> {
     let Some(range) = target.take() else {
         return Err(helper.new_error(0, "a two-variable comprehension needs a receiver"));
     };
@@ -110,19 +174,6 @@ fn expand(
             "iteration variable overwrites accumulator variable",
         ));
     }
-    let mut node = |expr: Expr| helper.next_expr(expr);
-    let call = |func: &str, args: Vec<IdedExpr>| {
-        Expr::Call(CallExpr {
-            func_name: func.to_string(),
-            target: None,
-            args,
-        })
-    };
-    let accumulator =
-        |node: &mut dyn FnMut(Expr) -> IdedExpr| node(Expr::Ident(ACCUMULATOR.into()));
-    let literal_true = |node: &mut dyn FnMut(Expr) -> IdedExpr| {
-        node(Expr::Literal(LiteralValue::Boolean(true.into())))
-    };
     let (filter, body) = match <[IdedExpr; 2]>::try_from(rest) {
         Ok([filter, body]) => (Some(filter), body),
         Err(mut one) => match one.pop() {
@@ -130,103 +181,124 @@ fn expand(
             None => return Err(helper.new_error(range.id, "missing the comprehension's body")),
         },
     };
-    let (init, condition, step, result) = match shape {
-        Shape::All | Shape::Exists => {
-            let all = matches!(shape, Shape::All);
-            let init = node(Expr::Literal(LiteralValue::Boolean(all.into())));
-            let going_on = if all {
-                accumulator(&mut node)
-            } else {
-                let acc = accumulator(&mut node);
-                node(call(operators::LOGICAL_NOT, vec![acc]))
-            };
-            let condition = node(call(operators::NOT_STRICTLY_FALSE, vec![going_on]));
-            let combine = if all {
-                operators::LOGICAL_AND
-            } else {
-                operators::LOGICAL_OR
-            };
-            let acc = accumulator(&mut node);
-            let step = node(call(combine, vec![acc, body]));
-            (init, condition, step, accumulator(&mut node))
-        }
-        Shape::ExistsOne => {
-            let init = node(Expr::Literal(LiteralValue::Int(CelInt::from(0))));
-            let (acc, one) = (
-                accumulator(&mut node),
-                node(Expr::Literal(LiteralValue::Int(CelInt::from(1)))),
-            );
-            let counted = node(call(operators::ADD, vec![acc, one]));
-            let unchanged = accumulator(&mut node);
-            let step = node(call(operators::CONDITIONAL, vec![body, counted, unchanged]));
-            let (acc, one) = (
-                accumulator(&mut node),
-                node(Expr::Literal(LiteralValue::Int(CelInt::from(1)))),
-            );
-            let result = node(call(operators::EQUALS, vec![acc, one]));
-            (init, literal_true(&mut node), step, result)
-        }
-        Shape::TransformList | Shape::TransformMap | Shape::TransformMapEntry => {
-            let acc = accumulator(&mut node);
-            let (init, grown) = match shape {
-                Shape::TransformList => {
-                    let element = node(Expr::List(ListExpr::new(vec![body])));
-                    (
-                        node(Expr::List(ListExpr::new(Vec::new()))),
-                        node(call(operators::ADD, vec![acc, element])),
-                    )
-                }
-                Shape::TransformMap => {
-                    let key = node(Expr::Ident(first.clone()));
-                    (
-                        node(Expr::Map(MapExpr::default())),
-                        node(call(MAP_INSERT, vec![acc, key, body])),
-                    )
-                }
-                _ => (
-                    node(Expr::Map(MapExpr::default())),
-                    node(call(MAP_INSERT, vec![acc, body])),
-                ),
-            };
-            let step = match filter {
-                Some(filter) => {
-                    let unchanged = accumulator(&mut node);
-                    node(call(operators::CONDITIONAL, vec![filter, grown, unchanged]))
-                }
-                None => grown,
-            };
-            (init, literal_true(&mut node), step, accumulator(&mut node))
-        }
+    Ok(Operands {
+        range,
+        first,
+        second,
+        filter,
+        body,
+    })
+}
+
+/// `all` (when `all`) or `exists`: a bool accumulator, combined with each `body` until decided.
+fn quantifier(node: &mut Node<'_>, all: bool, body: IdedExpr) -> Parts {
+    let init = node(Expr::Literal(LiteralValue::Boolean(all.into())));
+    let going_on = if all {
+        accumulator(node)
+    } else {
+        let acc = accumulator(node);
+        node(call(operators::LOGICAL_NOT, vec![acc]))
     };
-    // The step, with `second` then `first` bound to the pair's parts around it.
-    let mut step = step;
-    for (index, variable) in [(1, second), (0, first)] {
-        let pair = node(Expr::Ident(PAIR.into()));
-        let at = node(Expr::Literal(LiteralValue::Int(CelInt::from(index))));
-        let part = node(call(operators::INDEX, vec![pair, at]));
-        step = bind(&mut node, variable, part, step);
+    let condition = node(call(operators::NOT_STRICTLY_FALSE, vec![going_on]));
+    let combine = if all {
+        operators::LOGICAL_AND
+    } else {
+        operators::LOGICAL_OR
+    };
+    let acc = accumulator(node);
+    let step = node(call(combine, vec![acc, body]));
+    Parts {
+        init,
+        condition,
+        step,
+        result: accumulator(node),
     }
-    let pairs = node(call(ENTRIES, vec![range]));
-    Ok(node(Expr::Comprehension(Box::new(ComprehensionExpr {
-        iter_range: pairs,
-        iter_var: PAIR.into(),
-        iter_var2: None,
-        accu_var: ACCUMULATOR.into(),
-        accu_init: init,
-        loop_cond: condition,
-        loop_step: step,
+}
+
+/// `existsOne`: a count of the elements `body` holds for, which must end at one.
+fn exists_one(node: &mut Node<'_>, body: IdedExpr) -> Parts {
+    let init = node(Expr::Literal(LiteralValue::Int(CelInt::from(0))));
+    let acc = accumulator(node);
+    let one = node(Expr::Literal(LiteralValue::Int(CelInt::from(1))));
+    let counted = node(call(operators::ADD, vec![acc, one]));
+    let unchanged = accumulator(node);
+    let step = node(call(operators::CONDITIONAL, vec![body, counted, unchanged]));
+    let acc = accumulator(node);
+    let one = node(Expr::Literal(LiteralValue::Int(CelInt::from(1))));
+    let result = node(call(operators::EQUALS, vec![acc, one]));
+    Parts {
+        init,
+        condition: literal_true(node),
+        step,
         result,
-    }))))
+    }
+}
+
+/// `transformList`, `transformMap` or `transformMapEntry`: a list or map grown by `body` for
+/// each element, or for those `filter` holds for.
+fn transform(
+    node: &mut Node<'_>,
+    shape: Shape,
+    first: &str,
+    filter: Option<IdedExpr>,
+    body: IdedExpr,
+) -> Parts {
+    let acc = accumulator(node);
+    let (init, grown) = match shape {
+        Shape::TransformList => {
+            let element = node(Expr::List(ListExpr::new(vec![body])));
+            (
+                node(Expr::List(ListExpr::new(Vec::new()))),
+                node(call(operators::ADD, vec![acc, element])),
+            )
+        }
+        Shape::TransformMap => {
+            let key = node(Expr::Ident(first.to_string()));
+            (
+                node(Expr::Map(MapExpr::default())),
+                node(call(MAP_INSERT, vec![acc, key, body])),
+            )
+        }
+        _ => (
+            node(Expr::Map(MapExpr::default())),
+            node(call(MAP_INSERT, vec![acc, body])),
+        ),
+    };
+    let step = match filter {
+        Some(filter) => {
+            let unchanged = accumulator(node);
+            node(call(operators::CONDITIONAL, vec![filter, grown, unchanged]))
+        }
+        None => grown,
+    };
+    Parts {
+        init,
+        condition: literal_true(node),
+        step,
+        result: accumulator(node),
+    }
+}
+
+/// A call of the global function `func`.
+fn call(func: &str, args: Vec<IdedExpr>) -> Expr {
+    Expr::Call(CallExpr {
+        func_name: func.to_string(),
+        target: None,
+        args,
+    })
+}
+
+fn accumulator(node: &mut Node<'_>) -> IdedExpr {
+    node(Expr::Ident(ACCUMULATOR.into()))
+}
+
+fn literal_true(node: &mut Node<'_>) -> IdedExpr {
+    node(Expr::Literal(LiteralValue::Boolean(true.into())))
 }
 
 /// `within`, with `variable` bound to `value`: a comprehension over an empty list whose
 /// accumulator is the variable.
-fn bind(
-    node: &mut dyn FnMut(Expr) -> IdedExpr,
-    variable: String,
-    value: IdedExpr,
-    within: IdedExpr,
-) -> IdedExpr {
+fn bind(node: &mut Node<'_>, variable: String, value: IdedExpr, within: IdedExpr) -> IdedExpr {
     let empty = node(Expr::List(ListExpr::new(Vec::new())));
     let never = node(Expr::Literal(LiteralValue::Boolean(false.into())));
     let same = node(Expr::Ident(variable.clone()));

@@ -18,7 +18,7 @@
 //! evaluation is what this CEL implementation allows (it has no step counter to interrupt), and
 //! the estimate is an upper bound of the work, so nothing over the budget ever runs.
 use ::cel::Program;
-use ::cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
+use ::cel::common::ast::{CallExpr, ComprehensionExpr, EntryExpr, Expr, IdedExpr, LiteralValue};
 
 /// Largest estimated cost of one expression. Two comprehensions nested over collections of the
 /// assumed size fit (about 10^5 for a typical body); three do not (about 10^7).
@@ -183,78 +183,101 @@ fn walk(expr: &IdedExpr, n: u64) -> Walked {
             size: Some(map.entries.len() as u64),
         },
         Expr::Struct(s) => unknown(entries(&s.entries, n)),
-        Expr::Call(call) => {
-            let mut cost: u64 = 1;
-            let mut largest: u64 = 0;
-            // The product of the arguments' sizes (the receiver left out).
-            let mut product: u64 = 1;
-            // The first argument's size, when known: what `@entries` yields as many pairs of.
-            let mut first_arg_size = None;
-            for operand in call.target.iter().map(|t| t.as_ref()).chain(&call.args) {
-                let w = walk(operand, n);
-                if call.args.first().is_some_and(|a| std::ptr::eq(a, operand)) {
-                    first_arg_size = w.size;
-                }
-                cost = cost.saturating_add(w.cost);
-                largest = largest.max(w.size.unwrap_or(n));
-                if !call
-                    .target
-                    .as_deref()
-                    .is_some_and(|t| std::ptr::eq(t, operand))
-                {
-                    product = product.saturating_mul(w.size.unwrap_or(n).max(1));
-                }
-            }
-            if STRING_SCANS.contains(&call.func_name.as_str()) {
-                cost = cost.saturating_add(scan_cost(call));
-            }
-            let on_sets = matches!(call.target.as_deref().map(|t| &t.expr), Some(Expr::Ident(ns)) if ns == "sets");
-            if on_sets {
-                // `sets.contains(a, b)` and its kin compare every element of one with the other's.
-                cost = cost.saturating_add(product);
-            } else if COLLECTION_FUNCTIONS.contains(&call.func_name.as_str()) {
-                cost = cost.saturating_add(largest);
-            }
-            if is_lists_range(call) {
-                // `lists.range(k)` yields `k` elements: a constant's value, else as many as any
-                // collection of unknown size.
-                let size = match call.args.first().map(|a| &a.expr) {
-                    Some(Expr::Literal(LiteralValue::Int(k))) => {
-                        u64::try_from(*k.inner()).unwrap_or(0).min(MAX_RANGE)
-                    }
-                    _ => n,
-                };
-                return Walked {
-                    cost: cost.saturating_add(size),
-                    size: Some(size),
-                };
-            }
-            // The pairs a two-variable comprehension iterates are as many as its range's elements.
-            if call.func_name == crate::comprehensions::ENTRIES {
-                return Walked {
-                    cost,
-                    size: first_arg_size,
-                };
-            }
-            unknown(cost)
+        Expr::Call(call) => walk_call(call, n),
+        Expr::Comprehension(c) => walk_comprehension(c, n),
+    }
+}
+
+/// What a call's receiver and arguments cost and yield, together.
+struct Operands {
+    cost: u64,
+    /// The largest collection among them.
+    largest: u64,
+    /// The product of the arguments' sizes (the receiver left out).
+    product: u64,
+    /// The first argument's size, when known: what `@entries` yields as many pairs of.
+    first_arg_size: Option<u64>,
+}
+
+fn walk_operands(call: &CallExpr, n: u64) -> Operands {
+    let mut walked = Operands {
+        cost: 0,
+        largest: 0,
+        product: 1,
+        first_arg_size: None,
+    };
+    for operand in call.target.iter().map(|t| t.as_ref()).chain(&call.args) {
+        let w = walk(operand, n);
+        if call.args.first().is_some_and(|a| std::ptr::eq(a, operand)) {
+            walked.first_arg_size = w.size;
         }
-        Expr::Comprehension(c) => {
-            let range = walk(&c.iter_range, n);
-            let elements = range.size.unwrap_or(n);
-            let per_element = walk(&c.loop_cond, n)
-                .cost
-                .saturating_add(walk(&c.loop_step, n).cost);
-            let cost = range
-                .cost
-                .saturating_add(walk(&c.accu_init, n).cost)
-                .saturating_add(elements.saturating_mul(per_element))
-                .saturating_add(walk(&c.result, n).cost);
-            // `map` and `filter` yield at most one element per element of their range.
-            Walked {
-                cost,
-                size: Some(elements),
-            }
+        walked.cost = walked.cost.saturating_add(w.cost);
+        walked.largest = walked.largest.max(w.size.unwrap_or(n));
+        if !call
+            .target
+            .as_deref()
+            .is_some_and(|t| std::ptr::eq(t, operand))
+        {
+            walked.product = walked.product.saturating_mul(w.size.unwrap_or(n).max(1));
         }
+    }
+    walked
+}
+
+/// A call: its operands, plus what the function does with them.
+fn walk_call(call: &CallExpr, n: u64) -> Walked {
+    let operands = walk_operands(call, n);
+    let mut cost = operands.cost.saturating_add(1);
+    if STRING_SCANS.contains(&call.func_name.as_str()) {
+        cost = cost.saturating_add(scan_cost(call));
+    }
+    let on_sets =
+        matches!(call.target.as_deref().map(|t| &t.expr), Some(Expr::Ident(ns)) if ns == "sets");
+    if on_sets {
+        // `sets.contains(a, b)` and its kin compare every element of one with the other's.
+        cost = cost.saturating_add(operands.product);
+    } else if COLLECTION_FUNCTIONS.contains(&call.func_name.as_str()) {
+        cost = cost.saturating_add(operands.largest);
+    }
+    if is_lists_range(call) {
+        // `lists.range(k)` yields `k` elements: a constant's value, else as many as any
+        // collection of unknown size.
+        let size = match call.args.first().map(|a| &a.expr) {
+            Some(Expr::Literal(LiteralValue::Int(k))) => {
+                u64::try_from(*k.inner()).unwrap_or(0).min(MAX_RANGE)
+            }
+            _ => n,
+        };
+        return Walked {
+            cost: cost.saturating_add(size),
+            size: Some(size),
+        };
+    }
+    // The pairs a two-variable comprehension iterates are as many as its range's elements.
+    let size = if call.func_name == crate::comprehensions::ENTRIES {
+        operands.first_arg_size
+    } else {
+        None
+    };
+    Walked { cost, size }
+}
+
+/// A comprehension: its condition and step once per element of its range.
+fn walk_comprehension(c: &ComprehensionExpr, n: u64) -> Walked {
+    let range = walk(&c.iter_range, n);
+    let elements = range.size.unwrap_or(n);
+    let per_element = walk(&c.loop_cond, n)
+        .cost
+        .saturating_add(walk(&c.loop_step, n).cost);
+    let cost = range
+        .cost
+        .saturating_add(walk(&c.accu_init, n).cost)
+        .saturating_add(elements.saturating_mul(per_element))
+        .saturating_add(walk(&c.result, n).cost);
+    // `map` and `filter` yield at most one element per element of their range.
+    Walked {
+        cost,
+        size: Some(elements),
     }
 }
 
@@ -295,7 +318,7 @@ const ASSUMED_STRING_LENGTH: u64 = 100;
 
 /// What a [`STRING_SCANS`] call adds: a tenth of a step per character of its longest string
 /// operand, one whose length is not a constant counted at [`ASSUMED_STRING_LENGTH`].
-fn scan_cost(call: &::cel::common::ast::CallExpr) -> u64 {
+fn scan_cost(call: &CallExpr) -> u64 {
     let longest = call
         .target
         .iter()
@@ -313,7 +336,7 @@ fn scan_cost(call: &::cel::common::ast::CallExpr) -> u64 {
 /// The most elements `lists.range` yields (cel-go's limit, which the `cel` crate keeps).
 const MAX_RANGE: u64 = 1_000_000;
 
-fn is_lists_range(call: &::cel::common::ast::CallExpr) -> bool {
+fn is_lists_range(call: &CallExpr) -> bool {
     call.func_name == "range"
         && matches!(call.target.as_deref().map(|t| &t.expr), Some(Expr::Ident(ns)) if ns == "lists")
 }

@@ -14,6 +14,9 @@
 //!
 //! A pattern that does not compile fails the call; one written as a constant is refused when
 //! the Policy is written ([`invalid_constant_patterns`]).
+use std::iter::Peekable;
+use std::str::Chars;
+
 use ::cel::common::ast::{CallExpr, Expr, IdedExpr, LiteralValue};
 use ::cel::common::types::{CelBool, CelInt, CelList, CelString};
 use ::cel::common::value::Val;
@@ -83,105 +86,138 @@ pub fn go_regex(pattern: &str) -> Result<Regex, String> {
 /// `pattern` with Go's ASCII meaning of the Perl classes and word boundaries spelt out for the
 /// `regex` crate; a repetition Go refuses is an error.
 fn as_go_reads(pattern: &str) -> Result<String, String> {
-    let mut out = String::with_capacity(pattern.len() + 16);
-    let mut chars = pattern.chars().peekable();
-    let mut repeats = Repeats::default();
-    // Inside a bracketed class, and whether the next character is the class's first (where `]`
-    // is literal).
-    let mut in_class = false;
-    let mut class_start = false;
-    while let Some(c) = chars.next() {
-        let first_in_class = std::mem::take(&mut class_start);
-        match c {
-            '\\' => {
-                let Some(escaped) = chars.next() else {
-                    // A trailing backslash: left for the crate to refuse.
-                    out.push(c);
+    let mut reading = GoReading {
+        out: String::with_capacity(pattern.len() + 16),
+        chars: pattern.chars().peekable(),
+        repeats: Repeats::default(),
+        in_class: false,
+        class_start: false,
+    };
+    while let Some(c) = reading.chars.next() {
+        let first_in_class = std::mem::take(&mut reading.class_start);
+        if c == '\\' {
+            reading.escape();
+        } else if reading.in_class {
+            reading.inside_class(c, first_in_class);
+        } else {
+            reading.outside_class(c)?;
+        }
+    }
+    Ok(reading.out)
+}
+
+/// A pattern being rewritten by [`as_go_reads`], and what is known where it has got to.
+struct GoReading<'a> {
+    out: String,
+    chars: Peekable<Chars<'a>>,
+    repeats: Repeats,
+    /// Inside a bracketed class.
+    in_class: bool,
+    /// Whether the next character is the class's first (where `]` is literal).
+    class_start: bool,
+}
+
+impl GoReading<'_> {
+    /// What follows a backslash.
+    fn escape(&mut self) {
+        let Some(escaped) = self.chars.next() else {
+            // A trailing backslash: left for the crate to refuse.
+            self.out.push('\\');
+            return;
+        };
+        if !self.in_class {
+            self.repeats.atom();
+        }
+        if escaped == 'Q' {
+            // `\Q…\E` (or to the end) quotes its text, which the crate does not know.
+            let mut quoted = String::new();
+            while let Some(q) = self.chars.next() {
+                if q == '\\' && self.chars.peek() == Some(&'E') {
+                    self.chars.next();
                     break;
-                };
-                if !in_class {
-                    repeats.atom();
                 }
-                if escaped == 'Q' {
-                    // `\Q…\E` (or to the end) quotes its text, which the crate does not know.
-                    let mut quoted = String::new();
-                    while let Some(q) = chars.next() {
-                        if q == '\\' && chars.peek() == Some(&'E') {
-                            chars.next();
-                            break;
-                        }
-                        quoted.push(q);
-                    }
-                    out.push_str(&regex::escape(&quoted));
-                    continue;
-                }
-                out.push_str(&perl_class(escaped, in_class));
+                quoted.push(q);
             }
-            '[' if !in_class => {
-                in_class = true;
-                class_start = true;
-                out.push(c);
-                if chars.peek() == Some(&'^') {
-                    out.push('^');
-                    chars.next();
-                }
-            }
-            '[' if in_class && chars.peek() == Some(&':') => {
+            self.out.push_str(&regex::escape(&quoted));
+            return;
+        }
+        self.out.push_str(&perl_class(escaped, self.in_class));
+    }
+
+    /// `c`, read inside a bracketed class.
+    fn inside_class(&mut self, c: char, first_in_class: bool) {
+        match c {
+            '[' if self.chars.peek() == Some(&':') => {
                 // `[:alpha:]` and its kin are ASCII in both.
-                out.push(c);
-                for next in chars.by_ref() {
-                    out.push(next);
+                self.out.push(c);
+                for next in self.chars.by_ref() {
+                    self.out.push(next);
                     if next == ']' {
                         break;
                     }
                 }
             }
-            ']' if in_class && !first_in_class => {
-                in_class = false;
-                repeats.atom();
-                out.push(c);
+            ']' if !first_in_class => {
+                self.in_class = false;
+                self.repeats.atom();
+                self.out.push(c);
             }
             // Go reads these as themselves in a class; the crate would open a nested class or
             // take `&&` and `~~` for set operations.
-            '[' | '&' | '~' if in_class => {
-                out.push('\\');
-                out.push(c);
+            '[' | '&' | '~' => {
+                self.out.push('\\');
+                self.out.push(c);
             }
-            _ if in_class => out.push(c),
+            _ => self.out.push(c),
+        }
+    }
+
+    /// `c`, read outside any class; a repetition Go refuses is an error.
+    fn outside_class(&mut self, c: char) -> Result<(), String> {
+        match c {
+            '[' => {
+                self.in_class = true;
+                self.class_start = true;
+                self.out.push(c);
+                if self.chars.peek() == Some(&'^') {
+                    self.out.push('^');
+                    self.chars.next();
+                }
+            }
             '(' => {
-                repeats.open();
-                out.push(c);
+                self.repeats.open();
+                self.out.push(c);
             }
             ')' => {
-                repeats.close();
-                out.push(c);
+                self.repeats.close();
+                self.out.push(c);
             }
             '*' | '+' | '?' => {
-                repeats.repeat(c, None)?;
-                out.push(c);
+                self.repeats.repeat(c, None)?;
+                self.out.push(c);
             }
             '{' => {
-                let counts: String = chars.clone().take_while(|&d| d != '}').collect();
-                if is_repeat(&counts) && chars.clone().nth(counts.len()) == Some('}') {
-                    repeats.repeat(c, Some(&counts))?;
-                    out.push(c);
-                    out.push_str(&counts);
-                    out.push('}');
+                let counts: String = self.chars.clone().take_while(|&d| d != '}').collect();
+                if is_repeat(&counts) && self.chars.clone().nth(counts.len()) == Some('}') {
+                    self.repeats.repeat(c, Some(&counts))?;
+                    self.out.push(c);
+                    self.out.push_str(&counts);
+                    self.out.push('}');
                     // Past the counts and the closing brace.
-                    chars.nth(counts.len());
+                    self.chars.nth(counts.len());
                 } else {
                     // Go reads a brace that starts no repeat as itself; the crate refuses it.
-                    repeats.atom();
-                    out.push_str("\\{");
+                    self.repeats.atom();
+                    self.out.push_str("\\{");
                 }
             }
             _ => {
-                repeats.atom();
-                out.push(c);
+                self.repeats.atom();
+                self.out.push(c);
             }
         }
+        Ok(())
     }
-    Ok(out)
 }
 
 /// What Go's parser checks of repetitions, followed along a pattern: no repetition of a

@@ -139,10 +139,7 @@ pub fn timestamp_of_seconds(seconds: i64) -> Result<DateTime<FixedOffset>, Strin
 /// Go's `time.ParseDuration`: `[-+]?([0-9]*(\.[0-9]*)?[a-z]+)+` with the units `ns`, `us`
 /// (`µs`, `μs`), `ms`, `s`, `m`, `h`, or `0`; in nanoseconds, at most 2^63 - 1.
 pub fn parse_duration(text: &str) -> Result<i64, String> {
-    const LIMIT: u64 = 1 << 63;
-    let invalid = || format!("invalid duration {text:?}");
-    let overflow = || format!("invalid duration {text:?}: out of range");
-    let (negative, mut rest) = match text.as_bytes().first() {
+    let (negative, rest) = match text.as_bytes().first() {
         Some(b'-') => (true, &text[1..]),
         Some(b'+') => (false, &text[1..]),
         _ => (false, text),
@@ -150,46 +147,123 @@ pub fn parse_duration(text: &str) -> Result<i64, String> {
     if rest == "0" {
         return Ok(0);
     }
+    let mut reading = DurationText { text, rest };
     if rest.is_empty() {
-        return Err(invalid());
+        return Err(reading.invalid());
     }
     let mut total: u64 = 0;
-    while !rest.is_empty() {
-        if !rest.starts_with(|c: char| c == '.' || c.is_ascii_digit()) {
-            return Err(invalid());
+    while !reading.rest.is_empty() {
+        let term = reading.term()?;
+        total = total
+            .checked_add(term)
+            .filter(|t| *t <= DURATION_LIMIT)
+            .ok_or_else(|| reading.overflow())?;
+    }
+    if negative {
+        // 2^63 nanoseconds negated is i64::MIN.
+        return Ok(0i64.wrapping_sub_unsigned(total));
+    }
+    i64::try_from(total).map_err(|_| reading.overflow())
+}
+
+/// The largest magnitude of a duration, in nanoseconds: 2^63, which only a negative one reaches.
+const DURATION_LIMIT: u64 = 1 << 63;
+
+/// A duration being parsed: all its `text`, and the `rest` not read yet.
+struct DurationText<'a> {
+    text: &'a str,
+    rest: &'a str,
+}
+
+/// The number before a unit: its whole part and its fraction, `fraction / scale`.
+struct Number {
+    whole: u64,
+    whole_digits: usize,
+    fraction: u64,
+    scale: f64,
+    fraction_digits: usize,
+}
+
+impl DurationText<'_> {
+    fn invalid(&self) -> String {
+        format!("invalid duration {:?}", self.text)
+    }
+
+    fn overflow(&self) -> String {
+        format!("invalid duration {:?}: out of range", self.text)
+    }
+
+    /// The next number and its unit, in nanoseconds.
+    fn term(&mut self) -> Result<u64, String> {
+        if !self
+            .rest
+            .starts_with(|c: char| c == '.' || c.is_ascii_digit())
+        {
+            return Err(self.invalid());
         }
-        let whole_digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-        let mut whole: u64 = 0;
-        for digit in rest[..whole_digits].bytes() {
-            whole = whole
+        let number = self.number()?;
+        if number.whole_digits == 0 && number.fraction_digits == 0 {
+            return Err(self.invalid());
+        }
+        let unit = self.unit()?;
+        if number.whole > DURATION_LIMIT / unit {
+            return Err(self.overflow());
+        }
+        let mut value = number.whole * unit;
+        if number.fraction > 0 {
+            // As Go: the fraction's share of the unit, in floating point, truncated.
+            value += (number.fraction as f64 * (unit as f64 / number.scale)) as u64;
+            if value > DURATION_LIMIT {
+                return Err(self.overflow());
+            }
+        }
+        Ok(value)
+    }
+
+    /// The digits, with an optional fraction after `.`, that start the rest.
+    fn number(&mut self) -> Result<Number, String> {
+        let whole_digits = self.rest.bytes().take_while(u8::is_ascii_digit).count();
+        let mut number = Number {
+            whole: 0,
+            whole_digits,
+            fraction: 0,
+            scale: 1.0,
+            fraction_digits: 0,
+        };
+        for digit in self.rest[..whole_digits].bytes() {
+            number.whole = number
+                .whole
                 .checked_mul(10)
                 .and_then(|w| w.checked_add(u64::from(digit - b'0')))
-                .filter(|w| *w <= LIMIT)
-                .ok_or_else(overflow)?;
+                .filter(|w| *w <= DURATION_LIMIT)
+                .ok_or_else(|| self.overflow())?;
         }
-        rest = &rest[whole_digits..];
-        let (mut fraction, mut scale, mut fraction_digits) = (0u64, 1f64, 0);
-        if let Some(after_point) = rest.strip_prefix('.') {
-            fraction_digits = after_point.bytes().take_while(u8::is_ascii_digit).count();
+        self.rest = &self.rest[whole_digits..];
+        if let Some(after_point) = self.rest.strip_prefix('.') {
+            number.fraction_digits = after_point.bytes().take_while(u8::is_ascii_digit).count();
             let mut overflowed = false;
-            for digit in after_point[..fraction_digits].bytes() {
+            for digit in after_point[..number.fraction_digits].bytes() {
                 // Digits past what a u64 holds are dropped, as Go does.
-                if overflowed || fraction > (LIMIT - 1) / 10 {
+                if overflowed || number.fraction > (DURATION_LIMIT - 1) / 10 {
                     overflowed = true;
                     continue;
                 }
-                fraction = fraction * 10 + u64::from(digit - b'0');
-                scale *= 10.0;
+                number.fraction = number.fraction * 10 + u64::from(digit - b'0');
+                number.scale *= 10.0;
             }
-            rest = &after_point[fraction_digits..];
+            self.rest = &after_point[number.fraction_digits..];
         }
-        if whole_digits == 0 && fraction_digits == 0 {
-            return Err(invalid());
-        }
-        let unit_len = rest
+        Ok(number)
+    }
+
+    /// The unit that starts the rest, in nanoseconds.
+    fn unit(&mut self) -> Result<u64, String> {
+        let unit_len = self
+            .rest
             .find(|c: char| c == '.' || c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit: u64 = match &rest[..unit_len] {
+            .unwrap_or(self.rest.len());
+        let text = self.text;
+        let unit: u64 = match &self.rest[..unit_len] {
             "ns" => 1,
             "us" | "\u{b5}s" | "\u{3bc}s" => 1_000,
             "ms" => 1_000_000,
@@ -199,28 +273,9 @@ pub fn parse_duration(text: &str) -> Result<i64, String> {
             "" => return Err(format!("invalid duration {text:?}: missing unit")),
             other => return Err(format!("invalid duration {text:?}: unknown unit {other:?}")),
         };
-        rest = &rest[unit_len..];
-        if whole > LIMIT / unit {
-            return Err(overflow());
-        }
-        let mut value = whole * unit;
-        if fraction > 0 {
-            // As Go: the fraction's share of the unit, in floating point, truncated.
-            value += (fraction as f64 * (unit as f64 / scale)) as u64;
-            if value > LIMIT {
-                return Err(overflow());
-            }
-        }
-        total = total
-            .checked_add(value)
-            .filter(|t| *t <= LIMIT)
-            .ok_or_else(overflow)?;
+        self.rest = &self.rest[unit_len..];
+        Ok(unit)
     }
-    if negative {
-        // 2^63 nanoseconds negated is i64::MIN.
-        return Ok(0i64.wrapping_sub_unsigned(total));
-    }
-    i64::try_from(total).map_err(|_| overflow())
 }
 
 /// Go's `time.Parse(time.RFC3339, …)`, within CEL's years: `YYYY-MM-DDTHH:MM:SS`, an optional

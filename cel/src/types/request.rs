@@ -5,8 +5,8 @@
 /// The type of `request`.
 pub(super) const REQUEST: &str = "kubernetes.AdmissionRequest";
 
-/// The fields of the object type `type_name`, each with its type as [`super::SIGNATURES`] writes
-/// types; `None` for a type that is not one of these.
+/// The fields of the object type `type_name`, each with its type as
+/// [`super::signatures::SIGNATURES`] writes types; `None` for a type that is not one of these.
 pub(super) fn fields(type_name: &str) -> Option<&'static [(&'static str, &'static str)]> {
     Some(match type_name {
         REQUEST => &[
