@@ -1,7 +1,6 @@
 //! The leader's writes of the webhook configurations: the API server's check of new match
 //! conditions (step 3 of the pass) and both configurations, leaving out the Policies the API
 //! server refuses (step 5).
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::rbac::v1::ClusterRole;
@@ -9,13 +8,10 @@ use kube::{Api, Resource, ResourceExt};
 use tracing::{debug, warn};
 
 use super::isolate::{self, Culprit, DryRun, Split};
-use super::pass::PassInput;
 use super::wiring::admission_policy::Placement;
-use super::wiring::mutating_policy::InProcessMutation;
-use super::wiring::schema_fit::SchemaFit;
 use super::wiring::{self, Wiring};
 use super::writes::{apply_both, dry_run, dry_run_both, search_failed};
-use super::{Applied, ControllerContext, Refusal, SpecVersion, WriteError};
+use super::{Applied, ControllerContext, PassInput, Refusal, SpecVersion, WriteError};
 use crate::runtime::error_chain::chain;
 use gatehouse_api::v1alpha1::Policy;
 
@@ -33,16 +29,6 @@ fn on_webhook<'a>(placements: &[(&'a Policy, Placement)], applied: &Applied) -> 
         })
         .map(|(p, _)| *p)
         .collect()
-}
-
-/// Where the valid Policies run, as the place step decided.
-pub(super) struct Placed<'a> {
-    /// Each valid Policy the API server had not refused, with where it runs.
-    pub placements: Vec<(&'a Policy, Placement)>,
-    /// The MutatingAdmissionPolicies of the mutating Policies placed in-process.
-    pub generated_mutation: Vec<InProcessMutation>,
-    /// Whether each mutating Policy's merges fit its kinds' schemas.
-    pub schema_fit: HashMap<String, SchemaFit>,
 }
 
 /// Step 5, write configurations: both configurations from the Policies left on the webhook,

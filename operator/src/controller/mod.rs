@@ -158,6 +158,17 @@ impl ControllerContext {
     }
 }
 
+/// What one pass is given.
+struct PassInput<'a> {
+    pub ctx: &'a ControllerContext,
+    pub caches: &'a PolicyCaches,
+    /// The CA bundle the entries carry.
+    pub bundle: &'a str,
+    /// Whether this pass was told this replica leads; writes check `leader` again.
+    pub leading: bool,
+    pub leader: &'a watch::Receiver<Leadership>,
+}
+
 /// What the loop remembers of its own term as leader.
 #[derive(Default)]
 struct Applied {
@@ -340,7 +351,7 @@ async fn reconcile_loop(
                 applied = Applied::default();
             }
             let bundle = ca_bundle_now.borrow().clone().unwrap_or_default();
-            let input = pass::PassInput {
+            let input = PassInput {
                 ctx,
                 caches,
                 bundle: &bundle,

@@ -14,32 +14,32 @@ use std::sync::atomic::Ordering;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use tokio::sync::watch;
 
-use super::configurations::{Placed, check_conditions, owned_wiring, write_configurations};
+use super::configurations::{check_conditions, owned_wiring, write_configurations};
 use super::status::Verdict;
+use super::wiring::admission_policy::Placement;
+use super::wiring::mutating_policy::InProcessMutation;
 use super::wiring::placement::{Served, place_all};
+use super::wiring::schema_fit::SchemaFit;
 use super::wiring::{self, Wiring};
 use super::writes::write_status;
 use super::{
-    Applied, ControllerContext, PolicyCaches, ReconcileError, Refusal, SpecVersion, WriteError,
-    in_process, in_process_mutating, schemas,
+    Applied, ControllerContext, PassInput, PolicyCaches, ReconcileError, Refusal, SpecVersion,
+    WriteError, in_process, in_process_mutating, schemas,
 };
-use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::Next;
 use crate::webhook::PolicyStore;
 use gatehouse_api::v1alpha1::Policy;
 use gatehouse_engine as engine;
 
-/// What one pass is given.
-pub(super) struct PassInput<'a> {
-    pub ctx: &'a ControllerContext,
-    pub caches: &'a PolicyCaches,
-    /// The CA bundle the entries carry.
-    pub bundle: &'a str,
-    /// Whether this pass was told this replica leads; writes check `leader` again.
-    pub leading: bool,
-    pub leader: &'a watch::Receiver<Leadership>,
+/// Where the valid Policies run, as the place step decided.
+pub(super) struct Placed<'a> {
+    /// Each valid Policy the API server had not refused, with where it runs.
+    pub placements: Vec<(&'a Policy, Placement)>,
+    /// The MutatingAdmissionPolicies of the mutating Policies placed in-process.
+    pub generated_mutation: Vec<InProcessMutation>,
+    /// Whether each mutating Policy's merges fit its kinds' schemas.
+    pub schema_fit: HashMap<String, SchemaFit>,
 }
 
 /// Runs the pipeline once. Returns when to look again, if sooner than a resync.
