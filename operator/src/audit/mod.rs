@@ -41,7 +41,7 @@ use gatehouse_api::v1alpha1::Policy;
 
 pub use judge::{AuditedKind, Judgement, NotAuditable, audit_copy, audit_request, judge};
 pub use report::{
-    POLICY_ANNOTATION, POLICY_UID_LABEL, Scope, TRUNCATED_ANNOTATION, Tally, report_name,
+    POLICY_ANNOTATION, POLICY_UID_LABEL, ReportLocation, TRUNCATED_ANNOTATION, Tally, report_name,
     report_object,
 };
 

@@ -9,7 +9,7 @@ use tokio::sync::watch;
 
 use super::audited::{AuditedPolicy, push_once};
 use super::judge::{AuditedKind, Judgement, audited_resources, judge};
-use super::report::{Scope, Tallies, Tally};
+use super::report::{ReportLocation, Tallies, Tally};
 use super::source::{KindUnknown, Pace, Pages, may_list, resolve_kind};
 use super::writes::{clear_statuses, write_reports, write_statuses};
 use super::{AUDITED, AuditContext, AuditError, AuditLabels};
@@ -224,27 +224,27 @@ impl PassState {
         let excluded = |ns: &str| ctx.config.excluded_namespaces.iter().any(|e| e == ns);
         let name = object["metadata"]["name"].as_str().unwrap_or_default();
         let scope = match object["metadata"]["namespace"].as_str() {
-            Some(ns) if kind.namespaced => Scope::Namespace(ns.to_string()),
-            _ => Scope::Cluster,
+            Some(ns) if kind.namespaced => ReportLocation::Namespace(ns.to_string()),
+            _ => ReportLocation::Cluster,
         };
         // What admission never touches is not audited: objects in the excluded namespaces,
         // and those Namespaces themselves.
         let untouched = match &scope {
-            Scope::Namespace(ns) => excluded(ns),
-            Scope::Cluster => kind.is_namespace() && excluded(name),
+            ReportLocation::Namespace(ns) => excluded(ns),
+            ReportLocation::Cluster => kind.is_namespace() && excluded(name),
         };
         if untouched {
             return;
         }
         let no_labels = BTreeMap::new();
-        if let Scope::Namespace(ns) = &scope
+        if let ReportLocation::Namespace(ns) = &scope
             && !self.namespace_labels.contains_key(ns)
         {
             let labels = ctx.namespaces.labels(ns).await;
             self.namespace_labels.insert(ns.clone(), labels);
         }
         let labels = match &scope {
-            Scope::Namespace(ns) => match self.namespace_labels.get(ns) {
+            ReportLocation::Namespace(ns) => match self.namespace_labels.get(ns) {
                 Some(Ok(labels)) => Namespace::Labels(labels),
                 // Its Namespace is gone: it is being deleted with it.
                 Some(Err(reason)) if reason == NO_SUCH_NAMESPACE => return,
@@ -258,7 +258,7 @@ impl PassState {
                 }
                 None => return,
             },
-            Scope::Cluster => Namespace::Labels(&no_labels),
+            ReportLocation::Cluster => Namespace::Labels(&no_labels),
         };
         for &i in members {
             let entry = &mut self.audited[i];

@@ -23,7 +23,7 @@ pub const TRUNCATED_ANNOTATION: &str = "gatehouse.dev/results-truncated";
 
 /// Where a report is.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Scope {
+pub enum ReportLocation {
     Namespace(String),
     Cluster,
 }
@@ -86,10 +86,10 @@ pub fn report_name(policy: &str) -> String {
 }
 
 /// The report object (for server-side apply) of Policy `policy` (with `uid`) in `scope`.
-pub fn report_object(policy: &str, uid: &str, scope: &Scope, tally: &Tally) -> Value {
+pub fn report_object(policy: &str, uid: &str, scope: &ReportLocation, tally: &Tally) -> Value {
     let kind = match scope {
-        Scope::Namespace(_) => ReportKind::Namespaced,
-        Scope::Cluster => ReportKind::Cluster,
+        ReportLocation::Namespace(_) => ReportKind::Namespaced,
+        ReportLocation::Cluster => ReportKind::Cluster,
     };
     let mut metadata = json!({
         "name": report_name(policy),
@@ -100,7 +100,7 @@ pub fn report_object(policy: &str, uid: &str, scope: &Scope, tally: &Tally) -> V
             "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "name": policy, "uid": uid,
         }],
     });
-    if let Scope::Namespace(ns) = scope {
+    if let ReportLocation::Namespace(ns) = scope {
         metadata["namespace"] = json!(ns);
     }
     let failing = tally.results.len() as u64 + tally.left_out;
@@ -120,7 +120,7 @@ pub fn report_object(policy: &str, uid: &str, scope: &Scope, tally: &Tally) -> V
 }
 
 /// Every scope's tally of one pass, by Policy name.
-pub type Tallies = BTreeMap<String, BTreeMap<Scope, Tally>>;
+pub type Tallies = BTreeMap<String, BTreeMap<ReportLocation, Tally>>;
 
 #[cfg(test)]
 mod tests {
@@ -171,7 +171,12 @@ mod tests {
         );
         assert_eq!(tally.results.len(), 2);
         assert_eq!(tally.left_out, 2);
-        let report = report_object("p", "uid-1", &Scope::Namespace("ns".into()), &tally);
+        let report = report_object(
+            "p",
+            "uid-1",
+            &ReportLocation::Namespace("ns".into()),
+            &tally,
+        );
         assert_eq!(report["kind"], "PolicyReport");
         assert_eq!(report["metadata"]["namespace"], "ns");
         assert_eq!(report["metadata"]["name"], "gatehouse-p");
@@ -182,7 +187,7 @@ mod tests {
         assert_eq!(report["metadata"]["ownerReferences"][0]["uid"], "uid-1");
         assert_eq!(report["summary"]["warn"], 2);
         assert_eq!(report["results"][1]["resources"][0]["name"], "b");
-        let cluster = report_object("p", "uid-1", &Scope::Cluster, &Tally::default());
+        let cluster = report_object("p", "uid-1", &ReportLocation::Cluster, &Tally::default());
         assert_eq!(cluster["kind"], "ClusterPolicyReport");
         assert!(cluster["metadata"].get("namespace").is_none());
         assert_eq!(cluster["metadata"]["annotations"][POLICY_ANNOTATION], "p");

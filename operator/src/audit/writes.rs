@@ -11,7 +11,7 @@ use tokio::sync::watch;
 use tracing::warn;
 
 use super::audited::AuditedPolicy;
-use super::report::{POLICY_UID_LABEL, Scope, Tallies, report_name, report_object};
+use super::report::{POLICY_UID_LABEL, ReportLocation, Tallies, report_name, report_object};
 use super::source::Pace;
 use super::{AUDITED, AuditContext, AuditError};
 use crate::controller::wiring::MANAGED_BY_LABEL;
@@ -31,14 +31,16 @@ fn report_resource(kind: ReportKind) -> ApiResource {
     }
 }
 
-fn api(ctx: &AuditContext, scope: &Scope) -> Api<DynamicObject> {
+fn api(ctx: &AuditContext, scope: &ReportLocation) -> Api<DynamicObject> {
     match scope {
-        Scope::Namespace(ns) => Api::namespaced_with(
+        ReportLocation::Namespace(ns) => Api::namespaced_with(
             ctx.client.clone(),
             ns,
             &report_resource(ReportKind::Namespaced),
         ),
-        Scope::Cluster => Api::all_with(ctx.client.clone(), &report_resource(ReportKind::Cluster)),
+        ReportLocation::Cluster => {
+            Api::all_with(ctx.client.clone(), &report_resource(ReportKind::Cluster))
+        }
     }
 }
 
@@ -63,8 +65,8 @@ async fn apply_reports(
     tallies: &Tallies,
     leader: &watch::Receiver<Leadership>,
     pace: &mut Pace,
-) -> Result<BTreeSet<(Scope, String)>, AuditError> {
-    let mut written: BTreeSet<(Scope, String)> = BTreeSet::new();
+) -> Result<BTreeSet<(ReportLocation, String)>, AuditError> {
+    let mut written: BTreeSet<(ReportLocation, String)> = BTreeSet::new();
     let params = PatchParams::apply(FIELD_MANAGER).force();
     for entry in audited.iter_mut() {
         let name = entry.name().to_string();
@@ -104,7 +106,7 @@ async fn apply_reports(
 async fn delete_unwritten(
     ctx: &AuditContext,
     audited: &[AuditedPolicy],
-    written: &BTreeSet<(Scope, String)>,
+    written: &BTreeSet<(ReportLocation, String)>,
     leader: &watch::Receiver<Leadership>,
     pace: &mut Pace,
 ) -> Result<(), AuditError> {
@@ -133,8 +135,8 @@ async fn delete_unwritten(
         for report in existing {
             let name = report.metadata.name.clone().unwrap_or_default();
             let scope = match (kind, report.metadata.namespace.clone()) {
-                (ReportKind::Namespaced, Some(ns)) => Scope::Namespace(ns),
-                _ => Scope::Cluster,
+                (ReportKind::Namespaced, Some(ns)) => ReportLocation::Namespace(ns),
+                _ => ReportLocation::Cluster,
             };
             let owner = report
                 .metadata

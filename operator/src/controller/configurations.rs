@@ -11,20 +11,23 @@ use super::isolate::{self, Culprit, DryRun, Split};
 use super::wiring::admission_policy::Placement;
 use super::wiring::{self, Wiring};
 use super::writes::{apply_both, dry_run, dry_run_both, search_failed};
-use super::{Applied, ControllerContext, PassInput, Refusal, SpecVersion, WriteError};
+use super::{ControllerContext, LeaderMemory, PassInput, Refusal, SpecVersion, WriteError};
 use crate::runtime::error_chain::chain;
 use gatehouse_api::v1alpha1::Policy;
 
 /// The valid Policies the webhook enforces: placed there, or placed in-process and not yet
 /// confirmed enforced by the API server; never one the API server refused.
-fn on_webhook<'a>(placements: &[(&'a Policy, Placement)], applied: &Applied) -> Vec<&'a Policy> {
+fn on_webhook<'a>(
+    placements: &[(&'a Policy, Placement)],
+    memory: &LeaderMemory,
+) -> Vec<&'a Policy> {
     placements
         .iter()
-        .filter(|(p, _)| !applied.rejected.contains_key(&p.name_any()))
+        .filter(|(p, _)| !memory.rejected.contains_key(&p.name_any()))
         .filter(|(p, placement)| match placement {
             Placement::Webhook(_) => true,
-            Placement::InProcess(_) => !applied.in_process.confirmed.contains_key(&p.name_any()),
-            Placement::InProcessMutating(_) => !applied.in_process.mutating.confirmed(p),
+            Placement::InProcess(_) => !memory.in_process.confirmed.contains_key(&p.name_any()),
+            Placement::InProcessMutating(_) => !memory.in_process.mutating.confirmed(p),
             Placement::Refused(_) => false,
         })
         .map(|(p, _)| *p)
@@ -33,12 +36,12 @@ fn on_webhook<'a>(placements: &[(&'a Policy, Placement)], applied: &Applied) -> 
 
 /// Step 5, write configurations: both configurations from the Policies left on the webhook,
 /// leaving out the ones the API server refuses (found by bisecting with dry runs when a write
-/// is refused as invalid; they join `applied.rejected`).
+/// is refused as invalid; they join `memory.rejected`).
 pub(super) async fn write_configurations(
     input: &PassInput<'_>,
     placements: &[(&Policy, Placement)],
     wiring: &Wiring,
-    applied: &mut Applied,
+    memory: &mut LeaderMemory,
 ) -> Result<(), WriteError> {
     let PassInput {
         ctx,
@@ -47,13 +50,13 @@ pub(super) async fn write_configurations(
         leader,
         ..
     } = *input;
-    let candidates = on_webhook(placements, applied);
+    let candidates = on_webhook(placements, memory);
     let desired = wiring::desired(&candidates, wiring, bundle);
-    let first = apply_both(ctx, caches, desired, applied, leader).await;
+    let first = apply_both(ctx, caches, desired, memory, leader).await;
     // Members leaving the generated policy count their grace from a webhook write that took
     // them: while the writes fail, they stay in it.
     if first.is_err() {
-        applied.in_process.mutating.restart_grace();
+        memory.in_process.mutating.restart_grace();
     }
     let refused_as_invalid = matches!(&first, Err(WriteError::ApplyConfiguration { source: kube::Error::Api(e), .. }) if e.code == 422);
     if !refused_as_invalid {
@@ -74,7 +77,7 @@ pub(super) async fn write_configurations(
     } in split.refused
     {
         warn!(policy = %policy.name_any(), %reason, "the API server refuses this Policy's entries; leaving it out");
-        applied.rejected.insert(
+        memory.rejected.insert(
             policy.name_any(),
             Refusal {
                 spec: SpecVersion::of(policy),
@@ -82,11 +85,11 @@ pub(super) async fn write_configurations(
             },
         );
     }
-    let kept = on_webhook(placements, applied);
+    let kept = on_webhook(placements, memory);
     let desired = wiring::desired(&kept, wiring, bundle);
-    let written = apply_both(ctx, caches, desired, applied, leader).await;
+    let written = apply_both(ctx, caches, desired, memory, leader).await;
     if written.is_err() {
-        applied.in_process.mutating.restart_grace();
+        memory.in_process.mutating.restart_grace();
     }
     written
 }
@@ -94,15 +97,15 @@ pub(super) async fn write_configurations(
 /// The wiring with its owner: the installation's ClusterRole, read once (and again each pass
 /// until it is found). Without it (not installed with `config/default`, or not readable) the
 /// configurations have no owner.
-pub(super) async fn owned_wiring(ctx: &ControllerContext, applied: &mut Applied) -> Wiring {
+pub(super) async fn owned_wiring(ctx: &ControllerContext, memory: &mut LeaderMemory) -> Wiring {
     let mut wiring = ctx.wiring.clone();
-    if applied.owner.is_none()
+    if memory.owner.is_none()
         && let Some(name) = &wiring.owner_cluster_role
     {
         let api: Api<ClusterRole> = Api::all(ctx.client.clone());
         match api.get_opt(name).await {
             Ok(Some(role)) => {
-                applied.owner = role.controller_owner_ref(&()).map(|mut o| {
+                memory.owner = role.controller_owner_ref(&()).map(|mut o| {
                     // An owner, not a controller: nothing else manages the configurations.
                     o.controller = None;
                     o
@@ -114,21 +117,21 @@ pub(super) async fn owned_wiring(ctx: &ControllerContext, applied: &mut Applied)
             }
         }
     }
-    wiring.owner = applied.owner.clone();
+    wiring.owner = memory.owner.clone();
     wiring
 }
 
-/// Step 3, check: has the API server judge the match conditions of every Policy it has not judged yet (in this
-/// term, at this generation), with one dry run, bisecting only when it refuses some; refused
-/// Policies join `applied.rejected` with the API server's message.
+/// Step 3, check: has the API server check the match conditions of every Policy it has not
+/// checked yet (in this term, at this generation), with one dry run, bisecting only when it
+/// refuses some; refused Policies join `memory.rejected` with the API server's message.
 pub(super) async fn check_conditions(
     ctx: &ControllerContext,
     wiring: &Wiring,
     valid: &[Arc<Policy>],
     bundle: &str,
-    applied: &mut Applied,
+    memory: &mut LeaderMemory,
 ) -> Result<(), WriteError> {
-    applied.conditions_checked.retain(|name, checked| {
+    memory.conditions_checked.retain(|name, checked| {
         valid
             .iter()
             .any(|p| p.name_any() == *name && SpecVersion::of(p) == *checked)
@@ -137,8 +140,8 @@ pub(super) async fn check_conditions(
         .iter()
         .map(|p| p.as_ref())
         .filter(|p| !p.spec.match_.conditions.is_empty())
-        .filter(|p| !applied.conditions_checked.contains_key(&p.name_any()))
-        .filter(|p| !applied.rejected.contains_key(&p.name_any()))
+        .filter(|p| !memory.conditions_checked.contains_key(&p.name_any()))
+        .filter(|p| !memory.rejected.contains_key(&p.name_any()))
         .collect();
     if unchecked.is_empty() {
         return Ok(());
@@ -157,7 +160,7 @@ pub(super) async fn check_conditions(
             .map_err(search_failed)?,
     };
     for p in split.accepted {
-        applied
+        memory
             .conditions_checked
             .insert(p.name_any(), SpecVersion::of(p));
     }
@@ -167,7 +170,7 @@ pub(super) async fn check_conditions(
     } in split.refused
     {
         warn!(policy = %p.name_any(), %reason, "the API server refuses this Policy's match conditions; leaving it out");
-        applied.rejected.insert(
+        memory.rejected.insert(
             p.name_any(),
             Refusal {
                 spec: SpecVersion::of(p),

@@ -47,12 +47,12 @@ pub struct MutatingCaches {
 pub struct MutatingMemory {
     /// By generated policy: the objects the API server was seen to run, and the spec of each
     /// member then.
-    confirmed: HashMap<String, Confirmed>,
+    confirmed: HashMap<String, ConfirmedRun>,
     /// Members of the stored policies that went back to the webhook, and since when.
     leaving: HashMap<String, Instant>,
 }
 
-struct Confirmed {
+struct ConfirmedRun {
     objects: InProcessMutation,
     members: HashMap<String, SpecVersion>,
 }
@@ -136,7 +136,7 @@ pub async fn enforce(
                 continue;
             }
         }
-        to_confirm.push(Confirmed {
+        to_confirm.push(ConfirmedRun {
             objects: objects.clone(),
             members,
         });

@@ -171,7 +171,7 @@ struct PassInput<'a> {
 
 /// What the loop remembers of its own term as leader.
 #[derive(Default)]
-struct Applied {
+struct LeaderMemory {
     /// Our own last writes, to tell drift from our own echo.
     mutating: Option<LastWrite>,
     validating: Option<LastWrite>,
@@ -334,7 +334,7 @@ async fn reconcile_loop(
         }
     };
     let leader_view = leader.clone();
-    let mut applied = Applied::default();
+    let mut memory = LeaderMemory::default();
     let pacing = Pacing {
         window: COALESCE,
         resync: RESYNC,
@@ -348,7 +348,7 @@ async fn reconcile_loop(
         async |term| {
             // A new term must not trust what an earlier one remembered.
             if term != Term::Continuing {
-                applied = Applied::default();
+                memory = LeaderMemory::default();
             }
             let bundle = ca_bundle_now.borrow().clone().unwrap_or_default();
             let input = PassInput {
@@ -358,7 +358,7 @@ async fn reconcile_loop(
                 leading: term.is_leading(),
                 leader: &leader_view,
             };
-            let result = pass::reconcile_all(&input, &mut applied)
+            let result = pass::reconcile_all(&input, &mut memory)
                 .instrument(info_span!("reconcile", controller = "policy"))
                 .await;
             match result {

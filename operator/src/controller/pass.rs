@@ -1,9 +1,9 @@
 //! One pass of the Policy controller, a pipeline of named steps:
 //!
-//! judge → place → check → enforce in-process → write configurations → remove stale →
+//! validate → place → check → enforce in-process → write configurations → remove stale →
 //! write statuses.
 //!
-//! Every replica judges (its webhook server serves what it compiles, and must never 404 an
+//! Every replica validates (its webhook server serves what it compiles, and must never 404 an
 //! entry the API server may still call); only the leader goes on, and each of its writes is
 //! fenced by its term. A step that fails is the pass's error variant
 //! ([`ReconcileError`]), so the failure metric says which step failed.
@@ -24,7 +24,7 @@ use super::wiring::schema_fit::SchemaFit;
 use super::wiring::{self, Wiring};
 use super::writes::write_status;
 use super::{
-    Applied, ControllerContext, PassInput, PolicyCaches, ReconcileError, Refusal, SpecVersion,
+    ControllerContext, LeaderMemory, PassInput, PolicyCaches, ReconcileError, Refusal, SpecVersion,
     WriteError, in_process, in_process_mutating, schemas,
 };
 use crate::runtime::reconcile::Next;
@@ -45,35 +45,35 @@ pub(super) struct Placed<'a> {
 /// Runs the pipeline once. Returns when to look again, if sooner than a resync.
 pub(super) async fn reconcile_all(
     input: &PassInput<'_>,
-    applied: &mut Applied,
+    memory: &mut LeaderMemory,
 ) -> Result<Next, ReconcileError> {
     let PassInput { ctx, caches, .. } = *input;
-    let judged = judge(ctx, caches);
+    let validated = validate_all(ctx, caches);
     if !input.leading {
-        track_wired(ctx, caches, &judged.valid);
+        track_wired(ctx, caches, &validated.valid);
         return Ok(Next::Resync);
     }
-    let wiring = owned_wiring(ctx, applied).await;
-    forget_old_refusals(&mut applied.rejected, &judged.valid);
-    let placed = place(input, &judged.valid, &wiring, applied).await;
-    let written = enforce_and_write(input, &judged.valid, &placed, &wiring, applied).await;
-    track_wired(ctx, caches, &judged.valid);
-    write_statuses(input, judged.verdicts, &placed, applied, written.is_ok()).await?;
+    let wiring = owned_wiring(ctx, memory).await;
+    forget_old_refusals(&mut memory.rejected, &validated.valid);
+    let placed = place(input, &validated.valid, &wiring, memory).await;
+    let written = enforce_and_write(input, &validated.valid, &placed, &wiring, memory).await;
+    track_wired(ctx, caches, &validated.valid);
+    write_statuses(input, validated.verdicts, &placed, memory, written.is_ok()).await?;
     written.map(|wake| wake.map_or(Next::Resync, Next::By))
 }
 
-/// What the judge step decides of every Policy before any write.
-struct Judged {
+/// What the validate step decides of every Policy before any write.
+struct Validated {
     /// The Policies to wire, compiled into the server's store.
     valid: Vec<Arc<Policy>>,
     /// Every Policy with its verdict, in order.
     verdicts: Vec<(Arc<Policy>, Verdict)>,
 }
 
-/// Step 1, judge: every Policy compiled into this replica's webhook server (or found there) or
+/// Step 1, validate: every Policy compiled into this replica's webhook server (or found there) or
 /// found invalid; then the server told which Policies the API server enforces (their status
 /// says so, for their current spec), so it never evaluates those too.
-fn judge(ctx: &ControllerContext, caches: &PolicyCaches) -> Judged {
+fn validate_all(ctx: &ControllerContext, caches: &PolicyCaches) -> Validated {
     let all = caches.policies.state();
     let pool_exists = |name: &str| {
         caches
@@ -81,9 +81,9 @@ fn judge(ctx: &ControllerContext, caches: &PolicyCaches) -> Judged {
             .get(&kube::runtime::reflector::ObjectRef::new(name))
             .is_some()
     };
-    let judged = judge_each(&all, |policy| compile(&ctx.policies, policy), pool_exists);
+    let validated = validate_each(&all, |policy| compile(&ctx.policies, policy), pool_exists);
     ctx.policies.set_in_process(
-        judged
+        validated
             .valid
             .iter()
             .filter(|p| in_process::enforced_in_process(p))
@@ -91,18 +91,18 @@ fn judge(ctx: &ControllerContext, caches: &PolicyCaches) -> Judged {
             .collect(),
     );
     ctx.readiness.policies_loaded.store(true, Ordering::Release);
-    judged
+    validated
 }
 
-/// Judges every Policy: `compile` compiles one into the server's store (or finds it there) or
+/// Validates every Policy: `compile` compiles one into the server's store (or finds it there) or
 /// lists its problems, and an ipam effect needs its IPPool (`pool_exists`) to be wired, since
 /// wired it would hold every Pod it marks at its gate with no pool to serve them.
-fn judge_each(
+fn validate_each(
     all: &[Arc<Policy>],
     mut compile: impl FnMut(&Policy) -> Result<(), Vec<String>>,
     pool_exists: impl Fn(&str) -> bool,
-) -> Judged {
-    let mut judged = Judged {
+) -> Validated {
+    let mut validated = Validated {
         valid: Vec::new(),
         verdicts: Vec::with_capacity(all.len()),
     };
@@ -112,7 +112,7 @@ fn judge_each(
             Err(problems) => problems,
         };
         let verdict = if problems.is_empty() {
-            judged.valid.push(policy.clone());
+            validated.valid.push(policy.clone());
             Verdict::Wired {
                 own_entry: engine::policy::needs_own_entry(&policy.spec),
                 // Said once the pass has placed it.
@@ -121,9 +121,9 @@ fn judge_each(
         } else {
             Verdict::Invalid(problems)
         };
-        judged.verdicts.push((policy.clone(), verdict));
+        validated.verdicts.push((policy.clone(), verdict));
     }
-    judged
+    validated
 }
 
 /// Compiles `policy` into the server's store unless its spec is there already (the store is
@@ -161,12 +161,12 @@ async fn place<'a>(
     input: &PassInput<'_>,
     valid: &'a [Arc<Policy>],
     wiring: &Wiring,
-    applied: &mut Applied,
+    memory: &mut LeaderMemory,
 ) -> Placed<'a> {
     let placeable: Vec<&Policy> = valid
         .iter()
         .map(|p| p.as_ref())
-        .filter(|p| !applied.rejected.contains_key(&p.name_any()))
+        .filter(|p| !memory.rejected.contains_key(&p.name_any()))
         .collect();
     let generated = input.caches.generated.as_ref();
     let served = Served {
@@ -174,7 +174,7 @@ async fn place<'a>(
         mutating: generated.is_some_and(|g| g.mutating.is_some()),
     };
     let schema_fit = if served.mutating {
-        schemas::judge(&input.ctx.client, &placeable, &mut applied.schemas).await
+        schemas::schema_fits(&input.ctx.client, &placeable, &mut memory.schemas).await
     } else {
         HashMap::new()
     };
@@ -193,7 +193,7 @@ async fn enforce_and_write(
     valid: &[Arc<Policy>],
     placed: &Placed<'_>,
     wiring: &Wiring,
-    applied: &mut Applied,
+    memory: &mut LeaderMemory,
 ) -> Result<Option<tokio::time::Instant>, ReconcileError> {
     let PassInput {
         ctx,
@@ -203,20 +203,19 @@ async fn enforce_and_write(
         ..
     } = *input;
     let placements = placed.placements.as_slice();
-    check_conditions(ctx, wiring, valid, bundle, applied)
+    check_conditions(ctx, wiring, valid, bundle, memory)
         .await
         .map_err(step(ReconcileError::Check))?;
     let mut mutating_wake = None;
     if let Some(generated) = &caches.generated {
-        let memory = &mut applied.in_process;
         in_process::enforce(
             ctx,
             wiring,
             generated,
             placements,
             leader,
-            memory,
-            &mut applied.rejected,
+            &mut memory.in_process,
+            &mut memory.rejected,
         )
         .await
         .map_err(step(ReconcileError::EnforceInProcess))?;
@@ -229,14 +228,14 @@ async fn enforce_and_write(
                 placements,
                 &placed.schema_fit,
                 leader,
-                &mut applied.in_process.mutating,
-                &mut applied.rejected,
+                &mut memory.in_process.mutating,
+                &mut memory.rejected,
             )
             .await
             .map_err(step(ReconcileError::EnforceInProcess))?;
         }
     }
-    write_configurations(input, placements, wiring, applied)
+    write_configurations(input, placements, wiring, memory)
         .await
         .map_err(step(ReconcileError::WriteConfigurations))?;
     let stale_wake = match &caches.generated {
@@ -244,9 +243,9 @@ async fn enforce_and_write(
             ctx,
             generated,
             placements,
-            &applied.rejected,
+            &memory.rejected,
             leader,
-            &mut applied.in_process,
+            &mut memory.in_process,
         )
         .await
         .map_err(step(ReconcileError::RemoveStale))?,
@@ -286,12 +285,12 @@ async fn write_statuses(
     input: &PassInput<'_>,
     verdicts: Vec<(Arc<Policy>, Verdict)>,
     placed: &Placed<'_>,
-    applied: &Applied,
+    memory: &LeaderMemory,
     wired: bool,
 ) -> Result<(), ReconcileError> {
     let now = Time(Timestamp::now());
-    let verdicts = in_process::verdicts(verdicts, &placed.placements, &applied.in_process);
-    for (policy, verdict) in statuses(verdicts, &applied.rejected, wired) {
+    let verdicts = in_process::verdicts(verdicts, &placed.placements, &memory.in_process);
+    for (policy, verdict) in statuses(verdicts, &memory.rejected, wired) {
         write_status(input.ctx, &policy, &verdict, now.clone(), input.leader)
             .await
             .map_err(step(ReconcileError::WriteStatuses))?;

@@ -16,13 +16,13 @@ use gatehouse_engine::policy::is_mutating;
 /// Judgements of schema fit, by Policy, with the spec each was about.
 #[derive(Default)]
 pub struct SchemaMemory {
-    judged: HashMap<String, Judged>,
+    fits: HashMap<String, RememberedFit>,
 }
 
 /// A judgement and what it was made from: the Policy's spec and the version (hash) of each
 /// OpenAPI document read. A CRD whose schema changes publishes a new hash, and the Policies
-/// matching it are judged again.
-struct Judged {
+/// matching it are fits again.
+struct RememberedFit {
     spec: SpecVersion,
     documents: Vec<(String, String)>,
     fit: SchemaFit,
@@ -33,7 +33,7 @@ struct Unread(String);
 
 /// Whether the merges of every mutating Policy that may run in-process fit the schemas of the
 /// kinds it matches, by Policy name.
-pub async fn judge(
+pub async fn schema_fits(
     client: &Client,
     policies: &[&Policy],
     memory: &mut SchemaMemory,
@@ -43,10 +43,10 @@ pub async fn judge(
         .copied()
         .filter(|p| is_mutating(&p.spec) && p.spec.enforcement != Enforcement::Webhook)
         .collect();
-    memory.judged.retain(|name, judged| {
+    memory.fits.retain(|name, fits| {
         candidates
             .iter()
-            .any(|p| p.name_any() == *name && SpecVersion::of(p) == judged.spec)
+            .any(|p| p.name_any() == *name && SpecVersion::of(p) == fits.spec)
     });
     if candidates.is_empty() {
         return HashMap::new();
@@ -68,21 +68,21 @@ pub async fn judge(
                 })
                 .collect()
         });
-        if let Some(judged) = memory.judged.get(&name)
-            && current.as_ref().is_none_or(|c| *c == judged.documents)
+        if let Some(fits) = memory.fits.get(&name)
+            && current.as_ref().is_none_or(|c| *c == fits.documents)
         {
-            verdicts.insert(name, judged.fit.clone());
+            verdicts.insert(name, fits.fit.clone());
             continue;
         }
-        match judge_one(client, p, &mut documents, &mut kinds).await {
+        match optional_structs(client, p, &mut documents, &mut kinds).await {
             Ok(verdict) => {
                 let fit = match verdict {
                     Ok(optional) => SchemaFit::Fits(optional),
                     Err(reason) => SchemaFit::Unfit(reason),
                 };
-                memory.judged.insert(
+                memory.fits.insert(
                     name.clone(),
-                    Judged {
+                    RememberedFit {
                         spec: SpecVersion::of(p),
                         documents: current.unwrap_or_default(),
                         fit: fit.clone(),
@@ -147,7 +147,7 @@ async fn document_versions(client: &Client) -> Option<HashMap<String, String>> {
     )
 }
 
-async fn judge_one(
+async fn optional_structs(
     client: &Client,
     p: &Policy,
     documents: &mut HashMap<String, Option<Value>>,

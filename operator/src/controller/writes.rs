@@ -1,4 +1,4 @@
-//! The writes of a pass: the configurations (applied, or dry-run to find a refused Policy) and
+//! The writes of a pass: the configurations (memory, or dry-run to find a refused Policy) and
 //! the Policies' status.
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
@@ -13,7 +13,7 @@ use tracing::{debug, warn};
 use super::isolate::{DryRun, SearchError};
 use super::status::{self, Verdict};
 use super::wiring::{self, CONFIGURATION_NAME};
-use super::{Applied, ControllerContext, LastWrite, PolicyCaches, WriteError};
+use super::{ControllerContext, LastWrite, LeaderMemory, PolicyCaches, WriteError};
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::{FIELD_MANAGER, fenced};
 use gatehouse_api::v1alpha1::Policy;
@@ -22,14 +22,14 @@ pub(super) async fn apply_both(
     ctx: &ControllerContext,
     caches: &PolicyCaches,
     desired: wiring::Desired,
-    applied: &mut Applied,
+    memory: &mut LeaderMemory,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<(), WriteError> {
-    let Applied {
+    let LeaderMemory {
         mutating,
         validating,
         ..
-    } = applied;
+    } = memory;
     apply_if_changed(ctx, &caches.mutating, desired.mutating, mutating, leader).await?;
     apply_if_changed(
         ctx,
@@ -150,7 +150,7 @@ where
     })?;
     ctx.configuration_writes.inc();
     let rv = result.meta().resource_version.clone();
-    debug!(%kind, ?rv, "applied");
+    debug!(%kind, ?rv, "memory");
     *last = Some(LastWrite {
         body: desired_json,
         resource_version: rv,

@@ -105,7 +105,7 @@ impl Index {
     }
 
     /// Takes in one watch event.
-    pub fn apply(&mut self, event: watcher::Event<IPAllocation>) {
+    pub fn ingest(&mut self, event: watcher::Event<IPAllocation>) {
         match event {
             watcher::Event::Init => self.relisting = Some(Entries::default()),
             watcher::Event::InitApply(a) => {
@@ -296,12 +296,12 @@ mod tests {
     fn synced(objects: Vec<IPAllocation>) -> Index {
         let mut index = Index::default();
         index.set_pools(&pools("10.0.0.0/29"));
-        index.apply(Event::Init);
+        index.ingest(Event::Init);
         for a in objects {
-            index.apply(Event::InitApply(a));
+            index.ingest(Event::InitApply(a));
         }
         assert!(!index.is_synced());
-        index.apply(Event::InitDone);
+        index.ingest(Event::InitDone);
         index
     }
 
@@ -318,15 +318,15 @@ mod tests {
     fn a_relist_replaces_what_was_known() {
         let mut index = synced(vec![allocation("p", 1, "o1", "pod-a")]);
         // The watch broke and missed the delete of .1; the re-list shows .3 instead.
-        index.apply(Event::Init);
-        index.apply(Event::InitApply(allocation("p", 3, "o3", "pod-c")));
+        index.ingest(Event::Init);
+        index.ingest(Event::InitApply(allocation("p", 3, "o3", "pod-c")));
         assert_eq!(
             index.count("p"),
             1,
             "the old view serves until the list completes"
         );
         assert!(index.holds_for("pod-a"));
-        index.apply(Event::InitDone);
+        index.ingest(Event::InitDone);
         assert!(!index.holds_for("pod-a"));
         assert_eq!(index.pick("p"), Some(ip(1)));
         assert_eq!(index.pick("p"), Some(ip(2)));
@@ -339,7 +339,7 @@ mod tests {
         // .1 was released and handed to pod-b before the old object's delete event arrived.
         index.forget(&allocation_name("p", ip(1)), "old");
         index.observe(Held::of(&allocation("p", 1, "new", "pod-b")).unwrap());
-        index.apply(Event::Delete(allocation("p", 1, "old", "pod-a")));
+        index.ingest(Event::Delete(allocation("p", 1, "old", "pod-a")));
         assert!(index.holds_for("pod-b"));
         assert_eq!(index.count("p"), 1);
         assert_eq!(index.pick("p"), Some(ip(2)), ".1 stays taken by pod-b");
@@ -400,8 +400,8 @@ mod tests {
             let cidr = "10.0.0.0/28";
             let mut index = Index::default();
             index.set_pools(&pools(cidr));
-            index.apply(Event::Init);
-            index.apply(Event::InitDone);
+            index.ingest(Event::Init);
+            index.ingest(Event::InitDone);
             // The objects that exist: address → (object uid, owner).
             let mut live: BTreeMap<u8, (String, String)> = BTreeMap::new();
             let mut picks = Vec::new();
@@ -411,20 +411,20 @@ mod tests {
                         let uid = live.get(&a).map_or_else(|| format!("u{version}"), |(u, _)| u.clone());
                         let owner = format!("pod-{o}");
                         live.insert(a, (uid.clone(), owner.clone()));
-                        index.apply(Event::Apply(allocation("p", a, &uid, &owner)));
+                        index.ingest(Event::Apply(allocation("p", a, &uid, &owner)));
                     }
                     Step::Delete(a) => {
                         if let Some((uid, owner)) = live.remove(&a) {
-                            index.apply(Event::Delete(allocation("p", a, &uid, &owner)));
+                            index.ingest(Event::Delete(allocation("p", a, &uid, &owner)));
                         }
                     }
                     Step::Pick => picks.extend(index.pick("p")),
                     Step::Relist => {
-                        index.apply(Event::Init);
+                        index.ingest(Event::Init);
                         for (a, (uid, owner)) in &live {
-                            index.apply(Event::InitApply(allocation("p", *a, uid, owner)));
+                            index.ingest(Event::InitApply(allocation("p", *a, uid, owner)));
                         }
-                        index.apply(Event::InitDone);
+                        index.ingest(Event::InitDone);
                     }
                 }
             }

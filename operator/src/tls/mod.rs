@@ -2,7 +2,7 @@
 //! all replicas through one Secret, rotated without restarts or failed requests.
 //!
 //! * [`config`]: what to maintain ([`TlsConfig`], [`San`]).
-//! * [`rotation`]: the pure state machine ([`plan`], [`apply`]) over the stored
+//! * [`rotation`]: the pure state machine ([`plan`], [`perform`]) over the stored
 //!   [`TlsMaterial`].
 //! * [`resolver`]: the hot-swappable [`CertResolver`] and the rustls [`server_config`].
 //! * [`manager`]: the [`TlsManager`] that ties the Secret, the resolver and the published
@@ -33,7 +33,7 @@ pub use manager::{Coordination, TlsManager, TlsMetrics};
 pub use pki::CertKeyPem;
 pub use resolver::{CertResolver, server_config};
 pub use rotation::{
-    Action, Confirmed, Reason, SecretPlan, TlsMaterial, TlsState, apply, plan, plan_secret,
+    Action, Confirmed, Reason, SecretPlan, TlsMaterial, TlsState, perform, plan, plan_secret,
 };
 
 /// Everything that can go wrong in this module, named after the failing step.
@@ -84,7 +84,7 @@ pub enum TlsError {
         source: rustls::Error,
     },
     #[error("cannot {action}: {reason}")]
-    ApplyAction {
+    PerformAction {
         action: &'static str,
         reason: &'static str,
     },

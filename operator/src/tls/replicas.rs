@@ -40,7 +40,7 @@ pub struct Sightings {
 
 impl Sightings {
     /// Pure: takes in a listing at `now` and splits it into live and dead records.
-    pub fn judge(
+    pub fn live_and_dead(
         &mut self,
         listed: Vec<Record>,
         now: Instant,
@@ -154,7 +154,9 @@ impl ReplicaRecords {
                 })
             })
             .collect();
-        let (live, dead) = self.sightings.judge(records, Instant::now(), self.ttl);
+        let (live, dead) = self
+            .sightings
+            .live_and_dead(records, Instant::now(), self.ttl);
         for record in dead {
             let params = DeleteParams {
                 preconditions: Some(Preconditions {
@@ -190,15 +192,15 @@ mod tests {
         let mut s = Sightings::default();
         let names = |v: &[Record]| v.iter().map(|r| r.name.clone()).collect::<Vec<_>>();
         // First sight counts as a change, whatever the record's own timestamps say.
-        let (live, dead) = s.judge(vec![rec("a", "1"), rec("b", "1")], t0, ttl);
+        let (live, dead) = s.live_and_dead(vec![rec("a", "1"), rec("b", "1")], t0, ttl);
         assert_eq!(
             (names(&live), names(&dead)),
             (vec!["a".into(), "b".into()], vec![])
         );
         // a renews, b does not.
         let later = t0 + Duration::from_secs(10);
-        s.judge(vec![rec("a", "2"), rec("b", "1")], later, ttl);
-        let (live, dead) = s.judge(
+        s.live_and_dead(vec![rec("a", "2"), rec("b", "1")], later, ttl);
+        let (live, dead) = s.live_and_dead(
             vec![rec("a", "2"), rec("b", "1")],
             t0 + Duration::from_secs(16),
             ttl,
@@ -206,8 +208,8 @@ mod tests {
         assert_eq!(names(&live), ["a"]);
         assert_eq!(names(&dead), ["b"]);
         // A record that disappears is forgotten; one that comes back is new again.
-        s.judge(vec![rec("a", "2")], t0 + Duration::from_secs(17), ttl);
-        let (live, _) = s.judge(
+        s.live_and_dead(vec![rec("a", "2")], t0 + Duration::from_secs(17), ttl);
+        let (live, _) = s.live_and_dead(
             vec![rec("a", "2"), rec("b", "1")],
             t0 + Duration::from_secs(18),
             ttl,

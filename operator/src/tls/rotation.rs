@@ -1,5 +1,5 @@
 //! The rotation state machine: [`plan`] looks at the stored material and the clock and says
-//! what to do next; [`apply`] does it, producing the material to store. Both are pure (apart
+//! what to do next; [`perform`] does it, producing the material to store. Both are pure (apart
 //! from key generation), so every transition is unit-tested without an API server.
 //!
 //! The Secret holds up to three CAs:
@@ -228,7 +228,7 @@ pub enum SecretPlan {
 /// Decides what to write for the Secret's material as it stands (`None`: no Secret), given the
 /// material this replica last served and planned as usable (`last_good`): a missing or
 /// corrupted Secret is restored from it rather than replaced by a CA nobody trusts yet; otherwise
-/// the rotation [`plan`] decides and [`apply`] makes the material.
+/// the rotation [`plan`] decides and [`perform`] makes the material.
 pub fn plan_secret(
     current: Option<&TlsMaterial>,
     last_good: Option<&TlsMaterial>,
@@ -243,7 +243,7 @@ pub fn plan_secret(
                 restored: true,
             },
             None => SecretPlan::Create {
-                material: apply(
+                material: perform(
                     &TlsMaterial::default(),
                     Action::Create {
                         reason: Reason::Missing,
@@ -264,7 +264,7 @@ pub fn plan_secret(
             restored: true,
         },
         _ => SecretPlan::Update {
-            material: apply(material, action, now, cfg)?,
+            material: perform(material, action, now, cfg)?,
             action,
             restored: false,
         },
@@ -272,7 +272,7 @@ pub fn plan_secret(
 }
 
 /// Performs `action` on `m` at `now`, returning the material to store.
-pub fn apply(
+pub fn perform(
     m: &TlsMaterial,
     action: Action,
     now: SystemTime,
@@ -294,7 +294,7 @@ pub fn apply(
             };
         }
         Action::RenewServing { .. } => {
-            let ca = m.ca.as_ref().ok_or(TlsError::ApplyAction {
+            let ca = m.ca.as_ref().ok_or(TlsError::PerformAction {
                 action: "renew serving certificate",
                 reason: "no CA",
             })?;
@@ -305,7 +305,7 @@ pub fn apply(
             out.rotation_started_at = Some(now_stored);
         }
         Action::FinishCaRotation => {
-            let next = m.next_ca.as_ref().ok_or(TlsError::ApplyAction {
+            let next = m.next_ca.as_ref().ok_or(TlsError::PerformAction {
                 action: "finish CA rotation",
                 reason: "no next CA",
             })?;

@@ -77,7 +77,7 @@ fn create(reason: Reason) -> Action {
 fn fresh(now: SystemTime, cfg: &TlsConfig) -> TlsMaterial {
     let m = TlsMaterial::default();
     assert_eq!(plan(&m, now, cfg, NONE), create(Reason::Missing));
-    apply(&m, plan(&m, now, cfg, NONE), now, cfg).unwrap()
+    perform(&m, plan(&m, now, cfg, NONE), now, cfg).unwrap()
 }
 
 fn step(m: &TlsMaterial, now: SystemTime, cfg: &TlsConfig, expected: Action) -> TlsMaterial {
@@ -92,7 +92,7 @@ fn step_given(
     expected: Action,
 ) -> TlsMaterial {
     assert_eq!(plan(m, now, cfg, confirmed), expected);
-    apply(m, expected, now, cfg).unwrap()
+    perform(m, expected, now, cfg).unwrap()
 }
 
 fn bundle_len(m: &TlsMaterial) -> usize {
@@ -241,7 +241,7 @@ fn serving_is_capped_at_the_ca_expiry() {
     let (cfg, t0) = (cfg(), t0());
     let m = fresh(t0, &cfg);
     let late = at(t0, 15.0);
-    let renewed = apply(&m, renew(Reason::NearExpiry), late, &cfg).unwrap();
+    let renewed = perform(&m, renew(Reason::NearExpiry), late, &cfg).unwrap();
     let info = parse_cert_pem(serving_pem(&renewed)).unwrap();
     assert_eq!(info.not_after, at(t0, 20.0));
 }
@@ -358,7 +358,7 @@ fn no_new_rotation_while_the_previous_ca_is_still_in_the_bundle() {
     // A previous CA retired just now, while the current CA is already past its 2/3.
     m.previous_ca_pem = Some(fresh(t0, &cfg).ca.unwrap().cert_pem);
     m.previous_retired_at = Some(at(t0, 14.0));
-    m = apply(&m, renew(Reason::NearExpiry), at(t0, 14.0), &cfg).unwrap();
+    m = perform(&m, renew(Reason::NearExpiry), at(t0, 14.0), &cfg).unwrap();
     assert!(keeps(&m, at(t0, 14.5), &cfg, NONE));
     let m = step_given(&m, at(t0, 16.0), &cfg, UNUSED, Action::DropOldCa);
     assert_eq!(
@@ -426,7 +426,7 @@ fn broken_or_expired_ca_is_replaced() {
     bad.ca.as_mut().unwrap().cert_pem = "-----BEGIN CERTIFICATE-----\nAAAA\n".into();
     assert_eq!(plan(&bad, t0, &cfg, NONE), create(Reason::Unparseable));
     assert_eq!(plan(&m, at(t0, 20.0), &cfg, NONE), create(Reason::Expired));
-    let replaced = apply(&m, create(Reason::Expired), at(t0, 20.0), &cfg).unwrap();
+    let replaced = perform(&m, create(Reason::Expired), at(t0, 20.0), &cfg).unwrap();
     assert_ne!(replaced.ca, m.ca);
     assert!(keeps(&replaced, at(t0, 20.0), &cfg, NONE));
 }
@@ -478,7 +478,7 @@ fn rotation_timestamps_decide_nothing() {
 fn secret_data_round_trips_and_a_restart_adopts_it() {
     let (cfg, t0) = (cfg(), t0());
     let m = fresh(t0, &cfg);
-    let m = apply(
+    let m = perform(
         &m,
         Action::StartCaRotation {
             reason: Reason::NearExpiry,
@@ -585,7 +585,7 @@ fn simulated_rotations_never_present_an_untrusted_certificate() {
                     if action == Action::FinishCaRotation {
                         rotations += 1;
                     }
-                    m = apply(&m, action, now, &cfg).unwrap();
+                    m = perform(&m, action, now, &cfg).unwrap();
                 }
             }
         }

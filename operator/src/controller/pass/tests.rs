@@ -38,11 +38,15 @@ fn a_pass_judges_every_policy_and_serves_only_the_valid_ones() {
         pooled("no-pool", "missing"),
     ];
     let store = PolicyStore::new();
-    let judged = judge_each(&all, |p| compile(&store, p), |pool| pool == "pods-v4");
+    let validated = validate_each(&all, |p| compile(&store, p), |pool| pool == "pods-v4");
     let names = |ps: &[Arc<Policy>]| ps.iter().map(|p| p.name_any()).collect::<Vec<_>>();
-    assert_eq!(names(&judged.valid), ["good", "has-pool"]);
+    assert_eq!(names(&validated.valid), ["good", "has-pool"]);
     assert_eq!(store.names().len(), 3, "the broken Policy is not served");
-    let problems = |name: &str| match &judged.verdicts.iter().find(|(p, _)| p.name_any() == name) {
+    let problems = |name: &str| match &validated
+        .verdicts
+        .iter()
+        .find(|(p, _)| p.name_any() == name)
+    {
         Some((_, Verdict::Invalid(problems))) => problems.join("; "),
         other => panic!("{name}: {other:?}"),
     };
@@ -50,7 +54,7 @@ fn a_pass_judges_every_policy_and_serves_only_the_valid_ones() {
     assert!(problems("no-pool").contains("IPPool \"missing\" does not exist"));
     // A second pass finds the served spec in the store and compiles nothing.
     let mut compiled = 0;
-    judge_each(
+    validate_each(
         &all[..1],
         |p| {
             compiled += usize::from(store.get(&p.name_any()).is_none());

@@ -21,7 +21,7 @@ pub const MUTATING_NAME: &str = "gatehouse-mutating";
 pub const CROSSOVER_MUTATIONS: usize = 1;
 
 /// One in-process Policy and its generated mutations.
-pub(super) struct Member<'p> {
+pub(super) struct InProcessMember<'p> {
     pub policy: &'p Policy,
     pub mutations: Vec<Mutation>,
 }
@@ -30,7 +30,7 @@ pub(super) struct Member<'p> {
 /// can select one request ([`disjoint_matches`]) are in one group, in their order; each group
 /// becomes one generated policy, so a request runs only the mutations of the group it can
 /// reach. Groups come in the order of their first members.
-pub(super) fn groups(members: Vec<Member<'_>>) -> Vec<Vec<Member<'_>>> {
+pub(super) fn groups(members: Vec<InProcessMember<'_>>) -> Vec<Vec<InProcessMember<'_>>> {
     // Union-find over the members' indexes.
     let mut parent: Vec<usize> = (0..members.len()).collect();
     fn root(parent: &mut [usize], mut i: usize) -> usize {
@@ -48,7 +48,7 @@ pub(super) fn groups(members: Vec<Member<'_>>) -> Vec<Vec<Member<'_>>> {
             }
         }
     }
-    let mut grouped: Vec<(usize, Vec<Member<'_>>)> = Vec::new();
+    let mut grouped: Vec<(usize, Vec<InProcessMember<'_>>)> = Vec::new();
     for (i, member) in members.into_iter().enumerate() {
         let r = root(&mut parent, i);
         match grouped.iter_mut().find(|(g, _)| *g == r) {

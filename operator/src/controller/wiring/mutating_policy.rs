@@ -37,7 +37,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 pub use super::mutating_groups::{CROSSOVER_MUTATIONS, MUTATING_NAME, generated_name};
-use super::mutating_groups::{Member, disjoint_matches, groups, name, past_crossover};
+use super::mutating_groups::{InProcessMember, disjoint_matches, groups, name, past_crossover};
 use super::mutating_join::joined_mutate;
 use super::mutating_translation::match_reads_object;
 pub use super::mutating_translation::{match_expression, policy_mutations};
@@ -131,7 +131,7 @@ fn place_in_order(
         .collect();
     ordered.sort_by(|a, b| (a.spec.priority, name(a)).cmp(&(b.spec.priority, name(b))));
     let mut placements = Vec::new();
-    let mut members: Vec<Member<'_>> = Vec::new();
+    let mut members: Vec<InProcessMember<'_>> = Vec::new();
     // The Policies so far that run on the webhook: a later one that can select a request with
     // one of them must run there too.
     let mut on_webhook: Vec<&Policy> = Vec::new();
@@ -172,7 +172,7 @@ fn place_in_order(
                         footprint: fp.clone(),
                     });
                 }
-                members.push(Member {
+                members.push(InProcessMember {
                     policy: p,
                     mutations,
                 });
@@ -202,7 +202,7 @@ fn sent_to_webhook(p: &Policy, costly: &HashMap<String, String>) -> Option<Strin
 /// The generated MutatingAdmissionPolicies of the in-process `members`, one per group, each
 /// member's placement added to `placements`.
 fn generate(
-    members: Vec<Member<'_>>,
+    members: Vec<InProcessMember<'_>>,
     wiring: &Wiring,
     placements: &mut Vec<(String, MutatingPlacement)>,
 ) -> Vec<InProcessMutation> {
@@ -383,7 +383,7 @@ fn defaulted_after(
 ///   entries, together, settle in one pass and write apart ([`independent`]): each then computes
 ///   on the object what it would compute after the others, as one Policy's independent merges
 ///   already are.
-fn joined_mutations(group: Vec<Member<'_>>) -> Vec<Mutation> {
+fn joined_mutations(group: Vec<InProcessMember<'_>>) -> Vec<Mutation> {
     let mut out = Vec::new();
     let mut current: Option<Unit> = None;
     for unit in same_match_units(group) {
@@ -411,10 +411,10 @@ struct Unit {
 }
 
 /// The group with every run of consecutive members of one match joined where it can be.
-fn same_match_units(group: Vec<Member<'_>>) -> Vec<Unit> {
+fn same_match_units(group: Vec<InProcessMember<'_>>) -> Vec<Unit> {
     let mut out = Vec::new();
     // The run being joined: its members, and their joined Policy and mutation so far.
-    let mut run: Vec<Member<'_>> = Vec::new();
+    let mut run: Vec<InProcessMember<'_>> = Vec::new();
     let mut run_joined: Option<(Policy, Mutation)> = None;
     for member in group {
         let joined = run
@@ -444,7 +444,7 @@ fn same_match_units(group: Vec<Member<'_>>) -> Vec<Unit> {
 }
 
 /// A run as a unit: the joined Policy's one mutation, or its one member's own.
-fn close_run(run: Vec<Member<'_>>, joined: Option<(Policy, Mutation)>) -> Option<Unit> {
+fn close_run(run: Vec<InProcessMember<'_>>, joined: Option<(Policy, Mutation)>) -> Option<Unit> {
     match joined {
         Some((policy, mutation)) => Some(Unit {
             mutations: vec![mutation],
@@ -516,7 +516,7 @@ fn one_mutation(
 /// of a policy it calls (even an empty patch costs a decode and defaulting), so it is called only
 /// for what some member selects: the union of their rules, and selectors covering theirs, with
 /// the system exclusion ANDed in.
-fn generated_objects(group: Vec<Member<'_>>, wiring: &Wiring) -> InProcessMutation {
+fn generated_objects(group: Vec<InProcessMember<'_>>, wiring: &Wiring) -> InProcessMutation {
     let members: Vec<String> = group.iter().map(|m| name(m.policy).to_string()).collect();
     let member_specs: Vec<&PolicySpec> = group.iter().map(|m| &m.policy.spec).collect();
     let generated = generated_name(members.first().map(String::as_str).unwrap_or_default());

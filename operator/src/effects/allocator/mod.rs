@@ -125,13 +125,13 @@ pub fn parse_prefix(value: &str) -> Result<(IpAddr, u8), String> {
 
 /// A network address and prefix length, host bits clear.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Cidr {
+struct Prefix {
     network: IpAddr,
     prefix: u8,
 }
 
-impl Cidr {
-    fn parse(field: &str, value: &str) -> Result<Cidr, PoolError> {
+impl Prefix {
+    fn parse(field: &str, value: &str) -> Result<Prefix, PoolError> {
         let (addr, prefix) = parse_prefix(value).map_err(|reason| PoolError::Parse {
             field: field.to_string(),
             value: value.to_string(),
@@ -142,24 +142,24 @@ impl Cidr {
             return Err(PoolError::HostBits {
                 field: field.to_string(),
                 value: value.to_string(),
-                network: Cidr { network, prefix }.to_string(),
+                network: Prefix { network, prefix }.to_string(),
             });
         }
-        Ok(Cidr { network, prefix })
+        Ok(Prefix { network, prefix })
     }
 
     fn host_bits(self) -> u8 {
         width(self.network) - self.prefix
     }
 
-    fn contains(self, other: Cidr) -> bool {
+    fn contains(self, other: Prefix) -> bool {
         other.prefix >= self.prefix
             && width(other.network) == width(self.network)
             && mask(other.network, self.prefix) == self.network
     }
 }
 
-impl fmt::Display for Cidr {
+impl fmt::Display for Prefix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.network, self.prefix)
     }
@@ -199,7 +199,7 @@ fn mask(addr: IpAddr, prefix: u8) -> IpAddr {
 /// [`MAX_POOL_SIZE`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pool {
-    cidr: Cidr,
+    cidr: Prefix,
     size: u32,
     /// Offsets never handed out, as inclusive ranges: sorted, disjoint and never adjacent.
     reserved: Vec<(u32, u32)>,
@@ -210,7 +210,7 @@ impl Pool {
     /// Parses and checks a pool's `cidr` and `exclude` (see the [module](self) for the rules).
     /// The first problem found is returned.
     pub fn parse(cidr: &str, exclude: &[String]) -> Result<Pool, PoolError> {
-        let block = Cidr::parse("cidr", cidr)?;
+        let block = Prefix::parse("cidr", cidr)?;
         let host_bits = block.host_bits();
         if host_bits > MAX_POOL_HOST_BITS {
             return Err(PoolError::TooLarge {
@@ -233,7 +233,7 @@ impl Pool {
         };
         for (i, value) in exclude.iter().enumerate() {
             let field = format!("exclude[{i}]");
-            let ex = Cidr::parse(&field, value)?;
+            let ex = Prefix::parse(&field, value)?;
             if width(ex.network) != width(block.network) {
                 return Err(PoolError::ExcludeFamily {
                     field,

@@ -222,7 +222,7 @@ pub async fn run(
             async {
                 while !index.is_synced() {
                     match allocations.recv().await {
-                        Some(event) => index.apply(event),
+                        Some(event) => index.ingest(event),
                         None => return,
                     }
                 }
@@ -245,7 +245,7 @@ pub async fn run(
             pacing,
             async |term| {
                 while let Ok(event) = allocations.try_recv() {
-                    index.apply(event);
+                    index.ingest(event);
                 }
                 if Instant::now() >= next_rebuild {
                     next_rebuild = Instant::now() + RESYNC;
@@ -304,7 +304,7 @@ pub async fn run(
 /// (`tests/bench/ipam-load`).
 const WRITES_IN_FLIGHT: usize = 32;
 
-/// What became of one [`Place`].
+/// What became of one [`Assignment`].
 struct Recorded {
     pool: String,
     address: IpAddr,
@@ -326,11 +326,11 @@ async fn place_and_release(
     leader: &watch::Receiver<Leadership>,
 ) -> Result<bool, IpamError> {
     let pools = caches.pools.state();
-    let JudgedPools {
+    let ValidatedPools {
         valid,
         networks,
         invalid,
-    } = judge_pools(&pools);
+    } = validate_pools(&pools);
     index.set_pools(&valid);
     let deleting: HashSet<String> = pools
         .iter()
@@ -340,7 +340,7 @@ async fn place_and_release(
 
     let policies = caches.policies.state();
     let pods = caches.pods.state();
-    let judged = JudgedPools {
+    let judged = ValidatedPools {
         valid,
         networks,
         invalid,
@@ -352,7 +352,7 @@ async fn place_and_release(
         waiting,
         seen,
     } = plan(&pods, &policies, &judged, &deleting, index, memory);
-    let JudgedPools { valid, invalid, .. } = judged;
+    let ValidatedPools { valid, invalid, .. } = judged;
 
     // Record, many writes at a time.
     let released: Vec<Result<bool, IpamError>> = futures::stream::iter(&releases)

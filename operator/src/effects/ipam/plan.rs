@@ -5,7 +5,7 @@ use super::*;
 /// What one pass is to do.
 pub(super) struct Plan {
     /// Gated Pods and the address each gets, reused or picked now.
-    pub(super) places: Vec<Place>,
+    pub(super) places: Vec<Assignment>,
     /// Allocations whose Pod finished or is gone.
     pub(super) releases: Vec<Held>,
     /// Pods told why they still wait.
@@ -22,7 +22,7 @@ pub(super) struct Plan {
 pub(super) fn plan(
     pods: &[Arc<Pod>],
     policies: &[Arc<Policy>],
-    judged: &JudgedPools,
+    judged: &ValidatedPools,
     deleting: &HashSet<String>,
     index: &mut Index,
     memory: &mut Memory,
@@ -30,7 +30,7 @@ pub(super) fn plan(
     let mut seen: HashMap<String, Vec<String>> = HashMap::new();
     let mut waiting: HashMap<String, usize> = HashMap::new();
     let mut releases: Vec<Held> = Vec::new();
-    let mut places: Vec<Place> = Vec::new();
+    let mut places: Vec<Assignment> = Vec::new();
     let mut tells: Vec<(ObjectReference, Event)> = Vec::new();
     for pod in pods {
         let Some(uid) = pod.metadata.uid.clone() else {
@@ -73,7 +73,7 @@ pub(super) fn plan(
             .get(&pool_name)
             .map(|n| n.annotation(&pool_name, address, prefix, &uid))
             .unwrap_or_default();
-        places.push(Place {
+        places.push(Assignment {
             pod: pod.clone(),
             uid,
             gate,
@@ -110,7 +110,7 @@ enum Pick {
 fn pick(
     pool_name: &str,
     recorded: Option<IpAddr>,
-    judged: &JudgedPools,
+    judged: &ValidatedPools,
     deleting: &HashSet<String>,
     index: &mut Index,
 ) -> Pick {
@@ -184,7 +184,7 @@ pub(super) fn annotation_for(pool: &str, policies: &[Arc<Policy>]) -> String {
 }
 
 /// A gated Pod and the address it gets.
-pub(super) struct Place {
+pub(super) struct Assignment {
     pub(super) pod: Arc<Pod>,
     pub(super) uid: String,
     pub(super) gate: usize,

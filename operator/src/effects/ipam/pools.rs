@@ -2,7 +2,7 @@
 use super::*;
 
 /// The pools, judged.
-pub(super) struct JudgedPools {
+pub(super) struct ValidatedPools {
     /// The pools that can hand out addresses, by name.
     pub(super) valid: BTreeMap<String, Pool>,
     /// What each valid pool gives a Pod besides its address.
@@ -13,7 +13,7 @@ pub(super) struct JudgedPools {
 
 /// Judges every pool. Among overlapping pools the older keeps its addresses and the younger is
 /// refused.
-pub(super) fn judge_pools(pools: &[Arc<IPPool>]) -> JudgedPools {
+pub(super) fn validate_pools(pools: &[Arc<IPPool>]) -> ValidatedPools {
     let mut sorted: Vec<&Arc<IPPool>> = pools.iter().collect();
     sorted.sort_by_key(|p| {
         (
@@ -21,7 +21,7 @@ pub(super) fn judge_pools(pools: &[Arc<IPPool>]) -> JudgedPools {
             p.name_any(),
         )
     });
-    let mut judged = JudgedPools {
+    let mut judged = ValidatedPools {
         valid: BTreeMap::new(),
         networks: BTreeMap::new(),
         invalid: BTreeMap::new(),

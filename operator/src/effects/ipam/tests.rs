@@ -28,7 +28,7 @@ fn the_younger_of_two_overlapping_pools_is_refused() {
             Arc::new(gateway_outside)
         },
     ];
-    let JudgedPools { valid, invalid, .. } = judge_pools(&pools);
+    let ValidatedPools { valid, invalid, .. } = validate_pools(&pools);
     assert_eq!(valid.keys().collect::<Vec<_>>(), ["b", "c"]);
     assert!(invalid["a"].contains("overlaps IPPool b"), "{invalid:?}");
     assert!(invalid["bad"].contains("10.0.0.0/24"), "{invalid:?}");
@@ -105,7 +105,7 @@ fn marked_pod(name: &str, pool: &str, gated: bool, phase: Option<&str>) -> Arc<P
 #[test]
 fn a_plan_gives_gated_pods_distinct_addresses_and_releases_what_finished_or_went() {
     let pools = [pool("small", "10.0.0.0/30", 1)];
-    let judged = judge_pools(&pools);
+    let judged = validate_pools(&pools);
     let mut index = Index::default();
     index.set_pools(&judged.valid);
     let mut memory = Memory::default();

@@ -9,7 +9,7 @@ pub(super) fn pointer_segment(s: &str) -> String {
 /// Creates the Pod's IPAllocation if it has none yet, then writes the address to the Pod.
 pub(super) async fn record(
     ctx: &IpamContext,
-    place: Place,
+    place: Assignment,
     leader: &watch::Receiver<Leadership>,
 ) -> Recorded {
     let mut recorded = Recorded {
@@ -43,7 +43,7 @@ pub(super) async fn record(
 /// Creates the IPAllocation of `place`; `None` when its name (its address) is taken.
 pub(super) async fn create_allocation(
     ctx: &IpamContext,
-    place: &Place,
+    place: &Assignment,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<Option<IPAllocation>, IpamError> {
     let api: Api<IPAllocation> = Api::all(ctx.client.clone());
@@ -86,10 +86,10 @@ pub(super) async fn create_allocation(
 /// Writes the address and removes the gate, only on this very Pod with the gate still there.
 pub(super) async fn release_gate(
     ctx: &IpamContext,
-    place: &Place,
+    place: &Assignment,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<(), IpamError> {
-    let Place {
+    let Assignment {
         pod,
         uid,
         gate,
