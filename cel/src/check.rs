@@ -3,7 +3,7 @@ use std::collections::BTreeSet;
 
 use ::cel::Program;
 
-use super::scope;
+use super::ast;
 
 /// Where an expression appears in a Policy: decides which variables it may reference.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,7 +64,7 @@ pub fn unknown_variables(program: &Program, site: Site) -> Vec<String> {
 
 /// The identifiers `program` reads that no macro binds (leading-dot names with their dot).
 pub(super) fn free_identifiers(program: &Program) -> BTreeSet<&str> {
-    let mut free = scope::free_identifiers(program.expression());
+    let mut free = ast::free_identifiers(program.expression());
     // `@`-prefixed names are the accumulators macros introduce.
     free.retain(|name| !name.starts_with('@'));
     free

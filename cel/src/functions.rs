@@ -12,9 +12,9 @@ use ::cel::common::ast::{Expr, IdedExpr};
 use ::cel::{Context, ExecutionError, Program};
 
 use super::CelError;
+use super::ast::{FUNCTION_NAMESPACES, children};
 use super::check::{Site, reads_variable};
 use super::environment::{compile, env};
-use super::scope::{FUNCTION_NAMESPACES, children};
 
 /// The methods of `authorizer` (Kubernetes' authz library): only the API server evaluates a
 /// condition that reads it (the engine gives such a Policy an entry of its own).

@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod activation;
+mod ast;
 pub mod check;
 pub mod comprehensions;
 pub mod convert;
@@ -48,7 +49,6 @@ mod parity;
 pub mod quantity;
 pub mod refusals;
 pub mod regex;
-mod scope;
 pub mod semver;
 pub mod sets;
 pub mod time;

@@ -3,8 +3,8 @@
 use ::cel::Program;
 use ::cel::common::ast::{Expr, IdedExpr, LiteralValue};
 
+use super::ast::children;
 use super::check::Site;
-use super::scope::children;
 use super::{CelError, functions, regex, time, types};
 
 /// Why the API server would refuse `program` when it is written at `site`, one reason each:

@@ -24,7 +24,7 @@ use ::cel::parser::Macro;
 use ::cel::{DeclarationError, Env, ExecutionError, Program};
 use regex::Regex;
 
-use super::scope::children;
+use super::ast::children;
 
 /// What `s.matches(re)` and `matches(s, re)` are expanded into; `@` keeps it out of what a
 /// Policy can write.

@@ -2,7 +2,7 @@
 use std::io::{Read, Write};
 use std::process::ExitCode;
 
-use gatehouse_ipam::plugin::{Decision, decide};
+use gatehouse_ipam::plugin::{Exit, plan};
 use gatehouse_ipam::protocol::{CniError, Environment, ErrorCode, LATEST_VERSION};
 use gatehouse_ipam::{delegate, install};
 
@@ -17,11 +17,11 @@ fn main() -> ExitCode {
         let error = CniError::new(ErrorCode::Io, format!("reading stdin: {e}"));
         return fail(&error, LATEST_VERSION);
     }
-    match decide(&env, &stdin) {
-        Decision::Reply(result) => print(result.as_bytes(), 0),
-        Decision::Done => ExitCode::SUCCESS,
-        Decision::Fail { error, version } => fail(&error, &version),
-        Decision::Delegate { plugin, stdin } => {
+    match plan(&env, &stdin) {
+        Exit::Reply(result) => print(result.as_bytes(), 0),
+        Exit::Done => ExitCode::SUCCESS,
+        Exit::Fail { error, version } => fail(&error, &version),
+        Exit::Delegate { plugin, stdin } => {
             match delegate::find(&plugin, env.path.as_deref())
                 .and_then(|binary| delegate::run(&binary, &stdin))
             {

@@ -13,7 +13,7 @@ use crate::protocol::{
 
 /// What to do.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Decision {
+pub enum Exit {
     /// Print this on stdout and exit 0.
     Reply(String),
     /// Exit 0 with nothing on stdout (`DEL`, `CHECK`, `STATUS`, `GC`).
@@ -37,7 +37,7 @@ enum Ownership {
 }
 
 /// Decides what to do for `env` and `stdin`.
-pub fn decide(env: &Environment, stdin: &[u8]) -> Decision {
+pub fn plan(env: &Environment, stdin: &[u8]) -> Exit {
     let command = env.command.as_deref().unwrap_or_default();
     if command == "VERSION" {
         let requested = serde_json::from_slice::<Value>(stdin).ok();
@@ -45,12 +45,12 @@ pub fn decide(env: &Environment, stdin: &[u8]) -> Decision {
             .as_ref()
             .and_then(|v| v.get("cniVersion"))
             .and_then(Value::as_str);
-        return Decision::Reply(version_info(requested));
+        return Exit::Reply(version_info(requested));
     }
     let conf = match parse(stdin) {
         Ok(conf) => conf,
         Err(error) => {
-            return Decision::Fail {
+            return Exit::Fail {
                 error,
                 version: LATEST_VERSION.into(),
             };
@@ -59,7 +59,7 @@ pub fn decide(env: &Environment, stdin: &[u8]) -> Decision {
     let version = if SUPPORTED_VERSIONS.contains(&conf.cni_version.as_str()) {
         conf.cni_version.clone()
     } else {
-        return Decision::Fail {
+        return Exit::Fail {
             error: CniError::new(
                 ErrorCode::IncompatibleVersion,
                 format!(
@@ -73,7 +73,7 @@ pub fn decide(env: &Environment, stdin: &[u8]) -> Decision {
     };
     match run(command, env, &conf, stdin) {
         Ok(decision) => decision,
-        Err(error) => Decision::Fail { error, version },
+        Err(error) => Exit::Fail { error, version },
     }
 }
 
@@ -102,17 +102,12 @@ fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
     serde_json::from_value(conf).map_err(invalid)
 }
 
-fn run(
-    command: &str,
-    env: &Environment,
-    conf: &NetConf,
-    stdin: &[u8],
-) -> Result<Decision, CniError> {
+fn run(command: &str, env: &Environment, conf: &NetConf, stdin: &[u8]) -> Result<Exit, CniError> {
     match command {
         "ADD" => {
             env.require(&["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME"])?;
             match ownership(env, conf)? {
-                Ownership::Allocated(address) => Ok(Decision::Reply(result(conf, address)?)),
+                Ownership::Allocated(address) => Ok(Exit::Reply(result(conf, address)?)),
                 Ownership::Awaited { pool, why } => Err(CniError::new(
                     ErrorCode::TryAgainLater,
                     format!(
@@ -129,11 +124,11 @@ fn run(
             // Gatehouse's addresses are released by the effects loop, by UID, once the Pod is
             // gone: nothing to do here, and never a failure.
             match ownership(env, conf) {
-                Ok(Ownership::Allocated(_) | Ownership::Awaited { .. }) => Ok(Decision::Done),
+                Ok(Ownership::Allocated(_) | Ownership::Awaited { .. }) => Ok(Exit::Done),
                 Ok(Ownership::NotGatehouses) | Err(_) if conf.ipam.fallback.is_some() => {
                     delegate(conf, stdin)
                 }
-                Ok(Ownership::NotGatehouses) | Err(_) => Ok(Decision::Done),
+                Ok(Ownership::NotGatehouses) | Err(_) => Ok(Exit::Done),
             }
         }
         "CHECK" => {
@@ -150,9 +145,9 @@ fn run(
         }
         "GC" => match conf.ipam.fallback {
             Some(_) => delegate(conf, stdin),
-            None => Ok(Decision::Done),
+            None => Ok(Exit::Done),
         },
-        "STATUS" => Ok(Decision::Done),
+        "STATUS" => Ok(Exit::Done),
         "" => Err(CniError::new(
             ErrorCode::InvalidEnvironment,
             "CNI_COMMAND is not set",
@@ -259,7 +254,7 @@ fn result(conf: &NetConf, address: IpamAddress) -> Result<String, CniError> {
 }
 
 /// `CHECK`: the previous result still carries the Pod's own address.
-fn check(conf: &NetConf, address: &IpamAddress) -> Result<Decision, CniError> {
+fn check(conf: &NetConf, address: &IpamAddress) -> Result<Exit, CniError> {
     let held = conf
         .prev_result
         .as_ref()
@@ -270,7 +265,7 @@ fn check(conf: &NetConf, address: &IpamAddress) -> Result<Decision, CniError> {
                 .any(|ip| ip.get("address").and_then(Value::as_str) == Some(&address.address))
         });
     if held {
-        Ok(Decision::Done)
+        Ok(Exit::Done)
     } else {
         Err(CniError::new(
             ErrorCode::ContainerUnknown,
@@ -283,7 +278,7 @@ fn check(conf: &NetConf, address: &IpamAddress) -> Result<Decision, CniError> {
 }
 
 /// The fallback plugin and its stdin: the configuration with `ipam` replaced by the fallback's.
-fn delegate(conf: &NetConf, stdin: &[u8]) -> Result<Decision, CniError> {
+fn delegate(conf: &NetConf, stdin: &[u8]) -> Result<Exit, CniError> {
     let Some(fallback) = &conf.ipam.fallback else {
         return Err(CniError::new(
             ErrorCode::InvalidConfig,
@@ -311,7 +306,7 @@ fn delegate(conf: &NetConf, stdin: &[u8]) -> Result<Decision, CniError> {
         )
     })?;
     whole["ipam"] = fallback.clone();
-    Ok(Decision::Delegate {
+    Ok(Exit::Delegate {
         plugin,
         stdin: whole.to_string().into_bytes(),
     })

@@ -131,7 +131,7 @@ fn main() {
     };
     let review_with = |p: &CompiledPolicy, phase: Phase| {
         let req = engine::parse_request(black_box(&body)).expect("parses");
-        let resp = engine::decide(&req, p, phase);
+        let resp = engine::admit_one(&req, p, phase);
         assert!(resp.allowed(), "the bench Pod is admitted");
         black_box(engine::encoded_review(&req, &resp));
     };

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use super::CompiledPolicy;
-use super::admission::{Request, Response, Variables, decide_in_place, validating_with};
+use super::admission::{Request, Response, Variables, admit_in_place, validating_with};
 use super::matcher::{self, MatchError, Namespace};
 use gatehouse_api::v1alpha1::{FailurePolicy, ReinvocationPolicy};
 
@@ -104,13 +104,13 @@ pub struct Matching<'a> {
 }
 
 /// Runs a mutating group; see the module documentation.
-pub fn mutate<'p>(
+pub fn admit_mutating<'p>(
     req: &Request,
     members: &[&'p CompiledPolicy],
     reinvocation: ReinvocationPolicy,
     matching: Matching<'_>,
 ) -> Outcome<'p> {
-    let mut chain = Chain::new(req);
+    let mut chain = WorkingCopy::new(req);
     // When (by step count) each member last ran, and when the object last changed.
     let mut last_ran: Vec<Option<usize>> = vec![None; members.len()];
     let mut last_change = 0;
@@ -166,7 +166,7 @@ fn to_run_again(last_ran: &[Option<usize>], last_change: usize) -> Vec<usize> {
 /// The working copy of a mutating request: members change one copy of the request in place,
 /// each matched against and seeing what the previous ones left, and the answer is one diff of
 /// the original object against it.
-struct Chain<'r, 'p> {
+struct WorkingCopy<'r, 'p> {
     original: &'r Request,
     working: Request,
     /// The request's CEL variable: the same for every member, since it leaves the object out.
@@ -175,9 +175,9 @@ struct Chain<'r, 'p> {
     evaluated: Vec<Evaluated<'p>>,
 }
 
-impl<'r, 'p> Chain<'r, 'p> {
+impl<'r, 'p> WorkingCopy<'r, 'p> {
     fn new(req: &'r Request) -> Self {
-        Chain {
+        WorkingCopy {
             original: req,
             working: req.clone(),
             request_variable: req.cel_variable(),
@@ -226,7 +226,7 @@ impl<'r, 'p> Chain<'r, 'p> {
             return Ok(Decision::Allowed);
         };
         let (resp, changed) =
-            decide_in_place(&self.working, &self.request_variable, &mut object, policy);
+            admit_in_place(&self.working, &self.request_variable, &mut object, policy);
         self.working.object = Some(object);
         *over_budget |= resp.over_budget;
         self.warnings.extend(resp.warnings.iter().cloned());
@@ -266,7 +266,7 @@ impl<'r, 'p> Chain<'r, 'p> {
 }
 
 /// Runs a validating group; see the module documentation.
-pub fn validate<'p>(
+pub fn admit_validating<'p>(
     req: &Request,
     members: &[&'p CompiledPolicy],
     matching: Matching<'_>,
@@ -404,7 +404,7 @@ pub fn admit<'p>(
         namespace,
         matched: false,
     };
-    let mut admission = Admission {
+    let mut admission = AdmitState {
         current: req.clone(),
         warnings: Vec::new(),
         evaluated: Vec::new(),
@@ -412,7 +412,7 @@ pub fn admit<'p>(
     let mut invoked: Vec<usize> = Vec::new();
     let mut again = vec![false; groups.mutating.len()];
     for (i, g) in groups.mutating.iter().enumerate() {
-        let out = mutate(
+        let out = admit_mutating(
             &admission.current,
             &members_of(g),
             g.reinvocation_policy,
@@ -432,7 +432,7 @@ pub fn admit<'p>(
         }
     }
     for (g, _) in groups.mutating.iter().zip(&again).filter(|(_, a)| **a) {
-        let out = mutate(
+        let out = admit_mutating(
             &admission.current,
             &members_of(g),
             g.reinvocation_policy,
@@ -444,7 +444,7 @@ pub fn admit<'p>(
     }
     let mut denials = Vec::new();
     for g in &groups.validating {
-        let out = validate(&admission.current, &members_of(g), matching);
+        let out = admit_validating(&admission.current, &members_of(g), matching);
         admission.evaluated.extend(out.evaluated);
         admission
             .warnings
@@ -457,7 +457,7 @@ pub fn admit<'p>(
 }
 
 /// The request as the entries so far left it, in [`admit`].
-struct Admission<'p> {
+struct AdmitState<'p> {
     current: Request,
     warnings: Vec<String>,
     evaluated: Vec<Evaluated<'p>>,
@@ -471,7 +471,7 @@ struct EntryRun {
     changed: bool,
 }
 
-impl<'p> Admission<'p> {
+impl<'p> AdmitState<'p> {
     /// Takes in one mutating entry's outcome: its patch applied to the current object.
     fn entry(&mut self, out: Outcome<'p>) -> Result<EntryRun, Response> {
         let ran = out

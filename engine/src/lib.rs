@@ -9,7 +9,7 @@
 //! * [`mutate`]: a Policy's `mutate` list applied to a fixed point;
 //! * [`cel`]: the CEL environment, its libraries, type checks, JSON conversion and activation;
 //! * [`admission`]: AdmissionReview wire types and [`parse_request`], the decision for one Policy
-//!   ([`decide`]) and its encoding ([`encoded_review`]);
+//!   ([`admit_one`]) and its encoding ([`encoded_review`]);
 //! * [`matcher`]: whether a request reaches a Policy: rules, selectors and match conditions;
 //! * [`mark`]: the scheduling gate and label that hand a Pod to the effects loop.
 #![forbid(unsafe_code)]
@@ -25,7 +25,7 @@ pub mod mutate;
 pub mod policy;
 
 pub use admission::{
-    Phase, Request, Response, ReviewError, Status, decide, decide_policy_object, encoded_review,
+    Phase, Request, Response, ReviewError, Status, admit_one, admit_policy_object, encoded_review,
     parse_request,
 };
 pub use matcher::{MatchError, Namespace, matches};

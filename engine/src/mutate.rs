@@ -56,16 +56,9 @@ pub struct Run {
     pub settled: bool,
 }
 
-/// The mutated object, a fixed point of the list when `run.settled`.
+/// What [`settle`] did to the object: whether it differs from what it was before.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mutated {
-    pub object: Value,
-    pub run: Run,
-}
-
-/// What [`apply`] did to the object: whether it differs from what it was before.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Applied {
     pub changed: bool,
     pub run: Run,
 }
@@ -79,12 +72,12 @@ pub struct Applied {
 /// exactly when one of its merges did ([`merge_changed`]): no copy of the object is needed. With
 /// `overwrite`, a later mutation may set back what an earlier one changed, so each pass is
 /// compared with a snapshot.
-pub fn apply(
+pub fn settle(
     policy: &CompiledPolicy,
     object: &mut Value,
     old_object: Option<&Value>,
     request: &Value,
-) -> Result<Applied, MutateError> {
+) -> Result<Mutated, MutateError> {
     let overwrites = policy.spec().mutate.iter().any(|m| m.overwrite);
     let original = overwrites.then(|| object.clone());
     let mut ignored = Vec::new();
@@ -92,7 +85,7 @@ pub fn apply(
     let mut settled = false;
     for _ in 0..max_passes(policy) {
         let before = overwrites.then(|| object.clone());
-        let merged = apply_once(policy, object, old_object, request, &mut ignored)?;
+        let merged = settle_pass(policy, object, old_object, request, &mut ignored)?;
         let pass_changed = match &before {
             Some(before) => object != before,
             None => merged,
@@ -106,13 +99,13 @@ pub fn apply(
     if let Some(original) = original {
         changed = *object != original;
     }
-    Ok(Applied {
+    Ok(Mutated {
         changed,
         run: Run { ignored, settled },
     })
 }
 
-/// How many passes [`apply`] makes at most before it gives up on settling.
+/// How many passes [`settle`] makes at most before it gives up on settling.
 pub fn max_passes(policy: &CompiledPolicy) -> usize {
     policy.spec().mutate.len() + 2
 }
@@ -127,7 +120,7 @@ fn elements_mut<'a>(object: &'a mut Value, path: &str) -> impl Iterator<Item = &
         .filter(|e| e.is_object())
 }
 
-fn apply_once(
+fn settle_pass(
     policy: &CompiledPolicy,
     object: &mut Value,
     old_object: Option<&Value>,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use gatehouse_api::v1alpha1::{Policy, ReinvocationPolicy};
 use gatehouse_engine::chain::{self, Decision, Matching};
 use gatehouse_engine::{
-    CompiledPolicy, Namespace, Phase, Request, Response, compile, decide, parse_request,
+    CompiledPolicy, Namespace, Phase, Request, Response, admit_one, compile, parse_request,
 };
 use serde_json::{Value, json};
 
@@ -82,7 +82,7 @@ fn members_run_in_order_on_one_working_copy_and_answer_with_one_patch() {
         }),
     );
     let req = request("CREATE", json!({"app": "web"}));
-    let out = chain::mutate(&req, &[&first, &second], ReinvocationPolicy::Never, ASSUMED);
+    let out = chain::admit_mutating(&req, &[&first, &second], ReinvocationPolicy::Never, ASSUMED);
     assert!(out.response.allowed);
     assert_eq!(
         decisions(&out),
@@ -115,7 +115,7 @@ fn an_ignore_member_whose_cel_throws_does_not_block_its_group() {
         json!({"failurePolicy": "Ignore", "mutate": [{"merge": {"metadata": {"labels": {"fine": "ran"}}}}]}),
     );
     let req = request("CREATE", json!({"app": "web"}));
-    let out = chain::mutate(&req, &[&broken, &fine], ReinvocationPolicy::Never, ASSUMED);
+    let out = chain::admit_mutating(&req, &[&broken, &fine], ReinvocationPolicy::Never, ASSUMED);
     assert!(out.response.allowed);
     assert_eq!(
         decisions(&out),
@@ -148,7 +148,7 @@ fn a_fail_member_whose_cel_throws_denies_naming_itself() {
             "validate": [{"expression": "true", "message": "never"}],
         }),
     );
-    let out = chain::validate(&request("CREATE", json!({})), &[&broken], ASSUMED);
+    let out = chain::admit_validating(&request("CREATE", json!({})), &[&broken], ASSUMED);
     assert!(!out.response.allowed);
     let status = out.response.status.as_ref().unwrap();
     assert_eq!(status.code, 500);
@@ -172,7 +172,7 @@ fn a_validating_group_reports_every_denial_and_warning() {
         "ok",
         json!({"validate": [{"expression": "true", "message": "never"}]}),
     );
-    let out = chain::validate(&request("CREATE", json!({})), &[&a, &ok, &b, &w], ASSUMED);
+    let out = chain::admit_validating(&request("CREATE", json!({})), &[&a, &ok, &b, &w], ASSUMED);
     let status = out.response.status.as_ref().unwrap();
     assert_eq!(status.code, 403);
     assert!(status.message.contains("a wants a team") && status.message.contains("b wants a team"));
@@ -233,11 +233,11 @@ fn validating_members_that_read_alike_decide_as_each_would_alone() {
         with_containers(5),
         with_containers(2_000),
     ] {
-        let out = chain::validate(&req, &refs, ASSUMED);
+        let out = chain::admit_validating(&req, &refs, ASSUMED);
         // Each alone, as its own entry would have decided.
         let alone: Vec<Response> = members
             .iter()
-            .map(|p| decide(&req, p, Phase::Validating))
+            .map(|p| admit_one(&req, p, Phase::Validating))
             .collect();
         let expected: Vec<(&str, bool)> = members
             .iter()
@@ -297,19 +297,19 @@ fn selectors_choose_members_inside_a_shared_entry() {
     };
     let web = request("CREATE", json!({"tier": "web"}));
     assert!(
-        !chain::validate(&web, &members, scope(&team_a))
+        !chain::admit_validating(&web, &members, scope(&team_a))
             .response
             .allowed
     );
     assert!(
-        chain::validate(&web, &members, scope(&team_b))
+        chain::admit_validating(&web, &members, scope(&team_b))
             .response
             .allowed
     );
     // objectSelector on DELETE reads oldObject; on UPDATE either object.
     for op in ["DELETE", "UPDATE", "CREATE"] {
         let db = request(op, json!({"tier": "db"}));
-        let out = chain::validate(&db, &members, scope(&team_b));
+        let out = chain::admit_validating(&db, &members, scope(&team_b));
         assert_eq!(
             out.response.message(),
             Some("policy \"by-object\": db says no"),
@@ -322,7 +322,7 @@ fn selectors_choose_members_inside_a_shared_entry() {
         matched: true,
     };
     assert!(
-        !chain::validate(&web, &[&by_object], matched)
+        !chain::admit_validating(&web, &[&by_object], matched)
             .response
             .allowed
     );
@@ -353,7 +353,7 @@ fn members_of_a_group_match_by_their_own_rules() {
     );
     let members = [&pods_create, &pods_update, &status, &selective];
     let req = request("CREATE", json!({"tier": "db"}));
-    let out = chain::mutate(&req, &members, ReinvocationPolicy::Never, ASSUMED);
+    let out = chain::admit_mutating(&req, &members, ReinvocationPolicy::Never, ASSUMED);
     assert_eq!(
         decisions(&out),
         [
@@ -363,7 +363,7 @@ fn members_of_a_group_match_by_their_own_rules() {
             ("selective", Decision::Allowed),
         ]
     );
-    let out = chain::validate(&req, &members, ASSUMED);
+    let out = chain::admit_validating(&req, &members, ASSUMED);
     assert_eq!(
         out.response.message(),
         Some("policy \"selective\": db says no")
@@ -383,9 +383,9 @@ fn an_if_needed_group_reruns_members_until_the_chain_settles() {
         json!({"mutate": [{"merge": {"metadata": {"labels": {"b": "ran"}}}}]}),
     );
     let req = request("CREATE", json!({}));
-    let never = chain::mutate(&req, &[&a, &b], ReinvocationPolicy::Never, ASSUMED);
+    let never = chain::admit_mutating(&req, &[&a, &b], ReinvocationPolicy::Never, ASSUMED);
     assert_eq!(label(&req, &never, "a"), None);
-    let if_needed = chain::mutate(&req, &[&a, &b], ReinvocationPolicy::IfNeeded, ASSUMED);
+    let if_needed = chain::admit_mutating(&req, &[&a, &b], ReinvocationPolicy::IfNeeded, ASSUMED);
     assert_eq!(label(&req, &if_needed, "a").as_deref(), Some("after-b"));
     // a ran before b changed the object, so it runs again; then b, which ran before a's
     // change, confirms; nothing ran before the last change any more.
@@ -399,13 +399,13 @@ fn an_if_needed_group_reruns_members_until_the_chain_settles() {
         ]
     );
     // A lone member that changed the object is not asked again.
-    let alone = chain::mutate(&req, &[&b], ReinvocationPolicy::IfNeeded, ASSUMED);
+    let alone = chain::admit_mutating(&req, &[&b], ReinvocationPolicy::IfNeeded, ASSUMED);
     assert_eq!(decisions(&alone), [("b", Decision::Patched)]);
     // Called again with its own output (the API server's reinvocation): nothing to do.
     let mut again = req.clone();
     again.object = if_needed.object(&req);
     assert!(again.object.is_some());
-    let twice = chain::mutate(&again, &[&a, &b], ReinvocationPolicy::IfNeeded, ASSUMED);
+    let twice = chain::admit_mutating(&again, &[&a, &b], ReinvocationPolicy::IfNeeded, ASSUMED);
     assert!(
         twice.response.patch.0.is_empty(),
         "{:?}",
@@ -440,12 +440,12 @@ fn an_expression_over_budget_at_run_time_is_not_run_and_its_failure_policy_decid
     );
     // Within the assumed size it runs.
     let small = with_containers(10);
-    let out = chain::validate(&small, &[&fail, &ignore], ASSUMED);
+    let out = chain::admit_validating(&small, &[&fail, &ignore], ASSUMED);
     assert!(out.response.allowed, "{:?}", out.response.message());
     assert!(out.evaluated.iter().all(|e| !e.over_budget));
     // With 2,000 containers the estimate is far over the budget: not evaluated.
     let huge = with_containers(2_000);
-    let out = chain::validate(&huge, &[&fail], ASSUMED);
+    let out = chain::admit_validating(&huge, &[&fail], ASSUMED);
     assert!(!out.response.allowed);
     let status = out.response.status.as_ref().unwrap();
     assert_eq!(status.code, 500);
@@ -455,7 +455,7 @@ fn an_expression_over_budget_at_run_time_is_not_run_and_its_failure_policy_decid
         status.message
     );
     assert!(out.evaluated[0].over_budget);
-    let out = chain::validate(&huge, &[&ignore], ASSUMED);
+    let out = chain::admit_validating(&huge, &[&ignore], ASSUMED);
     assert!(out.response.allowed);
     assert!(
         out.response
@@ -466,7 +466,7 @@ fn an_expression_over_budget_at_run_time_is_not_run_and_its_failure_policy_decid
         out.response.warnings
     );
     assert_eq!(out.evaluated[0].decision, Decision::Ignored);
-    let out = chain::mutate(&huge, &[&guard], ReinvocationPolicy::Never, ASSUMED);
+    let out = chain::admit_mutating(&huge, &[&guard], ReinvocationPolicy::Never, ASSUMED);
     assert!(out.response.allowed);
     assert_eq!(label(&huge, &out, "ran"), None);
     assert!(out.evaluated[0].over_budget);
@@ -483,7 +483,7 @@ fn a_policys_expressions_share_the_call_budget() {
         .collect();
     let many = policy("many", json!({"validate": validate}));
     // 250 containers: each validation is under the per-expression budget, 30 are over the call's.
-    let out = chain::validate(&with_containers(250), &[&many], ASSUMED);
+    let out = chain::admit_validating(&with_containers(250), &[&many], ASSUMED);
     assert!(!out.response.allowed);
     let status = out.response.status.as_ref().unwrap();
     assert_eq!(status.code, 500, "{}", status.message);
@@ -500,7 +500,7 @@ fn a_policys_expressions_share_the_call_budget() {
     );
     assert!(out.evaluated[0].over_budget);
     // Small requests are charged the assumed size: thirty such validations fit.
-    let out = chain::validate(&with_containers(3), &[&many], ASSUMED);
+    let out = chain::admit_validating(&with_containers(3), &[&many], ASSUMED);
     assert!(out.response.allowed, "{:?}", out.response.message());
 
     let conditions: Vec<Value> = (0..10)
@@ -516,10 +516,10 @@ fn a_policys_expressions_share_the_call_budget() {
             "validate": [{"expression": "false", "message": "matched"}],
         }),
     );
-    let out = chain::validate(&with_containers(250), &[&matched], ASSUMED);
+    let out = chain::admit_validating(&with_containers(250), &[&matched], ASSUMED);
     let message = out.response.message().unwrap_or_default().to_string();
     assert!(message.contains("running out of cost budget"), "{message}");
-    let out = chain::validate(&with_containers(3), &[&matched], ASSUMED);
+    let out = chain::admit_validating(&with_containers(3), &[&matched], ASSUMED);
     assert_eq!(out.response.message(), Some("policy \"matched\": matched"));
 }
 
@@ -553,7 +553,7 @@ fn a_member_matching_on_the_object_sees_earlier_members_writes() {
         }),
     );
     let req = request("CREATE", json!({"app": "web"}));
-    let out = chain::mutate(
+    let out = chain::admit_mutating(
         &req,
         &[&tier, &by_selector, &by_condition],
         ReinvocationPolicy::Never,
@@ -577,7 +577,7 @@ fn a_member_matching_on_the_object_sees_earlier_members_writes() {
         "d-sidecar",
         json!({"mutate": [{"merge": {"spec": {"containers": [{"name": "proxy", "image": "proxy:1"}]}}}]}),
     );
-    let out = chain::mutate(&req, &[&tier, &sidecar], ReinvocationPolicy::Never, ASSUMED);
+    let out = chain::admit_mutating(&req, &[&tier, &sidecar], ReinvocationPolicy::Never, ASSUMED);
     let object = out.object(&req).unwrap();
     assert_eq!(object["metadata"]["labels"]["tier"], "db");
     assert_eq!(object["metadata"]["labels"]["app"], "web");

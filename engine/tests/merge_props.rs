@@ -352,13 +352,13 @@ fn unscoped() -> chain::Matching<'static> {
     }
 }
 
-/// What `mutate::apply` made of a copy of an object.
+/// What `mutate::settle` made of a copy of an object.
 struct Mutated {
     object: Value,
     run: mutate::Run,
 }
 
-/// `mutate::apply` on a copy of `object`.
+/// `mutate::settle` on a copy of `object`.
 fn applied(
     policy: &gatehouse_engine::CompiledPolicy,
     object: &Value,
@@ -366,7 +366,7 @@ fn applied(
     request: &Value,
 ) -> Result<Mutated, mutate::MutateError> {
     let mut object = object.clone();
-    let run = mutate::apply(policy, &mut object, old_object, request)?.run;
+    let run = mutate::settle(policy, &mut object, old_object, request)?.run;
     Ok(Mutated { object, run })
 }
 
@@ -402,13 +402,13 @@ proptest! {
         let (compiled, policy) = compiled_chain(lists, "IfNeeded");
         let members: Vec<&gatehouse_engine::CompiledPolicy> = compiled.iter().collect();
         let scope = unscoped();
-        let once = chain::mutate(&review_of(&x), &members, policy, scope);
+        let once = chain::admit_mutating(&review_of(&x), &members, policy, scope);
         prop_assert!(once.response.allowed, "{:?}", once.response.message());
         let after = once.object(&review_of(&x)).expect("an object");
         if once.response.warnings.iter().any(|w| w.contains("did not settle")) {
             return Ok(());
         }
-        let twice = chain::mutate(&review_of(&after), &members, policy, scope);
+        let twice = chain::admit_mutating(&review_of(&after), &members, policy, scope);
         prop_assert!(twice.response.patch.0.is_empty(), "second call patched: {:?}", twice.response.patch);
     }
 
@@ -446,7 +446,7 @@ proptest! {
         let members: Vec<&gatehouse_engine::CompiledPolicy> = compiled.iter().collect();
         let scope = unscoped();
         let req = review_of(&x);
-        let out = chain::mutate(&req, &members, gatehouse_api::v1alpha1::ReinvocationPolicy::IfNeeded, scope);
+        let out = chain::admit_mutating(&req, &members, gatehouse_api::v1alpha1::ReinvocationPolicy::IfNeeded, scope);
         prop_assert!(out.response.allowed, "{:?}", out.response.message());
         if out.response.warnings.iter().any(|w| w.contains("did not settle")) {
             return Ok(());
@@ -473,7 +473,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(500))]
 
     /// The members of a mutating group change one working copy in place. The reference is the simple one: each member's
-    /// `mutate::apply` on the previous member's output, in order. The chain's patch must end
+    /// `mutate::settle` on the previous member's output, in order. The chain's patch must end
     /// where the reference does, a member must count as patched exactly when its mutations
     /// changed the object, and a member whose guard fails under `Fail` must deny.
     #[test]
@@ -495,7 +495,7 @@ proptest! {
         let members: Vec<&gatehouse_engine::CompiledPolicy> = compiled.iter().collect();
         let scope = unscoped();
         let req = review_of(&x);
-        let out = chain::mutate(&req, &members, gatehouse_api::v1alpha1::ReinvocationPolicy::Never, scope);
+        let out = chain::admit_mutating(&req, &members, gatehouse_api::v1alpha1::ReinvocationPolicy::Never, scope);
 
         let request = req.cel_variable();
         let mut object = x.clone();

@@ -9,8 +9,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use gatehouse_api::v1alpha1::Policy;
 use gatehouse_engine as engine;
 use gatehouse_engine::{
-    CompiledPolicy, MatchError, Namespace, Phase, Request, ReviewError, compile, decide,
-    decide_policy_object, encoded_review, parse_request,
+    CompiledPolicy, MatchError, Namespace, Phase, Request, ReviewError, admit_one,
+    admit_policy_object, compile, encoded_review, parse_request,
 };
 use serde_json::{Value, json};
 
@@ -139,7 +139,7 @@ fn a_kubernetes_review_parses() {
 #[test]
 fn a_mutation_goes_on_the_wire_as_a_base64_json_patch() {
     let req = create(pod(json!([{"name": "app", "image": "app:1"}])));
-    let resp = decide(&req, &sidecar(), Phase::Mutating);
+    let resp = admit_one(&req, &sidecar(), Phase::Mutating);
     assert!(resp.allowed() && resp.patched());
     let wire = wire(&req, &resp);
     assert_eq!(wire["apiVersion"], "admission.k8s.io/v1");
@@ -158,10 +158,10 @@ fn a_mutation_goes_on_the_wire_as_a_base64_json_patch() {
 fn applying_the_patch_and_reviewing_again_patches_nothing() {
     let req = create(pod(json!([{"name": "app", "image": "app:1"}])));
     let policy = sidecar();
-    let first = decide(&req, &policy, Phase::Mutating);
+    let first = admit_one(&req, &policy, Phase::Mutating);
     let mut object = req.object.clone().unwrap();
     json_patch::patch(&mut object, &first.patch).unwrap();
-    let again = decide(&create(object), &policy, Phase::Mutating);
+    let again = admit_one(&create(object), &policy, Phase::Mutating);
     assert!(again.allowed() && !again.patched());
     let wire = wire(&req, &again);
     assert!(wire["response"].get("patch").is_none());
@@ -171,7 +171,7 @@ fn applying_the_patch_and_reviewing_again_patches_nothing() {
 #[test]
 fn a_delete_is_not_mutated() {
     let req = request("DELETE", None, Some(pod(json!([{"name": "app"}]))));
-    let resp = decide(&req, &sidecar(), Phase::Mutating);
+    let resp = admit_one(&req, &sidecar(), Phase::Mutating);
     assert!(resp.allowed() && !resp.patched());
 }
 
@@ -189,7 +189,7 @@ fn limits() -> CompiledPolicy {
 #[test]
 fn a_deny_names_the_policy_and_the_rule() {
     let req = create(pod(json!([{"name": "app", "image": "app:1"}])));
-    let resp = decide(&req, &limits(), Phase::Validating);
+    let resp = admit_one(&req, &limits(), Phase::Validating);
     assert!(!resp.allowed());
     let wire = wire(&req, &resp);
     assert_eq!(wire["response"]["uid"], "uid-1");
@@ -207,7 +207,7 @@ fn several_denials_are_joined_and_warnings_kept() {
     let req = create(pod(
         json!([{"name": "a", "image": "a"}, {"name": "b", "image": "b"}]),
     ));
-    let resp = decide(&req, &limits(), Phase::Validating);
+    let resp = admit_one(&req, &limits(), Phase::Validating);
     assert_eq!(
         resp.message(),
         Some(
@@ -231,10 +231,10 @@ fn compliant_objects_are_allowed_without_status() {
     let req = create(pod(
         json!([{"name": "a", "image": "a:1", "resources": {"limits": {"cpu": "1"}}}]),
     ));
-    let resp = decide(&req, &limits(), Phase::Validating);
+    let resp = admit_one(&req, &limits(), Phase::Validating);
     assert!(resp.allowed() && resp.warnings.is_empty() && resp.status.is_none());
     // A validating-only Policy reached through the mutating webhook changes nothing.
-    assert!(!decide(&req, &limits(), Phase::Mutating).patched());
+    assert!(!admit_one(&req, &limits(), Phase::Mutating).patched());
 }
 
 fn broken(failure_policy: &str) -> CompiledPolicy {
@@ -250,7 +250,7 @@ fn broken(failure_policy: &str) -> CompiledPolicy {
 #[test]
 fn run_time_errors_follow_the_failure_policy() {
     let req = create(pod(json!([])));
-    let fail = decide(&req, &broken("Fail"), Phase::Validating);
+    let fail = admit_one(&req, &broken("Fail"), Phase::Validating);
     assert!(!fail.allowed());
     let status = fail.status.clone().unwrap();
     assert_eq!(
@@ -266,7 +266,7 @@ fn run_time_errors_follow_the_failure_policy() {
         status.message
     );
 
-    let ignore = decide(&req, &broken("Ignore"), Phase::Validating);
+    let ignore = admit_one(&req, &broken("Ignore"), Phase::Validating);
     assert!(ignore.allowed());
     assert_eq!(ignore.warnings.len(), 2);
     assert!(
@@ -284,7 +284,7 @@ fn a_warn_rule_that_fails_at_run_time_warns_whatever_the_failure_policy() {
         {"expression": "object.spec.nodeName == 'x'", "message": "advice", "action": "Warn"},
         {"expression": "object.metadata.name == 'web'", "message": "named web"},
     ]});
-    let resp = decide(&req, &compiled("advisory", spec), Phase::Validating);
+    let resp = admit_one(&req, &compiled("advisory", spec), Phase::Validating);
     assert!(resp.allowed(), "{:?}", resp.status);
     assert_eq!(resp.warnings.len(), 1);
     assert!(
@@ -298,7 +298,7 @@ fn a_warn_rule_that_fails_at_run_time_warns_whatever_the_failure_policy() {
         {"expression": "object.spec.nodeName == 'x'", "message": "advice", "action": "Warn"},
         {"expression": "object.spec.nodeName == 'x'", "message": "strict"},
     ]});
-    let resp = decide(&req, &compiled("mixed", spec), Phase::Validating);
+    let resp = admit_one(&req, &compiled("mixed", spec), Phase::Validating);
     assert!(!resp.allowed());
     assert_eq!(resp.warnings.len(), 1, "{:?}", resp.warnings);
 }
@@ -311,14 +311,14 @@ fn a_failing_when_follows_the_failure_policy() {
         ]})
     };
     let req = create(pod(json!([{"name": "app"}])));
-    let fail = decide(&req, &compiled("guarded", spec("Fail")), Phase::Mutating);
+    let fail = admit_one(&req, &compiled("guarded", spec("Fail")), Phase::Mutating);
     assert!(!fail.allowed() && !fail.patched());
     assert!(
         fail.message()
             .unwrap()
             .starts_with("policy \"guarded\": spec.mutate[0].when: evaluation failed")
     );
-    let ignore = decide(&req, &compiled("guarded", spec("Ignore")), Phase::Mutating);
+    let ignore = admit_one(&req, &compiled("guarded", spec("Ignore")), Phase::Mutating);
     assert!(ignore.allowed() && !ignore.patched());
     assert_eq!(
         ignore.warnings.len(),
@@ -339,7 +339,7 @@ fn guards_see_element_object_and_request() {
         ]}),
     );
     let req = create(pod(json!([{"name": "app"}, {"name": "proxy"}])));
-    let resp = decide(&req, &policy, Phase::Mutating);
+    let resp = admit_one(&req, &policy, Phase::Mutating);
     let mut object = req.object.clone().unwrap();
     json_patch::patch(&mut object, &resp.patch).unwrap();
     assert_eq!(
@@ -361,13 +361,13 @@ fn a_for_each_before_an_append_still_reaches_the_new_element() {
         ]}),
     );
     let req = create(pod(json!([{"name": "app"}])));
-    let resp = decide(&req, &policy, Phase::Mutating);
+    let resp = admit_one(&req, &policy, Phase::Mutating);
     let mut object = req.object.clone().unwrap();
     json_patch::patch(&mut object, &resp.patch).unwrap();
     let sc = json!({"allowPrivilegeEscalation": false});
     assert_eq!(object["spec"]["containers"][0]["securityContext"], sc);
     assert_eq!(object["spec"]["containers"][1]["securityContext"], sc);
-    assert!(!decide(&create(object), &policy, Phase::Mutating).patched());
+    assert!(!admit_one(&create(object), &policy, Phase::Mutating).patched());
 }
 
 #[test]
@@ -378,7 +378,7 @@ fn compiled_policies_are_shared_across_threads() {
             let policy = Arc::clone(&policy);
             std::thread::spawn(move || {
                 let req = create(pod(json!([{"name": "a", "image": "a:1"}])));
-                decide(&req, &policy, Phase::Validating).allowed()
+                admit_one(&req, &policy, Phase::Validating).allowed()
             })
         })
         .collect();
@@ -393,7 +393,7 @@ fn the_policy_webhook_lists_every_problem() {
         "apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": "bad"},
         "spec": {"match": {"rules": []}, "timeoutSeconds": 0},
     });
-    let resp = decide_policy_object(&create(bad));
+    let resp = admit_policy_object(&create(bad));
     assert!(!resp.allowed());
     let status = resp.status.unwrap();
     assert_eq!((status.code, status.reason.as_str()), (422, "Invalid"));
@@ -407,9 +407,9 @@ fn the_policy_webhook_lists_every_problem() {
         json!({"match": pod_rules(), "validate": [{"expression": "true", "message": "m"}]}),
     ))
     .unwrap();
-    assert!(decide_policy_object(&create(good)).allowed());
+    assert!(admit_policy_object(&create(good)).allowed());
     let undecodable = json!({"apiVersion": "gatehouse.dev/v1alpha1", "kind": "Policy", "metadata": {"name": "u"}, "spec": {"match": 1}});
-    let resp = decide_policy_object(&create(undecodable));
+    let resp = admit_policy_object(&create(undecodable));
     assert!(
         resp.message()
             .unwrap()
@@ -620,7 +620,7 @@ fn patch_paths_escape_slashes_and_tildes() {
         json!({"match": pod_rules(), "mutate": [{"merge": {"metadata": {"labels": {"gatehouse.dev/managed": "true", "a~b": "x"}}}}]}),
     );
     let req = create(pod(json!([])));
-    let resp = decide(&req, &policy, Phase::Mutating);
+    let resp = admit_one(&req, &policy, Phase::Mutating);
     let ops = decoded_patch(&wire(&req, &resp));
     let paths: Vec<&str> = ops
         .as_array()
@@ -656,7 +656,7 @@ fn an_ipam_effect_marks_created_pods_only() {
         }),
     );
     let original = pod(json!([{"name": "app", "image": "app:1"}]));
-    let resp = decide(
+    let resp = admit_one(
         &request("CREATE", Some(original.clone()), None),
         &p,
         Phase::Mutating,
@@ -678,14 +678,14 @@ fn an_ipam_effect_marks_created_pods_only() {
         json!([{"name": "gatehouse.dev/ipam"}])
     );
     // Reinvocation on the marked Pod changes nothing.
-    let again = decide(
+    let again = admit_one(
         &request("CREATE", Some(marked.clone()), None),
         &p,
         Phase::Mutating,
     );
     assert!(again.patch.0.is_empty(), "{:?}", again.patch);
     // UPDATE is mutated but never marked (the API server refuses new gates after CREATE).
-    let update = decide(
+    let update = admit_one(
         &request("UPDATE", Some(original.clone()), Some(original.clone())),
         &p,
         Phase::Mutating,
@@ -699,7 +699,7 @@ fn an_ipam_effect_marks_created_pods_only() {
         json!({"match": pod_rules(), "effects": [{"ipam": {"pool": "p", "annotation": "example.com/ip"}}]}),
     );
     assert!(only.is_mutating() && !only.has_mutations());
-    let resp = decide(
+    let resp = admit_one(
         &request("CREATE", Some(original), None),
         &only,
         Phase::Mutating,

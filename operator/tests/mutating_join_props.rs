@@ -97,7 +97,7 @@ fn stored(policies: &[Policy], object: &Value) -> Value {
     let mut object = object.clone();
     for p in policies {
         let compiled = compile(p).unwrap();
-        mutate::apply(&compiled, &mut object, None, &json!({})).unwrap();
+        mutate::settle(&compiled, &mut object, None, &json!({})).unwrap();
     }
     object
 }

@@ -448,7 +448,7 @@ async fn through_the_engine(
         .map_err(|e| anyhow::anyhow!("case {n}: {e:?}"))?;
     let mut mutated = defaulted;
     let request = json!({"operation": "CREATE", "namespace": object["metadata"]["namespace"], "name": object["metadata"]["name"]});
-    match mutate::apply(&compiled, &mut mutated, None, &request) {
+    match mutate::settle(&compiled, &mut mutated, None, &request) {
         Ok(_) => {}
         Err(e) => return Ok(Err(format!("engine: {e}"))),
     }

@@ -235,7 +235,7 @@ impl Checker {
     /// A call's target: `None` when it is a function namespace (`optional.of`), not a value.
     fn infer_target(&mut self, target: &IdedExpr) -> Option<Ty> {
         if let Expr::Ident(name) = &target.expr
-            && super::scope::FUNCTION_NAMESPACES.contains(&name.as_str())
+            && super::ast::FUNCTION_NAMESPACES.contains(&name.as_str())
             && !self.scope.iter().any(|(bound, _)| bound == name)
         {
             return None;

@@ -115,13 +115,13 @@ fn split_top(params: &str) -> Vec<&str> {
 
 /// Type parameters bound while matching one overload.
 #[derive(Default)]
-struct Bindings {
+struct TypeBindings {
     params: HashMap<char, Ty>,
     /// Parameters bound by a value of unknown type.
     unknown: HashSet<char>,
 }
 
-fn matches(pattern: &Pattern, ty: &Ty, bound: &mut Bindings) -> bool {
+fn matches(pattern: &Pattern, ty: &Ty, bound: &mut TypeBindings) -> bool {
     match (pattern, ty) {
         // A parameter inside a pattern that a value of unknown type matched stays unknown:
         // `x.orValue(1)` on such an `x` is no more an `int` than `x` is an `optional(int)`.
@@ -176,7 +176,7 @@ impl Pattern {
     }
 }
 
-fn result_of(pattern: &Pattern, bound: &Bindings) -> Ty {
+fn result_of(pattern: &Pattern, bound: &TypeBindings) -> Ty {
     match pattern {
         Pattern::Exactly(t) => t.clone(),
         Pattern::Param(name) => bound.params.get(name).cloned().unwrap_or(Ty::Dyn),
@@ -188,7 +188,7 @@ fn result_of(pattern: &Pattern, bound: &Bindings) -> Ty {
 
 /// The type a field declared as `written` (a type as [`SIGNATURES`] writes it) holds.
 pub(super) fn declared_type(written: &str) -> Option<Ty> {
-    parse_pattern(written).map(|pattern| result_of(&pattern, &Bindings::default()))
+    parse_pattern(written).map(|pattern| result_of(&pattern, &TypeBindings::default()))
 }
 
 /// The results of those of `overloads` that accept `receiver` and `args`; `None` when none
@@ -207,7 +207,7 @@ pub(super) fn results(
     }
     let mut results = Vec::new();
     for overload in candidates {
-        let mut bound = Bindings::default();
+        let mut bound = TypeBindings::default();
         let receiver_fits = match (&overload.receiver, receiver) {
             (Some(p), Some(t)) => matches(p, t, &mut bound),
             _ => true,

@@ -5,7 +5,7 @@
 use std::sync::OnceLock;
 
 use gatehouse_api::v1alpha1::Policy;
-use gatehouse_engine::{Phase, compile, decide, parse_request};
+use gatehouse_engine::{Phase, compile, admit_one, parse_request};
 use libfuzzer_sys::fuzz_target;
 use serde_json::json;
 
@@ -38,5 +38,5 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let Ok(compiled) = compile(&policy) else { return };
-    let _ = decide(request(), &compiled, Phase::Validating);
+    let _ = admit_one(request(), &compiled, Phase::Validating);
 });

@@ -37,10 +37,10 @@ fuzz_target!(|body: &[u8]| {
     let Ok(req) = parse_request(body) else { return };
     let scope = Matching { namespace: Namespace::Assumed, matched: false };
     let all: Vec<&CompiledPolicy> = policies().iter().collect();
-    let out = chain::mutate(&req, &all[..2], ReinvocationPolicy::IfNeeded, scope);
+    let out = chain::admit_mutating(&req, &all[..2], ReinvocationPolicy::IfNeeded, scope);
     if out.response.allowed && !out.response.patch.0.is_empty() {
         let mut object = req.object.clone().unwrap_or(Value::Null);
         json_patch::patch(&mut object, &out.response.patch).expect("the answer's patch applies");
     }
-    let _ = chain::validate(&req, &all[2..], scope);
+    let _ = chain::admit_validating(&req, &all[2..], scope);
 });

@@ -8,8 +8,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::Serialize;
 use serde_json::Value;
 
-use super::decision::Response;
 use super::request::{API_VERSION, KIND, Request};
+use super::response::Response;
 
 /// The AdmissionReview on the wire, serialised straight from the answer.
 #[derive(Serialize)]
@@ -17,11 +17,11 @@ struct Review<'a> {
     #[serde(rename = "apiVersion")]
     api_version: &'static str,
     kind: &'static str,
-    response: Answer<'a>,
+    response: ReviewResponse<'a>,
 }
 
 #[derive(Serialize)]
-struct Answer<'a> {
+struct ReviewResponse<'a> {
     uid: &'a str,
     allowed: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -98,7 +98,7 @@ fn review<'a>(req: &'a Request, resp: &'a Response, patch: Option<String>) -> Re
     Review {
         api_version: API_VERSION,
         kind: KIND,
-        response: Answer {
+        response: ReviewResponse {
             uid: &req.uid,
             allowed: resp.allowed,
             patch_type: patch.as_ref().map(|_| "JSONPatch"),

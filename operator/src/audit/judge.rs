@@ -8,7 +8,7 @@ use serde_json::Value;
 use gatehouse_api::reports::{ReportResult, ResourceReference, ResultKind, Timestamp};
 use gatehouse_api::v1alpha1::{Operation, Policy, Rule, ValidationAction};
 use gatehouse_engine::admission::{
-    GroupVersionKind, GroupVersionResource, Request, RuleOutcome, Variables, rule_outcomes,
+    GroupVersionKind, GroupVersionResource, Request, RuleEvaluation, Variables, evaluate_rules,
 };
 use gatehouse_engine::matcher::{self, Namespace};
 use gatehouse_engine::policy::{self, CompiledPolicy, InvalidPolicy};
@@ -197,23 +197,23 @@ pub fn judge(
         },
         Ok(true) => {
             let variables = Variables::new(&req);
-            let outcomes = rule_outcomes(policy, &variables.activation());
+            let outcomes = evaluate_rules(policy, &variables.activation());
             let mut failing = Vec::new();
             let mut held = 0;
             for (i, (rule, outcome)) in policy.spec().validate.iter().zip(outcomes).enumerate() {
                 let name = format!("validate[{i}]");
                 match outcome {
-                    RuleOutcome::Held => held += 1,
-                    RuleOutcome::Violated(ValidationAction::Deny) => {
+                    RuleEvaluation::Held => held += 1,
+                    RuleEvaluation::Violated(ValidationAction::Deny) => {
                         failing.push(result(name, ResultKind::Fail, "high", rule.message.clone()))
                     }
-                    RuleOutcome::Violated(ValidationAction::Warn) => failing.push(result(
+                    RuleEvaluation::Violated(ValidationAction::Warn) => failing.push(result(
                         name,
                         ResultKind::Warn,
                         "medium",
                         rule.message.clone(),
                     )),
-                    RuleOutcome::Failed { error, .. } => failing.push(result(
+                    RuleEvaluation::Failed { error, .. } => failing.push(result(
                         name,
                         ResultKind::Error,
                         "high",

@@ -254,13 +254,13 @@ fn answer(state: &WebhookState, review: &EntryReview) -> (bool, Vec<u8>) {
     let members: Vec<&CompiledPolicy> = review.members.iter().map(AsRef::as_ref).collect();
     let (request, phase) = (&review.request, review.phase);
     let outcome = match phase {
-        Phase::Mutating => chain::mutate(
+        Phase::Mutating => chain::admit_mutating(
             request,
             &members,
             review.group.reinvocation_policy,
             matching,
         ),
-        Phase::Validating => chain::validate(request, &members, matching),
+        Phase::Validating => chain::admit_validating(request, &members, matching),
     };
     for e in &outcome.evaluated {
         tracing::debug!(
@@ -314,7 +314,7 @@ fn validate_policy_object(body: &[u8]) -> Response<Full<Bytes>> {
         Ok(r) => r,
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    let response = engine::decide_policy_object(&request);
+    let response = engine::admit_policy_object(&request);
     json(StatusCode::OK, engine::encoded_review(&request, &response))
 }
 

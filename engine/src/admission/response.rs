@@ -95,7 +95,7 @@ impl Response {
 
 /// Decides `req` for one Policy in one phase. The API server only sends requests the Policy's
 /// webhook entry matches (rules, selectors, match conditions), so this does not match again.
-pub fn decide(req: &Request, policy: &CompiledPolicy, phase: Phase) -> Response {
+pub fn admit_one(req: &Request, policy: &CompiledPolicy, phase: Phase) -> Response {
     match phase {
         Phase::Mutating => mutating(req, policy),
         Phase::Validating => validating(req, policy),
@@ -112,7 +112,7 @@ fn mutating(req: &Request, policy: &CompiledPolicy) -> Response {
         return Response::allow();
     };
     let mut mutated = object.clone();
-    let (mut resp, changed) = decide_in_place(req, &req.cel_variable(), &mut mutated, policy);
+    let (mut resp, changed) = admit_in_place(req, &req.cel_variable(), &mut mutated, policy);
     if changed && resp.allowed {
         resp.patch = json_patch::diff(object, &mutated);
     }
@@ -148,11 +148,11 @@ fn mutated_answer(policy: &CompiledPolicy, run: &mutate::Run) -> Response {
     resp
 }
 
-/// [`decide`] for a mutating Policy that changes `object` (a working copy of the request's
+/// [`admit_one`] for a mutating Policy that changes `object` (a working copy of the request's
 /// object) itself, as a member of a mutating group does to the group's working copy: the answer
 /// (never with a patch) and whether the object changed. `request` is the request's CEL variable
 /// ([`Request::cel_variable`]). A denial may leave the object half-mutated.
-pub fn decide_in_place(
+pub fn admit_in_place(
     req: &Request,
     request: &Value,
     object: &mut Value,
@@ -162,8 +162,8 @@ pub fn decide_in_place(
         return (Response::allow(), false);
     }
     let (resp, mut changed) = if policy.has_mutations() {
-        match mutate::apply(policy, object, req.old_object.as_ref(), request) {
-            Ok(applied) => (mutated_answer(policy, &applied.run), applied.changed),
+        match mutate::settle(policy, object, req.old_object.as_ref(), request) {
+            Ok(mutated) => (mutated_answer(policy, &mutated.run), mutated.changed),
             Err(e) => return (guard_failed(policy, &e), false),
         }
     } else {
@@ -184,7 +184,7 @@ fn validating(req: &Request, policy: &CompiledPolicy) -> Response {
 
 /// What one `validate[]` rule made of a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum RuleOutcome {
+pub enum RuleEvaluation {
     /// Its expression held.
     Held,
     /// Its expression was false: its action applies, with its message.
@@ -195,22 +195,22 @@ pub enum RuleOutcome {
 
 /// Each `validate[]` rule's outcome, by index, in order. As the API server, no rule runs once
 /// the call's budget is spent: the rules after it are missing.
-pub fn rule_outcomes(policy: &CompiledPolicy, vars: &cel::Activation<'_>) -> Vec<RuleOutcome> {
+pub fn evaluate_rules(policy: &CompiledPolicy, vars: &cel::Activation<'_>) -> Vec<RuleEvaluation> {
     let mut outcomes = Vec::new();
     let mut budget = CallBudget::validations();
     for program in &policy.validations {
         match program.eval_bool_within(vars, &mut budget) {
-            Ok(true) => outcomes.push(RuleOutcome::Held),
+            Ok(true) => outcomes.push(RuleEvaluation::Held),
             Ok(false) => {
                 let action = policy
                     .spec()
                     .validate
                     .get(outcomes.len())
                     .map_or(ValidationAction::Deny, |rule| rule.action);
-                outcomes.push(RuleOutcome::Violated(action));
+                outcomes.push(RuleEvaluation::Violated(action));
             }
             Err(e) => {
-                outcomes.push(RuleOutcome::Failed {
+                outcomes.push(RuleEvaluation::Failed {
                     over_budget: matches!(e, cel::CelError::OverBudget(_)),
                     error: e.to_string(),
                 });
@@ -223,7 +223,7 @@ pub fn rule_outcomes(policy: &CompiledPolicy, vars: &cel::Activation<'_>) -> Vec
     outcomes
 }
 
-/// The validating [`decide`] with the request's variables bound already.
+/// The validating [`admit_one`] with the request's variables bound already.
 pub fn validating_with(policy: &CompiledPolicy, vars: &cel::Activation<'_>) -> Response {
     if !policy.has_validations() {
         return Response::allow();
@@ -235,19 +235,19 @@ pub fn validating_with(policy: &CompiledPolicy, vars: &cel::Activation<'_>) -> R
         .spec()
         .validate
         .iter()
-        .zip(rule_outcomes(policy, vars))
+        .zip(evaluate_rules(policy, vars))
         .enumerate()
     {
         match outcome {
-            RuleOutcome::Held => {}
-            RuleOutcome::Violated(action) => {
+            RuleEvaluation::Held => {}
+            RuleEvaluation::Violated(action) => {
                 let message = format!("{}: {}", prefix(policy), rule.message);
                 match action {
                     ValidationAction::Deny => denials.push(message),
                     ValidationAction::Warn => warnings.push(message),
                 }
             }
-            RuleOutcome::Failed {
+            RuleEvaluation::Failed {
                 error,
                 over_budget: spent,
             } => {
@@ -286,7 +286,7 @@ pub fn validating_with(policy: &CompiledPolicy, vars: &cel::Activation<'_>) -> R
 /// Gatehouse's own validating webhook for Policy objects: denies a Policy that [`policy::validate`]
 /// finds problems with, listing every one, so `kubectl apply` fails the way the controller's
 /// status would otherwise report later.
-pub fn decide_policy_object(req: &Request) -> Response {
+pub fn admit_policy_object(req: &Request) -> Response {
     let Some(object) = &req.object else {
         return Response::allow();
     };
