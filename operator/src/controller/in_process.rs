@@ -15,17 +15,16 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, ValidatingAdmissionPolicy,
     ValidatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::PostParams;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher::{self, DefaultBackoff};
-use kube::{Api, Client, ResourceExt};
+use kube::{Client, ResourceExt};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
 use crate::runtime::error_chain::chain;
 
+use super::confirm::{ProbeKind, Prober};
 use super::generated::{LEAVE_GRACE, apply, delete, holds};
 use super::in_process_mutating::{MutatingCaches, MutatingMemory};
 use super::status::Verdict;
@@ -33,15 +32,10 @@ use super::wiring::Wiring;
 use super::wiring::admission_policy::{self, InProcess, POLICY_ANNOTATION, Placement};
 use super::wiring::mutating_policy::MUTATING_GENERATED_LABEL;
 use super::wiring::placement::Served;
-use super::wiring::probe::{PROBE_LABEL, probe, probe_message};
 use super::{ControllerContext, Refusal, SpecVersion, WriteError};
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::reflect;
 use gatehouse_api::v1alpha1::{EnforcementPoint, Policy};
-
-/// How long the probe may take to be enforced before the pass fails (and backs off).
-const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
-const PROBE_INTERVAL: Duration = Duration::from_millis(200);
 
 /// Whether `p`'s status says the API server enforces it, for its current spec.
 pub fn enforced_in_process(p: &Policy) -> bool {
@@ -108,7 +102,6 @@ pub fn verdicts(
 }
 
 /// What the leader remembers of in-process enforcement in its term.
-#[derive(Default)]
 pub struct InProcessMemory {
     /// Policies whose generated objects, as given, the API server was seen to enforce.
     pub confirmed: HashMap<String, InProcess>,
@@ -118,6 +111,20 @@ pub struct InProcessMemory {
     type_warnings: HashMap<String, String>,
     /// The generated MutatingAdmissionPolicy.
     pub mutating: MutatingMemory,
+    /// The probe confirming generated ValidatingAdmissionPolicies, by Policy.
+    probe: Prober<(String, InProcess)>,
+}
+
+impl Default for InProcessMemory {
+    fn default() -> Self {
+        InProcessMemory {
+            confirmed: HashMap::new(),
+            leaving: HashMap::new(),
+            type_warnings: HashMap::new(),
+            mutating: MutatingMemory::default(),
+            probe: Prober::new(ProbeKind::Validating),
+        }
+    }
 }
 
 /// The generated objects as the watches see them.
@@ -230,7 +237,7 @@ pub async fn enforce(
     leader: &watch::Receiver<Leadership>,
     memory: &mut InProcessMemory,
     rejected: &mut HashMap<String, Refusal>,
-) -> Result<(), WriteError> {
+) -> Result<Option<Instant>, WriteError> {
     let mut to_confirm = Vec::new();
     for (p, placement) in placements {
         let Placement::InProcess(objects) = placement else {
@@ -278,15 +285,15 @@ pub async fn enforce(
         }
         to_confirm.push((name, objects.as_ref().clone()));
     }
-    if to_confirm.is_empty() {
-        return Ok(());
-    }
-    confirm_enforced(ctx, wiring, leader).await?;
-    for (name, objects) in to_confirm {
+    let probed = memory
+        .probe
+        .confirm(ctx, wiring, leader, to_confirm)
+        .await?;
+    for (name, objects) in probed.enforced {
         info!(policy = %name, "enforced in-process");
         memory.confirmed.insert(name, objects);
     }
-    Ok(())
+    Ok(probed.look_again)
 }
 
 /// Deletes the generated objects no Policy placed in-process stands for: at once when their
@@ -362,63 +369,4 @@ pub async fn remove_stale(
         .leaving
         .retain(|name, _| !keep.values().any(|k| k == name));
     Ok(wake)
-}
-
-/// Writes the probe with a new token and waits until the API server denies its Lease: then
-/// every generated object written before it is enforced.
-async fn confirm_enforced(
-    ctx: &ControllerContext,
-    wiring: &Wiring,
-    leader: &watch::Receiver<Leadership>,
-) -> Result<(), WriteError> {
-    let token = format!(
-        "gatehouse-probe-{:x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default()
-    );
-    let probe = probe(&token, &wiring.home_namespace, wiring);
-    for refused in [
-        apply(ctx, &probe.policy, leader).await?,
-        apply(ctx, &probe.binding, leader).await?,
-    ] {
-        if let Err(reason) = refused {
-            return Err(WriteError::Probe { reason });
-        }
-    }
-    let lease = Lease {
-        metadata: kube::api::ObjectMeta {
-            name: Some(token.clone()),
-            labels: Some([(PROBE_LABEL.to_string(), token.clone())].into()),
-            ..Default::default()
-        },
-        spec: None,
-    };
-    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &wiring.home_namespace);
-    let dry_run = PostParams {
-        dry_run: true,
-        ..PostParams::default()
-    };
-    let expected = probe_message(&token);
-    let deadline = Instant::now() + PROBE_TIMEOUT;
-    loop {
-        match leases.create(&dry_run, &lease).await {
-            Err(kube::Error::Api(e)) if e.message.contains(&expected) => return Ok(()),
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code < 500 && e.code != 429 => {
-                return Err(WriteError::Probe { reason: e.message });
-            }
-            Err(_) => {}
-        }
-        if Instant::now() >= deadline {
-            return Err(WriteError::Probe {
-                reason: format!(
-                    "the API server did not enforce the probe within {}s",
-                    PROBE_TIMEOUT.as_secs()
-                ),
-            });
-        }
-        tokio::time::sleep(PROBE_INTERVAL).await;
-    }
 }

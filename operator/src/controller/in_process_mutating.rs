@@ -8,33 +8,27 @@
 //! a Policy's edit rewrites only its own group's policy.
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
 };
-use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::PostParams;
 use kube::runtime::reflector::Store;
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::confirm::{ProbeKind, Prober};
 use super::generated::{LEAVE_GRACE, apply, delete, holds};
 use super::isolate::{self, Culprit, DryRun};
 use super::wiring::Wiring;
 use super::wiring::admission_policy::Placement;
 use super::wiring::mutating_policy::{InProcessMutation, MEMBERS_ANNOTATION, place_mutating};
-use super::wiring::probe::{MUTATING_PROBE_ANNOTATION, PROBE_LABEL, mutating_probe};
 use super::wiring::schema_fit::SchemaFit;
 use super::writes::{dry_run, search_failed};
 use super::{ControllerContext, Refusal, SpecVersion, WriteError};
 use crate::runtime::lease::Leadership;
 use gatehouse_api::v1alpha1::Policy;
-
-const PROBE_TIMEOUT: Duration = Duration::from_secs(20);
-const PROBE_INTERVAL: Duration = Duration::from_millis(200);
 
 /// The generated mutating objects as the watches see them.
 pub struct MutatingCaches {
@@ -43,15 +37,27 @@ pub struct MutatingCaches {
 }
 
 /// What the leader remembers of in-process mutation in its term.
-#[derive(Default)]
 pub struct MutatingMemory {
     /// By generated policy: the objects the API server was seen to run, and the spec of each
     /// member then.
     confirmed: HashMap<String, ConfirmedRun>,
     /// Members of the stored policies that went back to the webhook, and since when.
     leaving: HashMap<String, Instant>,
+    /// The probe confirming generated MutatingAdmissionPolicies.
+    probe: Prober<ConfirmedRun>,
 }
 
+impl Default for MutatingMemory {
+    fn default() -> Self {
+        MutatingMemory {
+            confirmed: HashMap::new(),
+            leaving: HashMap::new(),
+            probe: Prober::new(ProbeKind::Mutating),
+        }
+    }
+}
+
+#[derive(PartialEq)]
 struct ConfirmedRun {
     objects: InProcessMutation,
     members: HashMap<String, SpecVersion>,
@@ -141,15 +147,21 @@ pub async fn enforce(
             members,
         });
     }
-    if !to_confirm.is_empty() {
-        confirm_enforced(ctx, wiring, leader).await?;
-        for confirmed in to_confirm {
-            let objects = &confirmed.objects;
-            info!(generated = %objects.name(), members = %objects.members.join(","), "mutating in-process");
-            memory
-                .confirmed
-                .insert(objects.name().to_string(), confirmed);
-        }
+    let probed = memory
+        .probe
+        .confirm(ctx, wiring, leader, to_confirm)
+        .await?;
+    for confirmed in probed.enforced {
+        let objects = &confirmed.objects;
+        info!(generated = %objects.name(), members = %objects.members.join(","), "mutating in-process");
+        memory
+            .confirmed
+            .insert(objects.name().to_string(), confirmed);
+    }
+    // A member moving between groups is run by its new group's policy before its old one
+    // goes: nothing is removed while a probe is out.
+    if probed.look_again.is_some() {
+        return Ok(probed.look_again);
     }
     // A refused group's members are placed again next pass: what they leave stays till then.
     if !refused {
@@ -276,64 +288,4 @@ async fn blame(
         );
     }
     Ok(())
-}
-
-/// Writes the mutating probe with a new token and waits until the API server annotates its
-/// Lease: then the generated objects written before it are run.
-async fn confirm_enforced(
-    ctx: &ControllerContext,
-    wiring: &Wiring,
-    leader: &watch::Receiver<Leadership>,
-) -> Result<(), WriteError> {
-    let token = format!(
-        "gatehouse-probe-mutating-{:x}",
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default()
-    );
-    let probe = mutating_probe(&token, &wiring.home_namespace, wiring);
-    for refused in [
-        apply(ctx, &probe.policy, leader).await?,
-        apply(ctx, &probe.binding, leader).await?,
-    ] {
-        if let Err(reason) = refused {
-            return Err(WriteError::Probe { reason });
-        }
-    }
-    let lease = Lease {
-        metadata: kube::api::ObjectMeta {
-            name: Some(token.clone()),
-            labels: Some([(PROBE_LABEL.to_string(), token.clone())].into()),
-            ..Default::default()
-        },
-        spec: None,
-    };
-    let leases: Api<Lease> = Api::namespaced(ctx.client.clone(), &wiring.home_namespace);
-    let dry_run = PostParams {
-        dry_run: true,
-        ..PostParams::default()
-    };
-    let deadline = Instant::now() + PROBE_TIMEOUT;
-    loop {
-        match leases.create(&dry_run, &lease).await {
-            Ok(created) if created.annotations().get(MUTATING_PROBE_ANNOTATION) == Some(&token) => {
-                return Ok(());
-            }
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code < 500 && e.code != 429 => {
-                return Err(WriteError::Probe { reason: e.message });
-            }
-            Err(_) => {}
-        }
-        if Instant::now() >= deadline {
-            return Err(WriteError::Probe {
-                reason: format!(
-                    "the API server did not run the mutating probe within {}s",
-                    PROBE_TIMEOUT.as_secs()
-                ),
-            });
-        }
-        tokio::time::sleep(PROBE_INTERVAL).await;
-    }
 }

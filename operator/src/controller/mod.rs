@@ -2,6 +2,7 @@
 //! server-side apply → status. One coalescing loop owns both webhook configurations, so a burst
 //! of Policy changes costs a handful of writes, not one per Policy.
 mod configurations;
+mod confirm;
 mod generated;
 mod in_process;
 mod in_process_mutating;

@@ -206,9 +206,10 @@ async fn enforce_and_write(
     check_conditions(ctx, wiring, valid, bundle, memory)
         .await
         .map_err(step(ReconcileError::Check))?;
+    let mut probe_wake = None;
     let mut mutating_wake = None;
     if let Some(generated) = &caches.generated {
-        in_process::enforce(
+        probe_wake = in_process::enforce(
             ctx,
             wiring,
             generated,
@@ -251,7 +252,10 @@ async fn enforce_and_write(
         .map_err(step(ReconcileError::RemoveStale))?,
         None => None,
     };
-    Ok([mutating_wake, stale_wake].into_iter().flatten().min())
+    Ok([probe_wake, mutating_wake, stale_wake]
+        .into_iter()
+        .flatten()
+        .min())
 }
 
 /// The pass's error for a failure of one step; leadership lost mid-step is not a step's
