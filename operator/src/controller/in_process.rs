@@ -9,20 +9,17 @@
 //! webhook cache has the new entry.
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding, ValidatingAdmissionPolicy,
     ValidatingAdmissionPolicyBinding,
 };
 use kube::runtime::reflector::Store;
-use kube::runtime::watcher::{self, DefaultBackoff};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tracing::{info, warn};
-
-use crate::runtime::error_chain::chain;
 
 use super::confirm::{ProbeKind, Prober};
 use super::generated::{LEAVE_GRACE, apply, delete, holds};
@@ -135,26 +132,16 @@ pub struct GeneratedCaches {
     pub mutating: Option<MutatingCaches>,
 }
 
-/// Watches of the generated ValidatingAdmissionPolicies and bindings, when the API server serves
-/// them (asked until it answers, backing off as the reconcile loop does).
-pub async fn watch(
+/// Watches of the generated ValidatingAdmissionPolicies and bindings (and of the mutating ones)
+/// when the API server serves them, as `served` says.
+pub fn watch(
     client: &Client,
     trigger: &Arc<Notify>,
+    served: Served,
 ) -> (
     Option<GeneratedCaches>,
     futures::future::BoxFuture<'static, ()>,
 ) {
-    let mut backoff = DefaultBackoff::default();
-    let served = loop {
-        match admission_policies_served(client).await {
-            Ok(served) => break served,
-            Err(e) => {
-                let retry_in = backoff.next().unwrap_or(Duration::from_secs(30));
-                warn!(error = %chain(&e), ?retry_in, "asking the API server whether it serves ValidatingAdmissionPolicy failed");
-                tokio::time::sleep(retry_in).await;
-            }
-        }
-    };
     let Served {
         validating: served,
         mutating: mutating_served,

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use k8s_openapi::api::admissionregistration::v1::{
     MutatingAdmissionPolicy, MutatingAdmissionPolicyBinding,
 };
-use kube::runtime::reflector::Store;
 use kube::ResourceExt;
+use kube::runtime::reflector::Store;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{info, warn};

@@ -66,6 +66,8 @@ pub enum ReconcileError {
     WriteStatuses(#[source] WriteError),
     #[error("not leading any more: {what} not written")]
     NotLeading { what: String },
+    #[error("asking the API server whether it serves the admission policy kinds")]
+    Discover(#[source] kube::Error),
 }
 
 impl Failure for ReconcileError {
@@ -77,6 +79,7 @@ impl Failure for ReconcileError {
             ReconcileError::RemoveStale(_) => "RemoveStale",
             ReconcileError::WriteStatuses(_) => "WriteStatuses",
             ReconcileError::NotLeading { .. } => "NotLeading",
+            ReconcileError::Discover(_) => "Discover",
         }
     }
 }
@@ -243,17 +246,17 @@ pub async fn run(
 ) {
     tokio::pin!(shutdown);
     let trigger = Arc::new(Notify::new());
-    let Watched { caches, watches } = tokio::select! {
-        watched = watch_all(&ctx.client, &trigger) => watched,
-        () = &mut shutdown => return,
-    };
+    let Watched {
+        mut caches,
+        watches,
+    } = watch_all(&ctx.client, &trigger);
     let work = async {
         caches.synced().await;
         if ca_bundle.wait_for(|b| b.is_some()).await.is_err() {
             return;
         }
         info!("caches synced and certificate known; reconciling");
-        reconcile_loop(&ctx, &caches, ca_bundle, leader, &trigger).await;
+        reconcile_loop(&ctx, &mut caches, ca_bundle, leader, &trigger).await;
     };
     tokio::select! {
         () = work => {}
@@ -269,8 +272,8 @@ struct Watched {
 }
 
 /// Starts the watches a pass reads, each change notifying `trigger`; the generated admission
-/// policies' ones once the API server said whether it serves them.
-async fn watch_all(client: &Client, trigger: &Arc<Notify>) -> Watched {
+/// policies' ones are started by the first pass ([`discover`]).
+fn watch_all(client: &Client, trigger: &Arc<Notify>) -> Watched {
     let every = watcher::Config::default;
     let (policies, policy_watch) = reflect::<Policy>(client.clone(), every(), trigger.clone());
     let by_name = every().fields(&format!("metadata.name={CONFIGURATION_NAME}"));
@@ -279,15 +282,8 @@ async fn watch_all(client: &Client, trigger: &Arc<Notify>) -> Watched {
     let (validating, validating_watch) =
         reflect::<ValidatingWebhookConfiguration>(client.clone(), by_name, trigger.clone());
     let (pools, pools_watch) = reflect::<IPPool>(client.clone(), every(), trigger.clone());
-    let (generated, generated_watch) = in_process::watch(client, trigger).await;
     let watches = tokio::spawn(async move {
-        tokio::join!(
-            policy_watch,
-            mutating_watch,
-            validating_watch,
-            pools_watch,
-            generated_watch
-        );
+        tokio::join!(policy_watch, mutating_watch, validating_watch, pools_watch);
     });
     Watched {
         caches: PolicyCaches {
@@ -295,10 +291,39 @@ async fn watch_all(client: &Client, trigger: &Arc<Notify>) -> Watched {
             mutating,
             validating,
             pools,
-            generated,
+            generated: None,
         },
         watches,
     }
+}
+
+/// A task that ends with its owner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Step 0, discover (once, retried with the loop's backoff until the API server answers):
+/// whether it serves ValidatingAdmissionPolicy and MutatingAdmissionPolicy; the watches of the
+/// generated ones, when it does, started and synced into `caches`.
+async fn discover(
+    client: &Client,
+    caches: &mut PolicyCaches,
+    trigger: &Arc<Notify>,
+) -> Result<AbortOnDrop, ReconcileError> {
+    let served = in_process::admission_policies_served(client)
+        .await
+        .map_err(ReconcileError::Discover)?;
+    let (generated, watches) = in_process::watch(client, trigger, served);
+    let watches = AbortOnDrop(tokio::spawn(watches));
+    if let Some(g) = &generated {
+        let _ = tokio::join!(g.policies.wait_until_ready(), g.bindings.wait_until_ready());
+    }
+    caches.generated = generated;
+    Ok(watches)
 }
 
 impl PolicyCaches {
@@ -322,10 +347,10 @@ impl PolicyCaches {
 /// The Policy controller's passes on the one reconcile loop, until the leader's channel closes.
 async fn reconcile_loop(
     ctx: &ControllerContext,
-    caches: &PolicyCaches,
+    caches: &mut PolicyCaches,
     mut ca_bundle: watch::Receiver<Option<String>>,
     mut leader: watch::Receiver<Leadership>,
-    trigger: &Notify,
+    trigger: &Arc<Notify>,
 ) {
     let ca_bundle_now = ca_bundle.clone();
     // A new bundle is a change like any other: it reaches the loop through the trigger.
@@ -336,6 +361,7 @@ async fn reconcile_loop(
     };
     let leader_view = leader.clone();
     let mut memory = LeaderMemory::default();
+    let mut generated_watches: Option<AbortOnDrop> = None;
     let pacing = Pacing {
         window: COALESCE,
         resync: RESYNC,
@@ -350,6 +376,9 @@ async fn reconcile_loop(
             // A new term must not trust what an earlier one remembered.
             if term != Term::Continuing {
                 memory = LeaderMemory::default();
+            }
+            if generated_watches.is_none() {
+                generated_watches = Some(discover(&ctx.client, caches, trigger).await?);
             }
             let bundle = ca_bundle_now.borrow().clone().unwrap_or_default();
             let input = PassInput {
