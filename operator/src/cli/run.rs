@@ -283,12 +283,13 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let shutdown = Shutdown::new();
     let stopped = || shutdown.stopped();
 
+    let loops = Arc::new(ReconcileMetrics::register(&mut registry));
     let resolver = CertResolver::new();
     let tls = TlsManager::new(
         args.tls_config(sans),
         process.client.clone(),
         resolver.clone(),
-        process.coordination(args.lease_duration, &mut registry),
+        process.coordination(args.lease_duration, loops.clone(), &mut registry),
     );
     let ca_bundle = tls.ca_bundle();
     let tls_task = async move {
@@ -298,7 +299,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
 
     let (leader_rx, lease_task) = process.lease(&args, &mut registry, stopped());
-    let loops = Arc::new(ReconcileMetrics::register(&mut registry));
     let controller = ControllerContext::new(
         process.client.clone(),
         &mut registry,
@@ -395,7 +395,12 @@ impl Process {
     }
 
     /// What the TLS manager needs to take part in rotations; its metrics go to `registry`.
-    fn coordination(&self, replica_ttl: Duration, registry: &mut Registry) -> Coordination {
+    fn coordination(
+        &self,
+        replica_ttl: Duration,
+        loops: Arc<ReconcileMetrics>,
+        registry: &mut Registry,
+    ) -> Coordination {
         Coordination {
             identity: self.identity.clone(),
             replica_ttl,
@@ -403,6 +408,7 @@ impl Process {
             metrics: TlsMetrics::register(registry),
             recorder: self.recorder.clone(),
             readiness: self.readiness.clone(),
+            loops,
         }
     }
 

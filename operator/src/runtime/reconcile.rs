@@ -277,8 +277,20 @@ pub fn reflect<K>(
 where
     K: Watched,
 {
+    reflect_in(Api::all(client), config, trigger)
+}
+
+/// [`reflect`] of the objects `api` reaches (one namespace's, say).
+pub fn reflect_in<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    trigger: Arc<Notify>,
+) -> (Store<K>, impl Future<Output = ()> + Send + use<K>)
+where
+    K: Watched,
+{
     let (store, writer) = reflector::store();
-    let stream = reflector::reflector(writer, events::<K>(client, config));
+    let stream = reflector::reflector(writer, events::<K>(api, config));
     (store, drive(stream, trigger, |_| {}))
 }
 
@@ -300,7 +312,10 @@ where
         // The loop owning the receiver stopped: nothing is left to tell.
         let _ = tx.send(event.clone());
     };
-    (rx, drive(events::<K>(client, config), trigger, send))
+    (
+        rx,
+        drive(events::<K>(Api::all(client), config), trigger, send),
+    )
 }
 
 /// What a watched kind must be.
@@ -323,10 +338,10 @@ impl<K> Watched for K where
 /// The watch of `K` without managedFields: no loop reads them, and they are most of a small
 /// object's size.
 fn events<K: Watched>(
-    client: Client,
+    api: Api<K>,
     config: watcher::Config,
 ) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send {
-    watcher(Api::<K>::all(client), config)
+    watcher(api, config)
         .filter(|event| {
             let relist = is_relist(event);
             if relist {

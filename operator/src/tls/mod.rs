@@ -120,3 +120,27 @@ pub enum TlsError {
     #[error("TLS Secret did not settle after {steps} create/update attempts")]
     ReconcileNotSettled { steps: usize },
 }
+
+impl crate::runtime::reconcile::Failure for TlsError {
+    fn step(&self) -> &'static str {
+        match self {
+            TlsError::InvalidConfig { .. } => "InvalidConfig",
+            TlsError::GenerateKey { .. } => "GenerateKey",
+            TlsError::SignCertificate { .. } => "SignCertificate",
+            TlsError::InvalidSan { .. } => "InvalidSan",
+            TlsError::LoadCaKey { .. } => "LoadCaKey",
+            TlsError::LoadCaCertificate { .. } => "LoadCaCertificate",
+            TlsError::ParsePem { .. } => "ParsePem",
+            TlsError::ParseCertificate { .. } => "ParseCertificate",
+            TlsError::LoadServingKey { .. } => "LoadServingKey",
+            TlsError::BuildServerConfig { .. } => "BuildServerConfig",
+            TlsError::PerformAction { .. } => "PerformAction",
+            TlsError::ReadSecret { .. } => "ReadSecret",
+            TlsError::CreateSecret { .. } => "CreateSecret",
+            TlsError::UpdateSecret { .. } => "UpdateSecret",
+            TlsError::ReadConfiguration { .. } => "ReadConfiguration",
+            TlsError::ListReplicas { .. } => "ListReplicas",
+            TlsError::ReconcileNotSettled { .. } => "ReconcileNotSettled",
+        }
+    }
+}
