@@ -10,6 +10,7 @@
 
 mod cluster;
 pub mod cpu;
+pub mod documented;
 pub mod instance;
 pub mod kubectl;
 pub mod latency;

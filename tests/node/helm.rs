@@ -8,15 +8,18 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, ensure};
+use gatehouse_e2e::documented::documented;
 use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
 use serde_json::Value;
 
 use super::{
-    NAMESPACE, NODE, SAMPLE_POLICIES, WAIT, creates_until, dropped_capabilities, gatehouse_pods,
-    get_json, is_ready, pod, stderr,
+    INSTALL_DOC, NAMESPACE, NODE, SAMPLE_POLICIES, WAIT, creates_until, dropped_capabilities,
+    gatehouse_pods, get_json, is_ready, pod, stderr,
 };
 
 const RELEASE: &str = "gatehouse";
+/// The Helm install as docs/operations/install.md and the README show it.
+const DOCUMENTED_INSTALL: &str = "helm install gatehouse charts/gatehouse -n gatehouse-system --create-namespace --set image.repository=registry.example/gatehouse --set image.tag=0.1.0 --wait";
 /// Policies of the user's, applied with kubectl beside the release.
 const OWN_POLICY: &str = "helm-e2e-labelled";
 const OWN_MUTATING_POLICY: &str = "helm-e2e-annotate";
@@ -235,27 +238,17 @@ async fn helm_installs_upgrades_and_uninstalls_on_the_node() {
             armed: true,
         };
 
-        helm(
-            cluster,
-            &[
-                "install",
-                RELEASE,
-                &chart,
-                "-n",
-                NAMESPACE,
-                "--create-namespace",
-                "--set",
-                "cni.enabled=true",
-                "--set",
-                &bin_dir,
-                "--set",
-                "samples.enabled=true",
-                "--wait",
-                "--timeout",
-                "180s",
-            ],
-        )
-        .await?;
+        // As documented, with this node's image (a later --set wins), the CNI plugin in this
+        // node's directory and the samples.
+        let mut install = documented(INSTALL_DOC, DOCUMENTED_INSTALL)?;
+        install.remove(0);
+        for set in ["image.repository=gatehouse", "image.tag=dev", "cni.enabled=true", &bin_dir, "samples.enabled=true"] {
+            install.extend(["--set".to_string(), set.to_string()]);
+        }
+        install.extend(["--timeout".to_string(), "180s".to_string()]);
+        helm(cluster, &install.iter().map(String::as_str).collect::<Vec<_>>()).await?;
+        let label = documented(INSTALL_DOC, "kubectl label namespace gatehouse-system pod-security.kubernetes.io/enforce=restricted")?;
+        cluster.kubectl_ok(&label[1..], None).await?;
 
         // Two Ready replicas on the node, the CNI DaemonSet's Pod Ready there.
         let replicas = await_condition("two Ready Gatehouse replicas", WAIT, || async {
@@ -360,7 +353,11 @@ async fn helm_installs_upgrades_and_uninstalls_on_the_node() {
             failures.clone(),
         ));
         tokio::time::sleep(Duration::from_secs(3)).await;
-        upgrade(cluster, &chart, "logFormat=json").await?;
+        // The documented upgrade; its new replicas are admitted under the restricted profile.
+        let mut documented_upgrade = documented(INSTALL_DOC, "helm upgrade gatehouse charts/gatehouse -n gatehouse-system --reuse-values --set logFormat=json")?;
+        documented_upgrade.remove(0);
+        documented_upgrade.extend(["--wait", "--timeout", "180s"].map(String::from));
+        helm(cluster, &documented_upgrade.iter().map(String::as_str).collect::<Vec<_>>()).await?;
         // --wait returns once the new replicas are Ready; the old ones still drain. The load
         // goes on until they are gone, and a moment more.
         let old: Vec<Value> = replicas
@@ -487,19 +484,12 @@ async fn helm_installs_upgrades_and_uninstalls_on_the_node() {
                 .any(|n| n.ends_with(&format!("/gatehouse-{OWN_POLICY}"))),
             "no admission policy generated for {OWN_POLICY}: {generated:?}"
         );
-        helm(
-            cluster,
-            &[
-                "uninstall",
-                RELEASE,
-                "-n",
-                NAMESPACE,
-                "--wait",
-                "--timeout",
-                "180s",
-            ],
-        )
-        .await?;
+        let delete_pools = documented(INSTALL_DOC, "kubectl delete ippools --all")?;
+        cluster.kubectl_ok(&delete_pools[1..], None).await?;
+        let mut uninstall = documented(INSTALL_DOC, "helm uninstall gatehouse -n gatehouse-system")?;
+        uninstall.remove(0);
+        uninstall.extend(["--wait", "--timeout", "180s"].map(String::from));
+        helm(cluster, &uninstall.iter().map(String::as_str).collect::<Vec<_>>()).await?;
         release.disarm();
         await_condition("nothing Gatehouse wrote left", WAIT, || async {
             let left = generated_objects(cluster).await?;

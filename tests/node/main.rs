@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail, ensure};
+use gatehouse_e2e::documented::documented;
 use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
 use serde_json::{Value, json};
 
@@ -31,6 +32,31 @@ const NODE: &str = "gatehouse-node";
 const BUSYBOX: &str = "docker.io/library/gatehouse-test-busybox:1";
 const SAMPLE_POLICIES: [&str; 4] = ["drop-bpf", "inject-proxy", "require-limits", "ipam"];
 const WAIT: Duration = Duration::from_secs(120);
+
+/// The kustomize install as docs/operations/install.md shows it (the README shows the same
+/// lines).
+const INSTALL_DOC: &str = "docs/operations/install.md";
+
+/// A documented kubectl command (without `kubectl`) as this node runs it: `config/default` is
+/// the overlay `tests/cluster/up --node` wrote (config/default with config/cni, pointed at this
+/// node's CNI directory: the one thing a cluster adds), every other path the repository's.
+fn on_this_node(cluster: &Cluster, command: &str) -> anyhow::Result<Vec<String>> {
+    let words = documented(INSTALL_DOC, command)?;
+    let overlay = cluster
+        .state_dir()
+        .join("node/install")
+        .to_string_lossy()
+        .into_owned();
+    Ok(words
+        .into_iter()
+        .skip(1)
+        .map(|w| match w.as_str() {
+            "config/default" => overlay.clone(),
+            path if path.starts_with("config/") => dir(cluster, path),
+            _ => w,
+        })
+        .collect())
+}
 
 fn dir(cluster: &Cluster, relative: &str) -> String {
     cluster
@@ -245,21 +271,21 @@ async fn the_installation_admits_pods_from_the_node_and_uninstalls_cleanly() {
         // config/default with config/cni, as `tests/cluster/up --node` wrote it for this node.
         let default = cluster.state_dir().join("node/install").to_string_lossy().into_owned();
 
-        // Install. A server dry run needs the namespace to exist (the dry-run Namespace is not
-        // stored), as on any cluster.
-        cluster.kubectl_ok(["apply", "-f", &dir(cluster, "config/default/namespace.yaml")], None).await?;
-        let dry = cluster.kubectl_output(["apply", "-k", &default, "--dry-run=server"], None).await?;
+        // Install, as documented. A server dry run needs the namespace to exist (the dry-run
+        // Namespace is not stored), as on any cluster.
+        cluster.kubectl_ok(&on_this_node(cluster, "kubectl apply -f config/default/namespace.yaml")?, None).await?;
+        let dry = cluster.kubectl_output(&on_this_node(cluster, "kubectl apply -k config/default --dry-run=server")?, None).await?;
         ensure!(dry.status.success(), "server dry run of config/default with config/cni: {}", stderr(&dry));
         ensure!(
             get_json(cluster, &["deployment", "gatehouse", "-n", NAMESPACE]).await?.is_none(),
             "the dry run stored the Deployment"
         );
-        cluster.kubectl_ok(["apply", "-k", &default], None).await?;
+        cluster.kubectl_ok(&on_this_node(cluster, "kubectl apply -k config/default")?, None).await?;
         // The bridge's IPAM is gatehouse-ipam: no Pod gets a network before it is installed.
         ipam::the_plugin_is_installed(cluster).await?;
-        cluster
-            .kubectl_ok(["rollout", "status", "deployment/gatehouse", "-n", NAMESPACE, "--timeout=180s"], None)
-            .await?;
+        let mut rollout = on_this_node(cluster, "kubectl -n gatehouse-system rollout status deployment/gatehouse")?;
+        rollout.push("--timeout=180s".to_string());
+        cluster.kubectl_ok(&rollout, None).await?;
         let pods = await_condition("two Ready Gatehouse replicas on the node", WAIT, || async {
             let pods = gatehouse_pods(cluster).await?;
             let ready: Vec<Value> = pods.into_iter().filter(is_ready).collect();
@@ -289,7 +315,7 @@ async fn the_installation_admits_pods_from_the_node_and_uninstalls_cleanly() {
         check_serving_certificate(cluster, ca_bundle).await?;
 
         // The samples, and Pods of users: mutated, rejected, given an address; all run on the node.
-        cluster.kubectl_ok(["apply", "-k", &samples], None).await?;
+        cluster.kubectl_ok(&on_this_node(cluster, "kubectl apply -k config/samples")?, None).await?;
         // pods-v4 as this node routes it: on the bridge's subnet, beside host-local's range.
         let node_pool = cluster.state_dir().join("node/ippool.yaml");
         cluster.kubectl_ok(["apply", "-f", &node_pool.to_string_lossy()], None).await?;
