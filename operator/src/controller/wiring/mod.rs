@@ -13,6 +13,7 @@ pub mod defaulting;
 pub mod derived_defaults;
 pub mod in_process_cap;
 pub mod jsonpatch_cel;
+mod mutating_footprints;
 mod mutating_groups;
 pub mod mutating_join;
 pub mod mutating_policy;
