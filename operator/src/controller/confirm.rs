@@ -65,6 +65,11 @@ impl<T: PartialEq> Prober<T> {
         }
     }
 
+    /// Whether a probe is out: what it is to confirm is not yet known to run.
+    pub fn is_pending(&self) -> bool {
+        self.pending.is_some()
+    }
+
     /// Looks once whether the API server acts on the pending probe; once it does (or when none
     /// is out), writes a new probe for what of `written` that one did not confirm. `written` is
     /// everything written and not yet confirmed, all of it before this call; what a probe was

@@ -44,17 +44,19 @@ pub fn enforced_in_process(p: &Policy) -> bool {
 
 /// The verdicts of the wired Policies once placed: in-process where the API server was seen to
 /// enforce them, on the webhook with the reason, or nowhere when they must run in-process and
-/// cannot.
+/// cannot. A Policy placed in-process while a probe is out has none: its status stays as it was
+/// until the probe answers, never saying "on the webhook" only because the answer is pending.
 pub fn verdicts(
     verdicts: Vec<(Arc<Policy>, Verdict)>,
     placements: &[(&Policy, Placement)],
     memory: &InProcessMemory,
 ) -> Vec<(Arc<Policy>, Verdict)> {
+    let probing = memory.probing();
     verdicts
         .into_iter()
-        .map(|(policy, verdict)| {
+        .filter_map(|(policy, verdict)| {
             let Verdict::Wired { own_entry, .. } = verdict else {
-                return (policy, verdict);
+                return Some((policy, verdict));
             };
             let name = policy.name_any();
             let placement = placements
@@ -62,7 +64,7 @@ pub fn verdicts(
                 .find(|(p, _)| p.name_any() == name)
                 .map(|(_, placement)| placement);
             let verdict = match placement {
-                Some(Placement::InProcess(objects)) if memory.confirmed.contains_key(&name) => {
+                Some(Placement::InProcess(objects)) if memory.confirmed.get(&name) == Some(objects) => {
                     Verdict::InProcess {
                         generated: format!(
                             "ValidatingAdmissionPolicy {} and its binding",
@@ -88,12 +90,15 @@ pub fn verdicts(
                     own_entry,
                     webhook_because: reason.clone(),
                 },
+                Some(Placement::InProcess(_) | Placement::InProcessMutating(_)) if probing => {
+                    return None;
+                }
                 _ => Verdict::Wired {
                     own_entry,
                     webhook_because: "not yet confirmed in-process".to_string(),
                 },
             };
-            (policy, verdict)
+            Some((policy, verdict))
         })
         .collect()
 }
@@ -110,6 +115,13 @@ pub struct InProcessMemory {
     pub mutating: MutatingMemory,
     /// The probe confirming generated ValidatingAdmissionPolicies, by Policy.
     probe: Prober<(String, InProcess)>,
+}
+
+impl InProcessMemory {
+    /// Whether a probe of either kind is out.
+    pub fn probing(&self) -> bool {
+        self.probe.is_pending() || self.mutating.probing()
+    }
 }
 
 impl Default for InProcessMemory {

@@ -70,6 +70,11 @@ impl MutatingMemory {
         self.leaving.clear();
     }
 
+    /// Whether the mutating probe is out.
+    pub fn probing(&self) -> bool {
+        self.probe.is_pending()
+    }
+
     /// Whether the API server runs `p`'s mutations, at its current spec.
     pub fn confirmed(&self, p: &Policy) -> bool {
         let (name, spec) = (p.name_any(), SpecVersion::of(p));
