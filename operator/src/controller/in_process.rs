@@ -64,7 +64,9 @@ pub fn verdicts(
                 .find(|(p, _)| p.name_any() == name)
                 .map(|(_, placement)| placement);
             let verdict = match placement {
-                Some(Placement::InProcess(objects)) if memory.confirmed.get(&name) == Some(objects) => {
+                Some(Placement::InProcess(objects))
+                    if memory.confirmed.get(&name) == Some(objects) =>
+                {
                     Verdict::InProcess {
                         generated: format!(
                             "ValidatingAdmissionPolicy {} and its binding",
