@@ -298,6 +298,13 @@ async fn moving_between_the_webhook_and_the_api_server_leaves_no_gap() {
             )
         })
         .await?;
+        // A policy deleted by hand enforces nothing until it is restored and loaded again, which
+        // no controller can prevent; the moves below start from a Policy enforced again.
+        await_condition("the restored policy enforced", WAIT, || async {
+            let (admitted, _) = dry_run_create(cluster, &unlimited("restored", &ns)).await?;
+            Ok((!admitted).then_some(()))
+        })
+        .await?;
 
         // Flips under a loop of violating creates.
         let stop = std::sync::atomic::AtomicBool::new(false);

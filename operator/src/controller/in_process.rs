@@ -268,6 +268,9 @@ pub async fn enforce(
             continue;
         }
         if !stored {
+            // Written again (deleted by hand, or never stored): not known to run until the
+            // probe says so, so the webhook takes the Policy back meanwhile.
+            memory.confirmed.remove(&name);
             let applied = match apply(ctx, &objects.policy, leader).await? {
                 Ok(()) => apply(ctx, &objects.binding, leader).await?,
                 refused => refused,
