@@ -7,11 +7,11 @@ use k8s_openapi::api::rbac::v1::ClusterRole;
 use kube::{Api, Resource, ResourceExt};
 use tracing::{debug, warn};
 
-use super::isolate::{self, Culprit, DryRun, Split};
+use super::isolate::{self, DryRun, Split};
 use super::wiring::admission_policy::Placement;
 use super::wiring::{self, Wiring};
 use super::writes::{apply_both, dry_run, dry_run_both, search_failed};
-use super::{ControllerContext, LeaderMemory, PassInput, Refusal, SpecVersion, WriteError};
+use super::{ControllerContext, LeaderMemory, PassInput, SpecVersion, WriteError, record_refusals};
 use crate::runtime::error_chain::chain;
 use gatehouse_api::v1alpha1::Policy;
 
@@ -71,20 +71,7 @@ pub(super) async fn write_configurations(
     })
     .await
     .map_err(search_failed)?;
-    for Culprit {
-        candidate: policy,
-        reason,
-    } in split.refused
-    {
-        warn!(policy = %policy.name_any(), %reason, "the API server refuses this Policy's entries; leaving it out");
-        memory.rejected.insert(
-            policy.name_any(),
-            Refusal {
-                spec: SpecVersion::of(policy),
-                message: reason,
-            },
-        );
-    }
+    record_refusals(&mut memory.rejected, split.refused, "entries");
     let kept = on_webhook(placements, memory);
     let desired = wiring::desired(&kept, wiring, bundle);
     let written = apply_both(ctx, caches, desired, memory, leader).await;
@@ -164,19 +151,6 @@ pub(super) async fn check_conditions(
             .conditions_checked
             .insert(p.name_any(), SpecVersion::of(p));
     }
-    for Culprit {
-        candidate: p,
-        reason,
-    } in split.refused
-    {
-        warn!(policy = %p.name_any(), %reason, "the API server refuses this Policy's match conditions; leaving it out");
-        memory.rejected.insert(
-            p.name_any(),
-            Refusal {
-                spec: SpecVersion::of(p),
-                message: reason,
-            },
-        );
-    }
+    record_refusals(&mut memory.rejected, split.refused, "match conditions");
     Ok(())
 }

@@ -20,13 +20,13 @@ use tracing::{info, warn};
 
 use super::confirm::{ProbeKind, Prober};
 use super::generated::{LEAVE_GRACE, apply, delete, holds};
-use super::isolate::{self, Culprit, DryRun};
+use super::isolate::{self, DryRun};
 use super::wiring::Wiring;
 use super::wiring::admission_policy::Placement;
 use super::wiring::mutating_policy::{InProcessMutation, MEMBERS_ANNOTATION, place_mutating};
 use super::wiring::schema_fit::SchemaFit;
 use super::writes::{dry_run, search_failed};
-use super::{ControllerContext, Refusal, SpecVersion, WriteError};
+use super::{ControllerContext, Refusal, SpecVersion, WriteError, record_refusals};
 use crate::runtime::lease::Leadership;
 use gatehouse_api::v1alpha1::Policy;
 
@@ -278,19 +278,6 @@ async fn blame(
     })
     .await
     .map_err(search_failed)?;
-    for Culprit {
-        candidate: policy,
-        reason,
-    } in split.refused
-    {
-        warn!(policy = %policy.name_any(), %reason, "the API server refuses this Policy's generated mutations; leaving it out");
-        rejected.insert(
-            policy.name_any(),
-            Refusal {
-                spec: SpecVersion::of(policy),
-                message: reason,
-            },
-        );
-    }
+    record_refusals(rejected, split.refused, "generated mutations");
     Ok(())
 }

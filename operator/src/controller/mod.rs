@@ -21,14 +21,14 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::Client;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use tokio::sync::{Notify, watch};
-use tracing::{Instrument, info, info_span};
+use tracing::{Instrument, info, info_span, warn};
 
 use crate::runtime::admin::Readiness;
 use crate::runtime::lease::Leadership;
@@ -220,6 +220,25 @@ struct Refusal {
     spec: SpecVersion,
     /// The API server's message.
     message: String,
+}
+
+/// Records the Policies a search of refusals blamed in `rejected`, each with the API server's
+/// message; `what` names what the API server refused of them, for the log.
+fn record_refusals(
+    rejected: &mut HashMap<String, Refusal>,
+    culprits: Vec<isolate::Culprit<&Policy>>,
+    what: &str,
+) {
+    for isolate::Culprit { candidate, reason } in culprits {
+        warn!(policy = %candidate.name_any(), %reason, "the API server refuses this Policy's {what}; leaving it out");
+        rejected.insert(
+            candidate.name_any(),
+            Refusal {
+                spec: SpecVersion::of(candidate),
+                message: reason,
+            },
+        );
+    }
 }
 
 /// The caches a pass reads.
