@@ -52,24 +52,30 @@ fn eval_commands(root: &Path) -> Vec<(PathBuf, String)> {
         .collect()
 }
 
+/// Runs the documented `gatehouse …` `command` (shown by `doc`) in `dir`, failing with its
+/// stderr unless it succeeds.
+fn run_gatehouse(doc: &Path, command: &str, dir: &Path) {
+    let args: Vec<&str> = command.split_whitespace().skip(1).collect();
+    let out = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
+        .args(&args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}: `{command}` exited {}: {}",
+        doc.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn every_documented_eval_command_runs_as_written() {
     let root = repo_root();
     let mut ran = 0;
     for (doc, command) in eval_commands(&root) {
-        let args: Vec<&str> = command.split_whitespace().skip(1).collect();
-        let out = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
-            .args(&args)
-            .current_dir(&root)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}: `{command}` exited {}: {}",
-            doc.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        run_gatehouse(&doc, &command, &root);
         ran += 1;
     }
     // The README's two and the reference's one at least: a parser that finds none proves nothing.
@@ -118,18 +124,7 @@ fn every_documented_crds_command_writes_what_is_committed() {
         ));
         let _ = std::fs::remove_dir_all(&scratch);
         std::fs::create_dir_all(scratch.join(target)).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_gatehouse"))
-            .args(&args)
-            .current_dir(&scratch)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}: `{command}` exited {}: {}",
-            doc.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        run_gatehouse(&doc, &command, &scratch);
         let written = files_under(&scratch.join(target));
         assert!(!written.is_empty(), "`{command}` wrote nothing");
         for file in &written {
