@@ -14,6 +14,9 @@ pub enum Site {
     When { for_each: bool },
     /// `spec.match.conditions[i].expression`, which the API server also gives `authorizer`.
     MatchCondition,
+    /// `spec.effects[i].object.fields[j].expression`: a value computed from the stored object,
+    /// outside any request.
+    Computed,
 }
 
 impl Site {
@@ -25,6 +28,7 @@ impl Site {
             }
             Site::When { for_each: true } => &["object", "oldObject", "request", "element"],
             Site::MatchCondition => &["object", "oldObject", "request", "authorizer"],
+            Site::Computed => &["object"],
         }
     }
 }

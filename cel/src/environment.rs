@@ -105,6 +105,25 @@ pub(super) fn run(program: &Program, vars: &dyn Bindings) -> Result<bool, CelErr
     }
 }
 
+/// Runs `program` for the value it computes, as JSON (a map's keys as strings), within the cost
+/// budget of a validation.
+pub fn eval_json(program: &Program, vars: &dyn Bindings) -> Result<serde_json::Value, CelError> {
+    if let Some(variables) = sized_by(program) {
+        let largest = vars.largest_collection(&variables) as u64;
+        if let Some(reason) = cost::over_budget(program, largest) {
+            return Err(CelError::OverBudget(reason));
+        }
+    }
+    let mut context = Context::with_env(Arc::clone(env()?));
+    context.set_variable_resolver(vars);
+    let value = program
+        .execute(&context)
+        .map_err(|e| CelError::Execute(e.to_string()))?;
+    value
+        .json()
+        .map_err(|e| CelError::Execute(format!("a {} has no JSON form: {e}", type_name(&value))))
+}
+
 fn type_name(v: &CelValue) -> &'static str {
     match v {
         CelValue::List(_) => "list",

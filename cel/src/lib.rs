@@ -58,7 +58,7 @@ pub mod url;
 pub use activation::{Activation, Bindings, ElementActivation};
 pub use check::{Site, reads_variable, unknown_variables};
 pub use convert::to_val;
-pub use environment::{compile, eval_bool};
+pub use environment::{compile, eval_bool, eval_json};
 pub use expression::Expression;
 pub use functions::unknown_functions;
 pub use refusals::refusals;

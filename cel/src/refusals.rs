@@ -20,7 +20,11 @@ pub fn refusals(program: &Program, site: Site) -> Result<Vec<String>, CelError> 
         .collect();
     reasons.extend(regex::invalid_constant_patterns(program));
     reasons.extend(invalid_time_literals(program));
-    reasons.extend(types::type_errors(program));
+    reasons.extend(if site == Site::Computed {
+        types::value_type_errors(program)
+    } else {
+        types::type_errors(program)
+    });
     Ok(reasons)
 }
 

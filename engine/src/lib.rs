@@ -11,10 +11,12 @@
 //! * [`admission`]: AdmissionReview wire types and [`parse_request`], the decision for one Policy
 //!   ([`admit_one`]) and its encoding ([`encoded_review`]);
 //! * [`matcher`]: whether a request reaches a Policy: rules, selectors and match conditions;
-//! * [`mark`]: the scheduling gate and label that hand a Pod to the effects loop.
+//! * [`mark`]: the scheduling gate and label that hand a Pod to the effects loop;
+//! * [`companion`]: companion objects' checks, rendering and in-place comparison.
 #![forbid(unsafe_code)]
 pub mod admission;
 pub mod chain;
+pub mod companion;
 pub mod coverage;
 pub mod entry;
 pub mod group;

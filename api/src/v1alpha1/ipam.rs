@@ -134,6 +134,10 @@ pub struct Effect {
     /// the gate removed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ipam: Option<IpamEffect>,
+
+    /// Keep a companion object in place for every stored object the Policy selects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<super::ObjectEffect>,
 }
 
 /// Where a Pod's address comes from and where it is written.

@@ -429,6 +429,10 @@ pub struct PolicyStatus {
     /// Policies; the `Audited` condition says whether it covered every kind the Policy names).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_audit_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+    /// Companions of the Policy's object effects: how many are wanted and how many are in
+    /// place (the `CompanionsInPlace` condition names one that cannot be written, and why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub companions: Option<super::CompanionCounts>,
 }
 
 fn preserved_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {

@@ -33,6 +33,20 @@ use ty::Ty;
 /// The types of `program` that the API server's checker refuses, each with the reason; every
 /// Policy expression is a condition, so one known to be of another type than `bool` is one.
 pub fn type_errors(program: &Program) -> Vec<String> {
+    let (result, mut errors) = infer(program);
+    if !result.agrees(&Ty::Bool) {
+        errors.push(format!("must evaluate to bool but got {result}"));
+    }
+    errors
+}
+
+/// The types of `program` the API server's checker refuses, for an expression whose value is
+/// written somewhere (a computed field) rather than tested: any type but a function's.
+pub fn value_type_errors(program: &Program) -> Vec<String> {
+    infer(program).1
+}
+
+fn infer(program: &Program) -> (Ty, Vec<String>) {
     let mut checker = Checker {
         overloads: LazyLock::force(&OVERLOADS),
         scope: Vec::new(),
@@ -40,12 +54,7 @@ pub fn type_errors(program: &Program) -> Vec<String> {
         errors: Vec::new(),
     };
     let result = checker.infer(program.expression());
-    if !result.agrees(&Ty::Bool) {
-        checker
-            .errors
-            .push(format!("must evaluate to bool but got {result}"));
-    }
-    checker.errors
+    (result, checker.errors)
 }
 
 struct Checker {

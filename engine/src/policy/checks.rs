@@ -255,9 +255,21 @@ fn check_effects(spec: &PolicySpec, problems: &mut Vec<Problem>) {
     let mut ipams = 0;
     for (i, effect) in spec.effects.iter().enumerate() {
         let path = format!("spec.effects[{i}]");
-        let Some(ipam) = &effect.ipam else {
-            problems.push(Problem::new(path, "must set one effect (ipam)"));
-            continue;
+        let ipam = match (&effect.ipam, &effect.object) {
+            (Some(ipam), None) => ipam,
+            (None, Some(object)) => {
+                let path = format!("{path}.object");
+                crate::companion::check(&path, object, problems);
+                check_trigger_rules(spec, &path, problems);
+                continue;
+            }
+            _ => {
+                problems.push(Problem::new(
+                    path,
+                    "must set exactly one effect (ipam or object)",
+                ));
+                continue;
+            }
         };
         ipams += 1;
         if ipams == 2 {
@@ -297,6 +309,37 @@ fn check_effects(spec: &PolicySpec, problems: &mut Vec<Problem>) {
             problems.push(Problem::new(
                 format!("{path}.ipam"),
                 "allocates to Pods on CREATE, but no rule of spec.match.rules matches Pod creation",
+            ));
+        }
+    }
+}
+
+/// An object effect's triggers are the stored objects its rules name: each rule must name
+/// its kinds exactly (no `*`, no subresource) and admit CREATE or UPDATE, the operations that
+/// store them.
+fn check_trigger_rules(spec: &PolicySpec, path: &str, problems: &mut Vec<Problem>) {
+    for (r, rule) in spec.match_.rules.iter().enumerate() {
+        let named =
+            |list: &[String]| !list.is_empty() && list.iter().all(|x| x != "*" && !x.contains('/'));
+        if !(named(&rule.api_groups) && named(&rule.api_versions) && named(&rule.resources)) {
+            problems.push(Problem::new(
+                format!("spec.match.rules[{r}]"),
+                format!(
+                    "{path} makes companions for the stored objects the rules name: name apiGroups, \
+                     apiVersions and resources without `*` or subresources"
+                ),
+            ));
+        }
+        let stores = rule
+            .operations
+            .iter()
+            .any(|o| matches!(o, Operation::All | Operation::Create | Operation::Update));
+        if !stores {
+            problems.push(Problem::new(
+                format!("spec.match.rules[{r}].operations"),
+                format!(
+                    "{path} needs CREATE or UPDATE: those are the operations that store a trigger"
+                ),
             ));
         }
     }

@@ -37,7 +37,7 @@ pub struct Problem {
 }
 
 impl Problem {
-    fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
         Problem {
             path: path.into(),
             message: message.into(),
@@ -137,9 +137,22 @@ impl CompiledPolicy {
     }
 }
 
-/// Whether a Policy with this spec needs a mutating entry.
+/// Whether a Policy with this spec needs a mutating entry: it mutates, or admission marks what
+/// it selects for the effects loop (IPAM). Companion objects need no mark: their loop judges
+/// stored objects itself.
 pub fn is_mutating(spec: &PolicySpec) -> bool {
-    !spec.mutate.is_empty() || !spec.effects.is_empty()
+    !spec.mutate.is_empty() || marks_for_effects(spec)
+}
+
+/// Whether admission marks the objects `spec` selects for the effects loop.
+pub fn marks_for_effects(spec: &PolicySpec) -> bool {
+    spec.effects.iter().any(|e| e.ipam.is_some())
+}
+
+/// Whether `spec` asks for anything at admission (a mutation, a mark or a validation): a Policy
+/// of companion objects only has no webhook entry and no in-process policy.
+pub fn admits(spec: &PolicySpec) -> bool {
+    is_mutating(spec) || !spec.validate.is_empty()
 }
 
 /// The match-condition variable only the API server can evaluate.

@@ -169,6 +169,7 @@ pub fn desired_status(policy: &Policy, outcome: &Verdict, now: Time) -> Option<P
         conditions,
         enforcement,
         last_audit_time: None,
+        companions: None,
     })
 }
 

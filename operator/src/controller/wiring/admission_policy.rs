@@ -112,7 +112,7 @@ fn in_process_action(spec: &PolicySpec) -> Result<ValidationAction, String> {
                 .to_string(),
         );
     }
-    if !spec.effects.is_empty() {
+    if gatehouse_engine::policy::marks_for_effects(spec) {
         return Err(
             "spec.effects: marking objects for effects is a mutation, which runs on the webhook"
                 .to_string(),

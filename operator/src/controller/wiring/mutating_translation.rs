@@ -93,7 +93,7 @@ fn translatable(
     reads: &Reads,
 ) -> Result<(), String> {
     let spec = &p.spec;
-    if !spec.effects.is_empty() {
+    if gatehouse_engine::policy::marks_for_effects(spec) {
         return Err(
             "spec.effects: the marking for effects runs on the webhook (its scheduling gate \
              and pool mark are not translated)"
