@@ -3,6 +3,7 @@
 mod audit;
 mod cel;
 mod chart;
+mod companions;
 mod failover;
 mod faults;
 mod fixtures;

@@ -9,10 +9,10 @@
 //! Gatehouse may not list leaves its Policies `Audited=False` with the reason, never a silent
 //! gap; the grant is the aggregated ClusterRole `gatehouse-audit`.
 mod audited;
-mod judge;
+pub(crate) mod judge;
 mod pass;
 mod report;
-mod source;
+pub(crate) mod source;
 mod writes;
 
 use std::collections::HashMap;

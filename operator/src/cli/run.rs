@@ -15,6 +15,7 @@ use tracing::{error, info};
 use crate::audit::{self, AuditConfig, AuditContext, AuditMetrics};
 use crate::controller::wiring::{CONFIGURATION_NAME, Endpoint, Wiring};
 use crate::controller::{self, ControllerContext};
+use crate::effects::companions::{self, CompanionsContext, CompanionsMetrics};
 use crate::effects::ipam::{self, IpamConfig, IpamContext, IpamMetrics};
 use crate::runtime::admin::{self, AdminState, Readiness};
 use crate::runtime::error_chain::chain;
@@ -314,6 +315,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         leader_rx.clone(),
         stopped(),
     );
+    let loops_for_companions = loops.clone();
     let ipam = IpamContext {
         client: process.client.clone(),
         loops: loops.clone(),
@@ -330,6 +332,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         loops,
     };
     let audit_task = audit_on_own_thread(audit_context, leader_rx.clone(), stopped());
+    let companions = CompanionsContext {
+        client: process.client.clone(),
+        loops: loops_for_companions,
+        metrics: CompanionsMetrics::register(&mut registry),
+    };
+    let companions_task = companions::run(Arc::new(companions), leader_rx.clone(), stopped());
     let ipam_task = ipam::run(Arc::new(ipam), leader_rx, stopped());
 
     let ports = process.ports(&args, policies, namespaces, resolver, registry)?;
@@ -342,6 +350,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         lease_task,
         controller_task,
         ipam_task,
+        companions_task,
         audit_task,
         until(namespaces_watch, stopped()),
     );

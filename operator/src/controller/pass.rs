@@ -111,7 +111,9 @@ fn validate_each(
             Ok(()) => missing_pools(policy, &pool_exists),
             Err(problems) => problems,
         };
-        let verdict = if problems.is_empty() {
+        let verdict = if problems.is_empty() && !engine::policy::admits(&policy.spec) {
+            Verdict::EffectsOnly
+        } else if problems.is_empty() {
             validated.valid.push(policy.clone());
             Verdict::Wired {
                 own_entry: engine::policy::needs_own_entry(&policy.spec),

@@ -13,6 +13,8 @@ pub const REASON_WIRED: &str = "Wired";
 pub const REASON_REJECTED: &str = "RejectedByAPIServer";
 /// Reason of a Policy the API server enforces in-process.
 pub const REASON_IN_PROCESS: &str = "InProcess";
+/// Reason of a valid Policy with nothing to do at admission (companion objects only).
+pub const REASON_EFFECTS_ONLY: &str = "EffectsOnly";
 /// Reason of a Policy that asks to run in-process and cannot.
 pub const REASON_NOT_IN_PROCESS: &str = "CannotRunInProcess";
 
@@ -33,6 +35,8 @@ pub enum Verdict {
         generated: String,
         type_warnings: Option<String>,
     },
+    /// Valid, with nothing to do at admission: its companion objects are the effects loop's.
+    EffectsOnly,
     /// `enforcement: InProcess`, and this is why it cannot be: enforced nowhere.
     NotInProcess(String),
     /// Invalid: every problem, each with its field path.
@@ -93,6 +97,13 @@ fn ready(policy: &Policy, outcome: &Verdict) -> Ready {
                     .map(|w| format!(" ({w}; a warning: the API server enforces it all the same)"))
                     .unwrap_or_default()
             ),
+        ),
+        Verdict::EffectsOnly => (
+            "True",
+            REASON_EFFECTS_ONLY,
+            "nothing runs at admission: the effects loop keeps this Policy's companion objects \
+             (see the CompanionsInPlace condition)"
+                .to_string(),
         ),
         Verdict::NotInProcess(reason) => (
             "False",

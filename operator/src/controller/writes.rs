@@ -189,7 +189,7 @@ pub(super) async fn write_status(
         Err(source) => return Err(WriteError::WriteStatus { name, source }),
     }
     let (reason, note) = match outcome {
-        Verdict::Wired { .. } | Verdict::InProcess { .. } => return Ok(()),
+        Verdict::Wired { .. } | Verdict::InProcess { .. } | Verdict::EffectsOnly => return Ok(()),
         Verdict::Invalid(problems) => (status::REASON_INVALID, problems.join("; ")),
         Verdict::NotInProcess(reason) => (status::REASON_NOT_IN_PROCESS, reason.clone()),
         Verdict::Rejected(message) => (status::REASON_REJECTED, message.clone()),

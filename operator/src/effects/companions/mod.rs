@@ -1,0 +1,211 @@
+//! The companions loop: companion objects for the stored objects a Policy selects, reconciled
+//! from what is stored, keyed by the trigger's UID, never at admission.
+//!
+//! Each pass, on the leader: fetch (the Policies; discovery and access checks of every kind
+//! their object effects name; watches of the triggers, of the companions by Gatehouse's label
+//! and of clone sources, started and stopped with the Policies) → decide ([`plan::plan`], pure:
+//! what to apply, delete and release) → apply (server-side apply under Gatehouse's field
+//! manager, deletes guarded by UID) → status (`status.companions` and `CompanionsInPlace`).
+//! A Policy with object effects holds a finalizer, so its companions are collected even when it
+//! is deleted while Gatehouse is down; `keepOnPolicyDelete` releases them instead.
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::core::ApiResource;
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use tokio::sync::{Notify, watch};
+use tracing::{Instrument, info, info_span};
+
+use crate::runtime::lease::Leadership;
+use crate::runtime::reconcile::{
+    Failure, Next, NotLeading, Pacing, ReconcileMetrics, Term, Window, reflect, run_loop,
+};
+use gatehouse_api::v1alpha1::{COMPANIONS_FINALIZER, Policy};
+
+mod kinds;
+mod pass;
+pub mod plan;
+mod watches;
+mod writes;
+
+/// A burst of triggers (a thousand Namespaces at once) is one pass, not a thousand.
+const COALESCE: Window = Window {
+    quiet: Duration::from_millis(100),
+    max: Duration::from_millis(500),
+};
+
+/// Level-triggered safety net, and how soon a grant or a new kind is seen.
+const RESYNC: Duration = Duration::from_secs(20);
+
+/// How many writes a pass has in flight at once.
+const WRITES_IN_FLIGHT: usize = 32;
+
+/// What the loop needs, passed explicitly.
+pub struct CompanionsContext {
+    pub client: Client,
+    pub loops: Arc<ReconcileMetrics>,
+    pub metrics: CompanionsMetrics,
+}
+
+/// The loop's own metrics (`gatehouse_companions_*`).
+pub struct CompanionsMetrics {
+    pub applied: Counter,
+    pub deleted: Counter,
+    pub failed: Counter,
+}
+
+impl CompanionsMetrics {
+    /// Registers the loop's counters in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = CompanionsMetrics {
+            applied: Counter::default(),
+            deleted: Counter::default(),
+            failed: Counter::default(),
+        };
+        let companions = registry.sub_registry_with_prefix("companions");
+        companions.register(
+            "applied",
+            "Companion objects created or brought back in line by server-side apply",
+            metrics.applied.clone(),
+        );
+        companions.register(
+            "deleted",
+            "Companion objects deleted: their trigger, its match or their Policy went",
+            metrics.deleted.clone(),
+        );
+        companions.register(
+            "failed",
+            "Writes of companion objects the API server refused",
+            metrics.failed.clone(),
+        );
+        metrics
+    }
+}
+
+/// Errors of one pass, named after the failing step.
+#[derive(Debug, thiserror::Error)]
+pub enum CompanionsError {
+    #[error("writing the finalizer of Policy {policy}")]
+    Finalize { policy: String, source: kube::Error },
+    #[error("writing the companions status of Policy {policy}")]
+    WriteStatus { policy: String, source: kube::Error },
+    #[error("{count} companion writes failed, the first: {first}")]
+    Writes { count: usize, first: String },
+    #[error(transparent)]
+    NotLeading(#[from] NotLeading),
+}
+
+impl Failure for CompanionsError {
+    fn step(&self) -> &'static str {
+        match self {
+            CompanionsError::Finalize { .. } => "Finalize",
+            CompanionsError::WriteStatus { .. } => "WriteStatus",
+            CompanionsError::Writes { .. } => "Writes",
+            CompanionsError::NotLeading(_) => "NotLeading",
+        }
+    }
+}
+
+/// The caches every replica keeps.
+struct Caches {
+    policies: Store<Policy>,
+    namespaces: Store<Namespace>,
+}
+
+/// Runs the loop until `shutdown`. Only the leader watches the kinds its Policies name and
+/// writes.
+pub async fn run(
+    ctx: Arc<CompanionsContext>,
+    mut leader: watch::Receiver<Leadership>,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let trigger = Arc::new(Notify::new());
+    let all = watcher::Config::default;
+    let (policies, policies_watch) = reflect::<Policy>(ctx.client.clone(), all(), trigger.clone());
+    let (namespaces, namespaces_watch) =
+        reflect::<Namespace>(ctx.client.clone(), all(), trigger.clone());
+    let caches = Caches {
+        policies,
+        namespaces,
+    };
+    let watches_task = tokio::spawn(async move {
+        tokio::join!(policies_watch, namespaces_watch);
+    });
+    let work = async {
+        let _ = tokio::join!(
+            caches.policies.wait_until_ready(),
+            caches.namespaces.wait_until_ready()
+        );
+        let mut state: Option<pass::LeaderState> = None;
+        let pacing = Pacing {
+            window: COALESCE,
+            resync: RESYNC,
+        };
+        let leader_view = leader.clone();
+        run_loop(
+            "companions",
+            &ctx.loops,
+            &trigger,
+            &mut leader,
+            pacing,
+            async |term| {
+                if term != Term::Continuing || !term.is_leading() {
+                    // A new term must not trust what an earlier one watched or remembered.
+                    state = None;
+                }
+                if !term.is_leading() {
+                    return Ok(Next::Resync);
+                }
+                let state = state.get_or_insert_with(|| {
+                    pass::LeaderState::new(ctx.client.clone(), trigger.clone())
+                });
+                let outcome = pass::run_pass(&ctx, &caches, state, &leader_view)
+                    .instrument(info_span!("reconcile", controller = "companions"))
+                    .await;
+                match outcome {
+                    Ok(next) => Ok(next),
+                    Err(CompanionsError::NotLeading(e)) => {
+                        info!(what = %e.what, "leadership ended during the pass; stopped writing");
+                        Ok(Next::Resync)
+                    }
+                    Err(e) => Err(e),
+                }
+            },
+        )
+        .await;
+    };
+    tokio::select! {
+        () = work => {}
+        () = shutdown => {}
+    }
+    watches_task.abort();
+}
+
+/// The resource of an audited kind, for a watch.
+fn resource_of(kind: &crate::audit::judge::AuditedKind) -> ApiResource {
+    ApiResource {
+        group: kind.group.clone(),
+        version: kind.version.clone(),
+        api_version: kind.api_version(),
+        kind: kind.kind.clone(),
+        plural: kind.resource.clone(),
+    }
+}
+
+/// Whether `policy` has object effects.
+fn has_companions(policy: &Policy) -> bool {
+    policy.spec.effects.iter().any(|e| e.object.is_some())
+}
+
+/// Whether `policy` holds the companions finalizer.
+fn holds_finalizer(policy: &Policy) -> bool {
+    policy
+        .finalizers()
+        .iter()
+        .any(|f| f == COMPANIONS_FINALIZER)
+}

@@ -1,0 +1,262 @@
+//! The decide step, pure: from the Policies, their triggers and the companions stored, the
+//! companions to apply, to delete and to release, with each Policy's counts and problems.
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use kube::api::DynamicObject;
+use serde_json::Value;
+
+use crate::audit::judge::{AuditedKind, audit_request};
+use gatehouse_api::v1alpha1::{COMPANION_POLICY_LABEL, COMPANION_TRIGGER_LABEL};
+use gatehouse_engine::companion::{self, CompiledObjectEffect, RenderInput, Trigger};
+use gatehouse_engine::matcher::{self, Namespace};
+use gatehouse_engine::policy::CompiledPolicy;
+
+/// Where a companion is: its kind, namespace and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CompanionKey {
+    pub api_version: String,
+    pub kind: String,
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+impl CompanionKey {
+    /// The key of a rendered or stored companion of `api_version`/`kind`.
+    pub fn of(api_version: &str, kind: &str, object: &Value) -> Self {
+        let metadata = &object["metadata"];
+        CompanionKey {
+            api_version: api_version.to_string(),
+            kind: kind.to_string(),
+            namespace: metadata["namespace"].as_str().map(str::to_string),
+            name: metadata["name"].as_str().unwrap_or_default().to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for CompanionKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{} {ns}/{}", self.kind, self.name),
+            None => write!(f, "{} {}", self.kind, self.name),
+        }
+    }
+}
+
+/// One object effect of a Policy, with what discovery and the caches said of it.
+pub struct PreparedEffect {
+    /// Its index in `spec.effects`.
+    pub index: usize,
+    pub compiled: CompiledObjectEffect,
+    /// Whether the companion's kind is namespaced.
+    pub namespaced: bool,
+    /// The clone source as stored, for an effect with `cloneFrom`.
+    pub clone_source: Option<Value>,
+}
+
+/// The stored objects of one trigger kind.
+pub struct TriggerObjects {
+    pub kind: AuditedKind,
+    pub objects: Vec<Arc<DynamicObject>>,
+}
+
+/// A live Policy with object effects, ready to plan.
+pub struct LivePolicy {
+    pub name: String,
+    pub uid: String,
+    /// The Policy as the audit matches it (stored objects as UPDATEs onto themselves).
+    pub matcher: CompiledPolicy,
+    pub effects: Vec<PreparedEffect>,
+    pub triggers: Vec<TriggerObjects>,
+}
+
+/// A stored companion, as the companion watches have it.
+#[derive(Clone, Debug)]
+pub struct StoredCompanion {
+    pub key: CompanionKey,
+    pub uid: String,
+    pub object: Value,
+}
+
+impl StoredCompanion {
+    fn label(&self, label: &str) -> &str {
+        self.object["metadata"]["labels"][label]
+            .as_str()
+            .unwrap_or_default()
+    }
+}
+
+/// What the loop knows besides the live Policies.
+pub struct World<'a> {
+    /// Labels of every Namespace, by name.
+    pub namespaces: &'a BTreeMap<String, BTreeMap<String, String>>,
+    /// Every stored companion of every kind a Policy names.
+    pub stored: &'a [StoredCompanion],
+    /// UIDs of the Policies being deleted, with the kinds (`apiVersion`, `kind`) whose
+    /// companions they keep (`keepOnPolicyDelete`).
+    pub deleting: &'a HashMap<String, BTreeSet<(String, String)>>,
+    /// UIDs of Policies whose companions must not be collected this pass: they exist but could
+    /// not be planned in full (a kind not discovered, a cache not synced).
+    pub unplanned: &'a BTreeSet<String>,
+}
+
+/// A companion to server-side apply.
+#[derive(Clone, Debug)]
+pub struct Desired {
+    pub key: CompanionKey,
+    pub policy: String,
+    pub object: Value,
+}
+
+/// What one pass does, and what it makes of each Policy.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub apply: Vec<Desired>,
+    pub delete: Vec<StoredCompanion>,
+    /// Companions left in place for a deleted Policy with `keepOnPolicyDelete`: their labels
+    /// are removed, so no later pass collects them.
+    pub release: Vec<StoredCompanion>,
+    /// By Policy name: companions wanted, and in place before this pass.
+    pub counts: BTreeMap<String, (i64, i64)>,
+    /// By Policy name: why a companion could not be rendered.
+    pub problems: BTreeMap<String, Vec<String>>,
+}
+
+/// Plans one pass.
+pub fn plan(policies: &[LivePolicy], world: &World<'_>) -> Plan {
+    let mut plan = Plan::default();
+    let stored: HashMap<&CompanionKey, &StoredCompanion> =
+        world.stored.iter().map(|s| (&s.key, s)).collect();
+    let mut wanted: BTreeMap<CompanionKey, String> = BTreeMap::new();
+    // Companions of a trigger whose rendering failed stay as they are.
+    let mut held: BTreeSet<(String, String)> = BTreeSet::new();
+    for policy in policies {
+        let counts = plan.counts.entry(policy.name.clone()).or_default();
+        for desired in desired_of(policy, world, &mut plan.problems, &mut held) {
+            if let Some(owner) = wanted.get(&desired.key) {
+                plan.problems
+                    .entry(policy.name.clone())
+                    .or_default()
+                    .push(format!(
+                        "{} is wanted by Policy {owner} already; names of companions must differ",
+                        desired.key
+                    ));
+                continue;
+            }
+            wanted.insert(desired.key.clone(), policy.name.clone());
+            counts.0 += 1;
+            match stored.get(&desired.key) {
+                Some(s) if companion::in_place(&without_type(&desired.object), &s.object) => {
+                    counts.1 += 1
+                }
+                _ => plan.apply.push(desired),
+            }
+        }
+    }
+    for s in world.stored {
+        let policy_uid = s.label(COMPANION_POLICY_LABEL);
+        let trigger_uid = s.label(COMPANION_TRIGGER_LABEL);
+        if wanted.contains_key(&s.key)
+            || world.unplanned.contains(policy_uid)
+            || held.contains(&(policy_uid.to_string(), trigger_uid.to_string()))
+        {
+            continue;
+        }
+        let kept = world
+            .deleting
+            .get(policy_uid)
+            .is_some_and(|kinds| kinds.contains(&(s.key.api_version.clone(), s.key.kind.clone())));
+        if kept {
+            plan.release.push(s.clone());
+        } else {
+            plan.delete.push(s.clone());
+        }
+    }
+    plan
+}
+
+/// The companions `policy` wants: one per effect for every live trigger it matches.
+fn desired_of(
+    policy: &LivePolicy,
+    world: &World<'_>,
+    problems: &mut BTreeMap<String, Vec<String>>,
+    held: &mut BTreeSet<(String, String)>,
+) -> Vec<Desired> {
+    let mut desired = Vec::new();
+    let mut problem = |text: String| problems.entry(policy.name.clone()).or_default().push(text);
+    for triggers in &policy.triggers {
+        let api_version = triggers.kind.api_version();
+        for object in &triggers.objects {
+            if object.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let Ok(value) = serde_json::to_value(object.as_ref()) else {
+                continue;
+            };
+            let request = audit_request(&triggers.kind, &value);
+            let labels = world.namespaces.get(&request.namespace);
+            let namespace = match labels {
+                Some(labels) => Namespace::Labels(labels),
+                None if triggers.kind.namespaced || triggers.kind.is_namespace() => {
+                    Namespace::Unknown("its Namespace is not in the cache yet")
+                }
+                None => Namespace::Assumed,
+            };
+            let trigger = Trigger {
+                api_version: &api_version,
+                kind: &triggers.kind.kind,
+                object: &value,
+                namespaced: triggers.kind.namespaced,
+            };
+            match matcher::matches(&request, &policy.matcher, namespace) {
+                Ok(false) => continue,
+                Ok(true) => {}
+                Err(e) => {
+                    held.insert((policy.uid.clone(), trigger.uid().to_string()));
+                    problem(format!(
+                        "matching {} {}: {e}",
+                        triggers.kind.kind, request.name
+                    ));
+                    continue;
+                }
+            }
+            for effect in &policy.effects {
+                let input = RenderInput {
+                    policy_uid: &policy.uid,
+                    namespaced: effect.namespaced,
+                    clone_source: effect.clone_source.as_ref(),
+                };
+                match companion::render(&effect.compiled, trigger, input) {
+                    Ok(object) => desired.push(Desired {
+                        key: CompanionKey::of(
+                            effect.compiled.api_version(),
+                            effect.compiled.kind(),
+                            &object,
+                        ),
+                        policy: policy.name.clone(),
+                        object,
+                    }),
+                    Err(e) => {
+                        held.insert((policy.uid.clone(), trigger.uid().to_string()));
+                        problem(format!(
+                            "spec.effects[{}].object for {} {}: {e}",
+                            effect.index, triggers.kind.kind, request.name
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    desired
+}
+
+/// `object` without `apiVersion` and `kind`: a listed object need not carry them, and the key
+/// compares them already.
+fn without_type(object: &Value) -> Value {
+    let mut copy = object.clone();
+    if let Some(map) = copy.as_object_mut() {
+        map.remove("apiVersion");
+        map.remove("kind");
+    }
+    copy
+}

@@ -1,0 +1,247 @@
+//! The apply step: server-side apply of companions under Gatehouse's field manager, deletes
+//! and releases guarded by the companion's UID, the Policies' finalizers and statuses.
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::watch;
+
+use super::plan::{CompanionKey, StoredCompanion};
+use super::{CompanionsContext, CompanionsError};
+use crate::runtime::error_chain::chain;
+use crate::runtime::lease::Leadership;
+use crate::runtime::reconcile::{FIELD_MANAGER, fenced};
+use gatehouse_api::v1alpha1::{
+    COMPANION_POLICY_LABEL, COMPANION_TRIGGER_LABEL, COMPANIONS_CONDITION, COMPANIONS_FINALIZER,
+    CompanionCounts, Policy,
+};
+use kube::core::ApiResource;
+
+fn api(
+    ctx: &CompanionsContext,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+) -> Api<DynamicObject> {
+    match namespace {
+        Some(ns) => Api::namespaced_with(ctx.client.clone(), ns, resource),
+        None => Api::all_with(ctx.client.clone(), resource),
+    }
+}
+
+/// Server-side applies `object` at `key`, taking over fields another manager set (a hand edit
+/// of a field Gatehouse sets is reverted; fields only others set are kept). `Err` with the API
+/// server's reason.
+pub async fn apply(
+    ctx: &CompanionsContext,
+    resource: &ApiResource,
+    key: &CompanionKey,
+    object: &serde_json::Value,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<Result<(), String>, CompanionsError> {
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let written = fenced(
+        leader,
+        || format!("applying {key}"),
+        api(ctx, resource, key.namespace.as_deref()).patch(
+            &key.name,
+            &params,
+            &Patch::Apply(object),
+        ),
+    )
+    .await?;
+    Ok(written.map(|_| ()).map_err(|e| reason(&e)))
+}
+
+/// Deletes a stored companion, only if it is still the object with its UID.
+pub async fn delete(
+    ctx: &CompanionsContext,
+    resource: &ApiResource,
+    stored: &StoredCompanion,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<Result<(), String>, CompanionsError> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(stored.uid.clone()),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    let key = &stored.key;
+    let deleted = fenced(
+        leader,
+        || format!("deleting {key}"),
+        api(ctx, resource, key.namespace.as_deref()).delete(&key.name, &params),
+    )
+    .await?;
+    Ok(match deleted {
+        Ok(_) => Ok(()),
+        // Gone already, or another object by now: nothing of ours to delete.
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(reason(&e)),
+    })
+}
+
+/// Removes Gatehouse's labels from a companion a deleted Policy keeps: nothing collects it
+/// after.
+pub async fn release(
+    ctx: &CompanionsContext,
+    resource: &ApiResource,
+    stored: &StoredCompanion,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<Result<(), String>, CompanionsError> {
+    let key = &stored.key;
+    let patch = json!({"metadata": {
+        "uid": stored.uid,
+        "labels": {COMPANION_POLICY_LABEL: null, COMPANION_TRIGGER_LABEL: null},
+    }});
+    let released = fenced(
+        leader,
+        || format!("releasing {key}"),
+        api(ctx, resource, key.namespace.as_deref()).patch(
+            &key.name,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        ),
+    )
+    .await?;
+    Ok(match released {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(reason(&e)),
+    })
+}
+
+/// The API server's message, or the error's chain.
+fn reason(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(status) => format!("{} ({})", status.message, status.reason),
+        other => chain(other).to_string(),
+    }
+}
+
+/// Adds (`hold`) or removes the companions finalizer of `policy`, under its resourceVersion.
+pub async fn set_finalizer(
+    ctx: &CompanionsContext,
+    policy: &Policy,
+    hold: bool,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<(), CompanionsError> {
+    let mut finalizers = policy.finalizers().to_vec();
+    finalizers.retain(|f| f != COMPANIONS_FINALIZER);
+    if hold {
+        finalizers.push(COMPANIONS_FINALIZER.to_string());
+    }
+    let name = policy.name_any();
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": policy.resource_version(),
+    }});
+    let api: Api<Policy> = Api::all(ctx.client.clone());
+    let written = fenced(
+        leader,
+        || format!("finalizer of Policy {name}"),
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await?;
+    match written {
+        Ok(_) => Ok(()),
+        // Changed or gone meanwhile: the next pass sees it as it is now.
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(source) => Err(CompanionsError::Finalize {
+            policy: name,
+            source,
+        }),
+    }
+}
+
+/// What a pass found of one Policy's companions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outcome {
+    pub counts: CompanionCounts,
+    /// Why companions are missing, if any are.
+    pub problems: Vec<String>,
+}
+
+/// Writes `status.companions` and the `CompanionsInPlace` condition when they changed, under
+/// the Policy's resourceVersion (the conditions are one list shared with the controller).
+pub async fn write_status(
+    ctx: &CompanionsContext,
+    policy: &Policy,
+    outcome: &Outcome,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<(), CompanionsError> {
+    let status = policy.status.clone().unwrap_or_default();
+    let (state, reason, message) = if outcome.problems.is_empty() {
+        (
+            "True",
+            "InPlace",
+            format!(
+                "{} of {} companions in place",
+                outcome.counts.in_place, outcome.counts.wanted
+            ),
+        )
+    } else {
+        let mut shown: Vec<&str> = outcome
+            .problems
+            .iter()
+            .map(String::as_str)
+            .take(5)
+            .collect();
+        let more = outcome.problems.len().saturating_sub(shown.len());
+        let tail = format!("and {more} more");
+        if more > 0 {
+            shown.push(&tail);
+        }
+        ("False", "NotWritten", shown.join("; "))
+    };
+    let previous = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == COMPANIONS_CONDITION);
+    let same = previous.is_some_and(|c| {
+        c.status == state
+            && c.message == message
+            && c.observed_generation == policy.meta().generation
+    }) && status.companions == Some(outcome.counts);
+    if same {
+        return Ok(());
+    }
+    let now = Time(k8s_openapi::jiff::Timestamp::now());
+    let mut conditions: Vec<Condition> = status
+        .conditions
+        .iter()
+        .filter(|c| c.type_ != COMPANIONS_CONDITION)
+        .cloned()
+        .collect();
+    conditions.push(Condition {
+        type_: COMPANIONS_CONDITION.to_string(),
+        status: state.to_string(),
+        reason: reason.to_string(),
+        message,
+        observed_generation: policy.meta().generation,
+        last_transition_time: match previous {
+            Some(p) if p.status == state => p.last_transition_time.clone(),
+            _ => now,
+        },
+    });
+    let name = policy.name_any();
+    let patch = json!({
+        "metadata": {"resourceVersion": policy.resource_version()},
+        "status": {"conditions": conditions, "companions": outcome.counts},
+    });
+    let api: Api<Policy> = Api::all(ctx.client.clone());
+    let written = fenced(
+        leader,
+        || format!("companions status of Policy {name}"),
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await?;
+    match written {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(source) => Err(CompanionsError::WriteStatus {
+            policy: name,
+            source,
+        }),
+    }
+}
