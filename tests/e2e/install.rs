@@ -123,7 +123,8 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
                 ("reading a Secret of its own namespace but not its own", vec!["get", "secret", "other", "-n", &home]),
                 ("patching a webhook configuration it does not own", vec!["patch", "validatingwebhookconfiguration", &foreign, "--type=merge", "-p", r#"{"metadata":{"labels":{"taken":"yes"}}}"#]),
                 ("deleting a Pod", vec!["delete", "pod", "web", "-n", &ns]),
-                ("editing a Policy", vec!["label", "policy", &inject, "taken=yes"]),
+                // Patching a Policy it may (the companions finalizer), deleting one never.
+                ("deleting a Policy", vec!["delete", "policy", &inject, "--wait=false"]),
             ] {
                 let out = cluster.kubectl_as(&kubeconfig, &args).await?;
                 ensure!(
