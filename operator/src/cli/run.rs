@@ -15,7 +15,7 @@ use tracing::{error, info};
 use crate::audit::{self, AuditConfig, AuditContext, AuditMetrics};
 use crate::controller::wiring::{CONFIGURATION_NAME, Endpoint, Wiring};
 use crate::controller::{self, ControllerContext};
-use crate::effects::companions::{self, CompanionsContext, CompanionsMetrics};
+use crate::effects::companions::{self, BlockedPolicies, CompanionsContext, CompanionsMetrics};
 use crate::effects::ipam::{self, IpamConfig, IpamContext, IpamMetrics};
 use crate::runtime::admin::{self, AdminState, Readiness};
 use crate::runtime::error_chain::chain;
@@ -300,6 +300,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
 
     let (leader_rx, lease_task) = process.lease(&args, &mut registry, stopped());
+    let blocked = BlockedPolicies::default();
     let controller = ControllerContext::new(
         process.client.clone(),
         &mut registry,
@@ -308,7 +309,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.wiring(endpoint),
         process.readiness.clone(),
         process.recorder.clone(),
-    );
+    )
+    .with_blocked(blocked.clone());
     let controller_task = controller::run(
         Arc::new(controller),
         ca_bundle,
@@ -334,6 +336,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let audit_task = audit_on_own_thread(audit_context, leader_rx.clone(), stopped());
     let companions = CompanionsContext {
         client: process.client.clone(),
+        blocked,
         loops: loops_for_companions,
         metrics: CompanionsMetrics::register(&mut registry),
     };

@@ -30,6 +30,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{Notify, watch};
 use tracing::{Instrument, info, info_span, warn};
 
+use crate::effects::companions::BlockedPolicies;
 use crate::runtime::admin::Readiness;
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::{
@@ -131,6 +132,8 @@ pub struct ControllerContext {
     pub wiring: Wiring,
     pub readiness: Arc<Readiness>,
     pub recorder: Recorder,
+    /// Policies whose object effects cannot run as written (the companions loop's finding).
+    pub blocked: BlockedPolicies,
 }
 
 impl ControllerContext {
@@ -158,7 +161,13 @@ impl ControllerContext {
             wiring,
             readiness,
             recorder,
+            blocked: BlockedPolicies::default(),
         }
+    }
+
+    /// The context reading what the companions loop finds blocked.
+    pub fn with_blocked(self, blocked: BlockedPolicies) -> Self {
+        Self { blocked, ..self }
     }
 }
 
@@ -277,8 +286,15 @@ pub async fn run(
         info!("caches synced and certificate known; reconciling");
         reconcile_loop(&ctx, &mut caches, ca_bundle, leader, &trigger).await;
     };
+    let blocked = async {
+        loop {
+            ctx.blocked.changed().await;
+            trigger.notify_one();
+        }
+    };
     tokio::select! {
         () = work => {}
+        () = blocked => {}
         () = &mut shutdown => {}
     }
     watches.abort();

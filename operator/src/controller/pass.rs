@@ -81,7 +81,17 @@ fn validate_all(ctx: &ControllerContext, caches: &PolicyCaches) -> Validated {
             .get(&kube::runtime::reflector::ObjectRef::new(name))
             .is_some()
     };
-    let validated = validate_each(&all, |policy| compile(&ctx.policies, policy), pool_exists);
+    let validated = validate_each(
+        &all,
+        |policy| {
+            compile(&ctx.policies, policy)?;
+            match ctx.blocked.problems_of(&policy.name_any()) {
+                blocked if blocked.is_empty() => Ok(()),
+                blocked => Err(blocked),
+            }
+        },
+        pool_exists,
+    );
     ctx.policies.set_in_process(
         validated
             .valid

@@ -27,6 +27,9 @@ use crate::runtime::reconcile::{
 };
 use gatehouse_api::v1alpha1::{COMPANIONS_FINALIZER, Policy};
 
+pub use blocked::BlockedPolicies;
+
+mod blocked;
 mod kinds;
 mod pass;
 pub mod plan;
@@ -48,6 +51,8 @@ const WRITES_IN_FLIGHT: usize = 32;
 /// What the loop needs, passed explicitly.
 pub struct CompanionsContext {
     pub client: Client,
+    /// What the Policy controller reads into `Ready=False`.
+    pub blocked: BlockedPolicies,
     pub loops: Arc<ReconcileMetrics>,
     pub metrics: CompanionsMetrics,
 }

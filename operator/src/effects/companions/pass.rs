@@ -70,6 +70,7 @@ pub async fn run_pass(
         writes::set_finalizer(ctx, policy, true, leader).await?;
     }
     let fetched = fetch(&policies, state).await;
+    ctx.blocked.replace(fetched.problems.clone());
     let namespaces: BTreeMap<String, BTreeMap<String, String>> = caches
         .namespaces
         .state()
