@@ -200,6 +200,11 @@ async fn namespaces_get_their_companions_kept_in_sync_and_collected() {
             )
             .await?;
         await_companions(cluster, &names[1..2], false).await?;
+        // The Namespace deleted: its companions go with it.
+        cluster
+            .kubectl_ok(["delete", "namespace", &names[2], "--wait=false"], None)
+            .await?;
+        await_companions(cluster, &names[2..3], false).await?;
         // A server dry run creates nothing.
         let dry = format!("co-{id}-dry");
         cluster
@@ -215,7 +220,7 @@ async fn namespaces_get_their_companions_kept_in_sync_and_collected() {
         );
         // The Policy deleted: its companions are collected (the finalizer held it till then).
         delete_policies(cluster, &[&policy]).await?;
-        await_companions(cluster, &names[2..], false).await?;
+        await_companions(cluster, &names[3..], false).await?;
         Ok(())
     })
     .await;
@@ -414,6 +419,113 @@ async fn a_kind_gatehouse_may_not_create_is_ready_false_until_granted() {
             Ok(())
         })
         .await
+    })
+    .await;
+}
+
+/// Companions of `policy_uid` across the cluster, as `namespace/kind/name`.
+async fn companions_of(cluster: &Cluster, policy_uid: &str) -> anyhow::Result<Vec<String>> {
+    let selector = format!("gatehouse.dev/companion-of-policy={policy_uid}");
+    let out = cluster
+        .kubectl_ok(
+            [
+                "get",
+                "configmaps,resourcequotas",
+                "-A",
+                "-l",
+                &selector,
+                "-o",
+                "json",
+            ],
+            None,
+        )
+        .await?;
+    let list: Value = serde_json::from_str(&out)?;
+    Ok(list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|o| {
+            format!(
+                "{}/{}/{}",
+                o["metadata"]["namespace"].as_str().unwrap_or_default(),
+                o["kind"].as_str().unwrap_or_default(),
+                o["metadata"]["name"].as_str().unwrap_or_default()
+            )
+        })
+        .collect())
+}
+
+#[tokio::test]
+async fn kills_and_leader_changes_in_a_burst_leave_each_companion_once_and_no_orphan() {
+    let options = || Options::url().arg("--lease-duration", "4s");
+    scenario("gh-co-faults", options(), async |scene| {
+        let cluster = scene.cluster;
+        scene.replica(options()).await?;
+        let id = scene.id();
+        let label = format!("burst-{id}");
+        let policy = scene.policy("burst");
+        apply(cluster, &policy_object(&policy, json!({
+            "match": {
+                "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces"], "scope": "*"}],
+                "objectSelector": {"matchLabels": {&label: "yes"}},
+            },
+            "effects": [
+                {"object": {"template": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "team"}, "data": {"a": "b"}},
+                            "fields": [{"path": "data.namespace", "expression": "object.metadata.name"}]}},
+                {"object": {"template": {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "team"}, "spec": {"hard": {"pods": "5"}}}}},
+            ],
+        }))).await?;
+        let uid = await_condition("the Policy's finalizer", WAIT, || async {
+            let p = get_json(cluster, &["policy", &policy]).await?.context("policy")?;
+            let held = p["metadata"]["finalizers"].as_array().is_some_and(|f| f.iter().any(|f| f == "gatehouse.dev/companions"));
+            Ok(held.then(|| p["metadata"]["uid"].as_str().unwrap_or_default().to_string()))
+        })
+        .await?;
+        // 200 Namespaces created at once while the leader is killed (SIGKILL) again and again.
+        let names: Vec<String> = (0..200).map(|i| scene.track_object("namespace", format!("bu-{id}-{i:03}"))).collect();
+        let items: Vec<Value> = names.iter().map(|n| namespace(n, json!({&label: "yes"}))).collect();
+        let list = json!({"apiVersion": "v1", "kind": "List", "items": items}).to_string();
+        let burst = cluster.kubectl_ok(["apply", "-f", "-"], Some(&list));
+        let a = &mut scene.gh;
+        let crashes = async {
+            for i in 0..4u64 {
+                tokio::time::sleep(std::time::Duration::from_millis(500 + 400 * i)).await;
+                a.kill().await?;
+                a.restart().await?;
+            }
+            Ok::<(), anyhow::Error>(())
+        };
+        let (created, crashed) = tokio::join!(burst, crashes);
+        created?;
+        crashed?;
+        let expected: std::collections::BTreeSet<String> = names
+            .iter()
+            .flat_map(|n| [format!("{n}/ConfigMap/team"), format!("{n}/ResourceQuota/team")])
+            .collect();
+        let found = await_condition("400 companions", std::time::Duration::from_secs(120), || async {
+            let found = companions_of(cluster, &uid).await?;
+            Ok((found.len() >= expected.len()).then_some(found))
+        })
+        .await?;
+        let unique: std::collections::BTreeSet<String> = found.iter().cloned().collect();
+        ensure!(found.len() == unique.len() && unique == expected, "{} companions, {} distinct, expected {}", found.len(), unique.len(), expected.len());
+        // Every Gatehouse down, the Policy deleted: held by its finalizer until one starts.
+        scene.gh.kill().await?;
+        for replica in &mut scene.replicas {
+            replica.kill().await?;
+        }
+        cluster.kubectl_ok(["delete", "policy", &policy, "--wait=false"], None).await?;
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        ensure!(get_json(cluster, &["policy", &policy]).await?.is_some(), "the Policy went without its companions collected");
+        ensure!(companions_of(cluster, &uid).await?.len() == expected.len(), "collected while Gatehouse was down");
+        scene.gh.restart().await?;
+        await_condition("companions collected and the Policy gone", std::time::Duration::from_secs(120), || async {
+            let left = companions_of(cluster, &uid).await?.len();
+            Ok((left == 0 && get_json(cluster, &["policy", &policy]).await?.is_none()).then_some(()))
+        })
+        .await?;
+        Ok(())
     })
     .await;
 }
