@@ -11,7 +11,7 @@
 use serde_json::{Map, Value};
 
 use super::admission::Request;
-use gatehouse_api::v1alpha1::{IPAM_GATE, IPAM_POOL_LABEL, Operation};
+use gatehouse_api::v1alpha1::{COMPANIONS_GATE, IPAM_GATE, IPAM_POOL_LABEL, Operation};
 use gatehouse_ipam::annotation::{IPAM_ADDRESS_ANNOTATION, IPAM_POOL_ANNOTATION};
 
 /// Whether admission marks this request: the creation of a Pod. The API server refuses new
@@ -57,24 +57,36 @@ pub fn mark_for_ipam(pod: &mut Value, pool: &str, address_annotation: &str) -> b
             changed = true;
         }
     }
-    let spec = object_at(pod, "spec");
-    if let Some(spec) = spec {
-        let gates = spec
-            .entry("schedulingGates")
-            .or_insert_with(|| Value::Array(Vec::new()));
-        if gates.is_null() {
-            *gates = Value::Array(Vec::new());
-        }
-        if let Some(gates) = gates.as_array_mut()
-            && !gates.iter().any(|g| g["name"] == IPAM_GATE)
-        {
-            let mut gate = Map::new();
-            gate.insert("name".into(), Value::String(IPAM_GATE.into()));
-            gates.push(Value::Object(gate));
-            changed = true;
-        }
-    }
+    changed |= add_gate(pod, IPAM_GATE);
     changed
+}
+
+/// Adds the companions gate to `pod` where absent; returns whether it changed.
+pub fn gate_for_companions(pod: &mut Value) -> bool {
+    pod.as_object_mut()
+        .is_some_and(|pod| add_gate(pod, COMPANIONS_GATE))
+}
+
+/// Adds the scheduling gate `name` to `pod` where absent; returns whether it changed.
+fn add_gate(pod: &mut Map<String, Value>, name: &str) -> bool {
+    let Some(spec) = object_at(pod, "spec") else {
+        return false;
+    };
+    let gates = spec
+        .entry("schedulingGates")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    if gates.is_null() {
+        *gates = Value::Array(Vec::new());
+    }
+    match gates.as_array_mut() {
+        Some(gates) if !gates.iter().any(|g| g["name"] == name) => {
+            let mut gate = Map::new();
+            gate.insert("name".into(), Value::String(name.into()));
+            gates.push(Value::Object(gate));
+            true
+        }
+        _ => false,
+    }
 }
 
 /// The object at `key`, created when absent or null; `None` when it holds something else.
@@ -115,6 +127,20 @@ mod tests {
             "reinvocation must change nothing"
         );
         assert_eq!(pod, once);
+    }
+
+    #[test]
+    fn the_companions_gate_is_added_once() {
+        let mut pod = json!({"spec": {"schedulingGates": [{"name": IPAM_GATE}]}});
+        assert!(gate_for_companions(&mut pod));
+        assert!(
+            !gate_for_companions(&mut pod),
+            "reinvocation must change nothing"
+        );
+        assert_eq!(
+            pod["spec"]["schedulingGates"],
+            json!([{"name": IPAM_GATE}, {"name": COMPANIONS_GATE}])
+        );
     }
 
     #[test]

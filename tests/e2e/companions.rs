@@ -529,3 +529,54 @@ async fn kills_and_leader_changes_in_a_burst_leave_each_companion_once_and_no_or
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_gated_pod_leaves_the_gate_once_its_companion_exists() {
+    scenario("gh-co-gate", Options::url(), async |scene| {
+        let cluster = scene.cluster;
+        let ns = scene.ns().to_string();
+        let policy = scene.policy("gate");
+        apply(cluster, &policy_object(&policy, json!({
+            "match": {
+                "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            },
+            "effects": [{"object": {
+                "gate": true,
+                "template": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {}, "data": {}},
+                "fields": [
+                    {"path": "metadata.name", "expression": "object.metadata.name + '-config'"},
+                    {"path": "data.greeting", "expression": "'hello ' + object.metadata.name"},
+                ],
+            }}],
+        }))).await?;
+        await_ready(cluster, &policy, "True").await?;
+        // A dry run is gated in its answer, and creates nothing.
+        let dry = cluster.kubectl_ok(["create", "--dry-run=server", "-o", "json", "-f", "-"], Some(&pod("dry", &ns))).await?;
+        let dry: Value = serde_json::from_str(&dry)?;
+        ensure!(dry["spec"]["schedulingGates"] == json!([{"name": "gatehouse.dev/companions"}]), "{:#}", dry["spec"]);
+        let web = await_condition("a gated Pod", WAIT, || async {
+            let created = cluster.kubectl_ok(["create", "-o", "json", "-f", "-"], Some(&pod("web", &ns))).await?;
+            let created: Value = serde_json::from_str(&created)?;
+            if created["spec"]["schedulingGates"].is_array() {
+                return Ok(Some(created));
+            }
+            // Created before the entry reached the API server: not gated; again.
+            cluster.kubectl_ok(["delete", "pod", "web", "-n", &ns, "--wait=true"], None).await?;
+            Ok(None)
+        })
+        .await?;
+        let opened = await_condition("the gate opened", WAIT, || async {
+            let p = get_json(cluster, &["pod", "web", "-n", &ns]).await?.context("pod")?;
+            Ok(p["spec"]["schedulingGates"].as_array().is_none_or(|g| g.is_empty()).then_some(p))
+        })
+        .await?;
+        ensure!(opened["metadata"]["uid"] == web["metadata"]["uid"], "another Pod");
+        let config = get_json(cluster, &["configmap", "web-config", "-n", &ns]).await?.context("the ConfigMap is missing")?;
+        ensure!(config["data"]["greeting"] == "hello web", "{config:#}");
+        ensure!(config["metadata"]["ownerReferences"][0]["uid"] == web["metadata"]["uid"], "{config:#}");
+        ensure!(get_json(cluster, &["configmap", "dry-config", "-n", &ns]).await?.is_none(), "the dry run made a companion");
+        Ok(())
+    })
+    .await;
+}

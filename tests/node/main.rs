@@ -21,6 +21,7 @@ use gatehouse_e2e::documented::documented;
 use gatehouse_e2e::{Cluster, TestNamespace, await_condition, run_test};
 use serde_json::{Value, json};
 
+mod companions;
 mod helm;
 mod ipam;
 
@@ -366,6 +367,8 @@ async fn the_installation_admits_pods_from_the_node_and_uninstalls_cleanly() {
         ensure!(placed["status"]["podIP"] == ip, "web runs with {}, its address is {ip}", placed["status"]["podIP"]);
         ipam::addresses_are_the_pods_own(cluster, &ipam, &plain).await?;
         ipam::a_full_pool_is_reused(cluster, &ipam).await?;
+        companions::the_provisioning_sample_fills_a_team_namespace(cluster, &plain).await?;
+        companions::gated_pods_start_with_their_config(cluster, 10).await?;
 
         // RBAC: all of the above ran under the ServiceAccount; what it must not do is forbidden.
         let kubeconfig = cluster.service_account_kubeconfig(NAMESPACE, "gatehouse", "kubeconfig-node-sa").await?;

@@ -11,6 +11,8 @@ pub const COMPANION_TRIGGER_LABEL: &str = "gatehouse.dev/companion-of";
 /// Finalizer that holds a deleted Policy until its companions are collected (or, with
 /// `keepOnPolicyDelete`, released).
 pub const COMPANIONS_FINALIZER: &str = "gatehouse.dev/companions";
+/// Scheduling gate that holds a Pod until its companions exist (`gate: true`).
+pub const COMPANIONS_GATE: &str = "gatehouse.dev/companions";
 /// Condition type on a Policy with object effects: whether every companion is in place.
 pub const COMPANIONS_CONDITION: &str = "CompanionsInPlace";
 
@@ -42,6 +44,12 @@ pub struct ObjectEffect {
     /// fields win). A change to the source reaches every copy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clone_from: Option<CloneSource>,
+
+    /// Pods only: admission adds the scheduling gate `gatehouse.dev/companions` to each Pod the
+    /// Policy matches on CREATE, and the loop removes it once all of the Pod's companions exist,
+    /// so the Pod never runs before them (a ConfigMap it mounts, a NetworkPolicy fencing it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub gate: bool,
 
     /// Leave the companions in place when the Policy is deleted (their labels stay; nothing
     /// keeps them in sync any more). Default false: they are deleted with the Policy.

@@ -172,6 +172,9 @@ pub fn admit_in_place(
     if let Some(ipam) = policy.ipam().filter(|_| mark::marks(req)) {
         changed |= mark::mark_for_ipam(object, &ipam.pool, ipam.annotation());
     }
+    if policy.gates_companions() && mark::marks(req) {
+        changed |= mark::gate_for_companions(object);
+    }
     (resp, changed)
 }
 

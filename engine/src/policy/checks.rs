@@ -261,6 +261,13 @@ fn check_effects(spec: &PolicySpec, problems: &mut Vec<Problem>) {
                 let path = format!("{path}.object");
                 crate::companion::check(&path, object, problems);
                 check_trigger_rules(spec, &path, problems);
+                if object.gate && !creates_pods(spec) {
+                    problems.push(Problem::new(
+                        format!("{path}.gate"),
+                        "gates Pods on CREATE (the only time a scheduling gate can be added), \
+                         but no rule of spec.match.rules matches Pod creation",
+                    ));
+                }
                 continue;
             }
             _ => {
@@ -298,20 +305,24 @@ fn check_effects(spec: &PolicySpec, problems: &mut Vec<Problem>) {
                 ));
             }
         }
-        let creates_pods = spec.match_.rules.iter().any(|r| {
-            r.operations
-                .iter()
-                .any(|o| matches!(o, Operation::Create | Operation::All))
-                && r.api_groups.iter().any(|g| g.is_empty() || g == "*")
-                && r.resources.iter().any(|res| res == "pods" || res == "*")
-        });
-        if !creates_pods {
+        if !creates_pods(spec) {
             problems.push(Problem::new(
                 format!("{path}.ipam"),
                 "allocates to Pods on CREATE, but no rule of spec.match.rules matches Pod creation",
             ));
         }
     }
+}
+
+/// Whether a rule of `spec` matches the creation of Pods.
+fn creates_pods(spec: &PolicySpec) -> bool {
+    spec.match_.rules.iter().any(|r| {
+        r.operations
+            .iter()
+            .any(|o| matches!(o, Operation::Create | Operation::All))
+            && r.api_groups.iter().any(|g| g.is_empty() || g == "*")
+            && r.resources.iter().any(|res| res == "pods" || res == "*")
+    })
 }
 
 /// An object effect's triggers are the stored objects its rules name: each rule must name

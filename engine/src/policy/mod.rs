@@ -118,6 +118,11 @@ impl CompiledPolicy {
         self.spec.effects.iter().find_map(|e| e.ipam.as_ref())
     }
 
+    /// Whether admission holds the Pods it creates at the companions gate.
+    pub fn gates_companions(&self) -> bool {
+        gates_companions(&self.spec)
+    }
+
     /// Whether the Policy belongs in the MutatingWebhookConfiguration: it mutates, or it marks
     /// objects for the effects loop.
     pub fn is_mutating(&self) -> bool {
@@ -138,15 +143,22 @@ impl CompiledPolicy {
 }
 
 /// Whether a Policy with this spec needs a mutating entry: it mutates, or admission marks what
-/// it selects for the effects loop (IPAM). Companion objects need no mark: their loop judges
-/// stored objects itself.
+/// it selects for the effects loop (IPAM, the companions gate). Companion objects need no other
+/// mark: their loop judges stored objects itself.
 pub fn is_mutating(spec: &PolicySpec) -> bool {
     !spec.mutate.is_empty() || marks_for_effects(spec)
 }
 
 /// Whether admission marks the objects `spec` selects for the effects loop.
 pub fn marks_for_effects(spec: &PolicySpec) -> bool {
-    spec.effects.iter().any(|e| e.ipam.is_some())
+    spec.effects.iter().any(|e| e.ipam.is_some()) || gates_companions(spec)
+}
+
+/// Whether admission holds the Pods `spec` selects at the companions gate.
+pub fn gates_companions(spec: &PolicySpec) -> bool {
+    spec.effects
+        .iter()
+        .any(|e| e.object.as_ref().is_some_and(|o| o.gate))
 }
 
 /// Whether `spec` asks for anything at admission (a mutation, a mark or a validation): a Policy

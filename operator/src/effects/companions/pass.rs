@@ -24,6 +24,7 @@ use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::Next;
 use gatehouse_api::v1alpha1::{COMPANION_POLICY_LABEL, CompanionCounts, Policy};
 use gatehouse_engine::companion;
+use gatehouse_engine::policy::gates_companions;
 
 /// What one leader term keeps between passes.
 pub struct LeaderState {
@@ -85,6 +86,10 @@ pub async fn run_pass(
             stored: &stored,
             deleting: &fetched.deleting,
             unplanned: &fetched.unplanned,
+            gating_unplanned: policies.iter().any(|p| {
+                gates_companions(&p.spec)
+                    && p.uid().is_some_and(|uid| fetched.unplanned.contains(&uid))
+            }),
         },
     );
     for (name, problems) in &fetched.problems {
@@ -93,7 +98,11 @@ pub async fn run_pass(
             .or_default()
             .extend(problems.iter().cloned());
     }
-    let applied = apply_all(ctx, &fetched.companion_kinds, &mut plan, leader).await?;
+    let Applied {
+        by_policy: applied,
+        keys,
+    } = apply_all(ctx, &fetched.companion_kinds, &mut plan, leader).await?;
+    open_gates(ctx, &plan, &keys, leader).await?;
     let remaining = remaining_by_policy(&stored, &plan);
     for policy in &policies {
         let Some(uid) = policy.uid() else { continue };
@@ -408,14 +417,46 @@ fn stored_companions(
     stored
 }
 
-/// Apply: every write of the plan, many at a time. Returns how many companions each Policy
-/// got in place by this pass; failures become its problems.
+/// What the apply step got in place.
+struct Applied {
+    /// By Policy name: how many companions.
+    by_policy: BTreeMap<String, i64>,
+    /// Which companions.
+    keys: BTreeSet<CompanionKey>,
+}
+
+/// Opens the gate of every Pod whose companions all exist now.
+async fn open_gates(
+    ctx: &CompanionsContext,
+    plan: &Plan,
+    applied: &BTreeSet<CompanionKey>,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<(), CompanionsError> {
+    let ready = plan
+        .gated
+        .iter()
+        .filter(|pod| pod.waiting_for.iter().all(|key| applied.contains(key)));
+    let opened = futures::stream::iter(ready)
+        .map(|pod| writes::ungate(ctx, pod, leader))
+        .buffer_unordered(WRITES_IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await;
+    for outcome in opened {
+        if let Err(why) = outcome? {
+            warn!(error = %why, "opening a Pod's companions gate failed");
+        }
+    }
+    Ok(())
+}
+
+/// Apply: every write of the plan, many at a time. Returns what each Policy got in place by
+/// this pass; failures become its problems.
 async fn apply_all(
     ctx: &CompanionsContext,
     kinds: &BTreeMap<(String, String), ApiResource>,
     plan: &mut Plan,
     leader: &watch::Receiver<Leadership>,
-) -> Result<BTreeMap<String, i64>, CompanionsError> {
+) -> Result<Applied, CompanionsError> {
     let resource = |key: &CompanionKey| kinds.get(&(key.api_version.clone(), key.kind.clone()));
     let applies = futures::stream::iter(&plan.apply)
         .map(|d| async move {
@@ -428,13 +469,17 @@ async fn apply_all(
         .buffer_unordered(WRITES_IN_FLIGHT)
         .collect::<Vec<_>>()
         .await;
-    let mut applied: BTreeMap<String, i64> = BTreeMap::new();
+    let mut applied = Applied {
+        by_policy: BTreeMap::new(),
+        keys: BTreeSet::new(),
+    };
     let mut failures = Vec::new();
     for (desired, written) in applies {
         match written? {
             Ok(()) => {
                 ctx.metrics.applied.inc();
-                *applied.entry(desired.policy.clone()).or_default() += 1;
+                *applied.by_policy.entry(desired.policy.clone()).or_default() += 1;
+                applied.keys.insert(desired.key.clone());
             }
             Err(why) => {
                 ctx.metrics.failed.inc();

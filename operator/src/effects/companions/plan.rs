@@ -7,7 +7,7 @@ use kube::api::DynamicObject;
 use serde_json::Value;
 
 use crate::audit::judge::{AuditedKind, audit_request};
-use gatehouse_api::v1alpha1::{COMPANION_POLICY_LABEL, COMPANION_TRIGGER_LABEL};
+use gatehouse_api::v1alpha1::{COMPANION_POLICY_LABEL, COMPANION_TRIGGER_LABEL, COMPANIONS_GATE};
 use gatehouse_engine::companion::{self, CompiledObjectEffect, RenderInput, Trigger};
 use gatehouse_engine::matcher::{self, Namespace};
 use gatehouse_engine::policy::CompiledPolicy;
@@ -98,6 +98,9 @@ pub struct World<'a> {
     /// UIDs of Policies whose companions must not be collected this pass: they exist but could
     /// not be planned in full (a kind not discovered, a cache not synced).
     pub unplanned: &'a BTreeSet<String>,
+    /// Whether a Policy that gates Pods could not be planned: then no Pod leaves the gate, as
+    /// its companions are not known.
+    pub gating_unplanned: bool,
 }
 
 /// A companion to server-side apply.
@@ -105,7 +108,20 @@ pub struct World<'a> {
 pub struct Desired {
     pub key: CompanionKey,
     pub policy: String,
+    /// The UID of the object it is made for.
+    pub trigger: String,
     pub object: Value,
+}
+
+/// A Pod held at the companions gate, and the companions not in place before this pass.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GatedPod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// Where the gate is in `spec.schedulingGates`.
+    pub gate_index: usize,
+    pub waiting_for: Vec<CompanionKey>,
 }
 
 /// What one pass does, and what it makes of each Policy.
@@ -120,6 +136,8 @@ pub struct Plan {
     pub counts: BTreeMap<String, (i64, i64)>,
     /// By Policy name: why a companion could not be rendered.
     pub problems: BTreeMap<String, Vec<String>>,
+    /// Pods at the companions gate whose companions are all known.
+    pub gated: Vec<GatedPod>,
 }
 
 /// Plans one pass.
@@ -130,9 +148,11 @@ pub fn plan(policies: &[LivePolicy], world: &World<'_>) -> Plan {
     let mut wanted: BTreeMap<CompanionKey, String> = BTreeMap::new();
     // Companions of a trigger whose rendering failed stay as they are.
     let mut held: BTreeSet<(String, String)> = BTreeSet::new();
+    let mut waiting: BTreeMap<String, Vec<CompanionKey>> = BTreeMap::new();
     for policy in policies {
         let counts = plan.counts.entry(policy.name.clone()).or_default();
         for desired in desired_of(policy, world, &mut plan.problems, &mut held) {
+            let waits = waiting.entry(desired.trigger.clone()).or_default();
             if let Some(owner) = wanted.get(&desired.key) {
                 plan.problems
                     .entry(policy.name.clone())
@@ -149,9 +169,23 @@ pub fn plan(policies: &[LivePolicy], world: &World<'_>) -> Plan {
                 Some(s) if companion::in_place(&without_type(&desired.object), &s.object) => {
                     counts.1 += 1
                 }
-                _ => plan.apply.push(desired),
+                _ => {
+                    waits.push(desired.key.clone());
+                    plan.apply.push(desired);
+                }
             }
         }
+    }
+    if !world.gating_unplanned {
+        let blocked: BTreeSet<&str> = held.iter().map(|(_, trigger)| trigger.as_str()).collect();
+        plan.gated = gated_pods(policies)
+            .into_iter()
+            .filter(|pod| !blocked.contains(pod.uid.as_str()))
+            .map(|pod| GatedPod {
+                waiting_for: waiting.remove(&pod.uid).unwrap_or_default(),
+                ..pod
+            })
+            .collect();
     }
     for s in world.stored {
         let policy_uid = s.label(COMPANION_POLICY_LABEL);
@@ -228,6 +262,7 @@ fn desired_of(
                 };
                 match companion::render(&effect.compiled, trigger, input) {
                     Ok(object) => desired.push(Desired {
+                        trigger: trigger.uid().to_string(),
                         key: CompanionKey::of(
                             effect.compiled.api_version(),
                             effect.compiled.kind(),
@@ -248,6 +283,36 @@ fn desired_of(
         }
     }
     desired
+}
+
+/// The live Pods at the companions gate among the triggers of `policies`, once each.
+fn gated_pods(policies: &[LivePolicy]) -> Vec<GatedPod> {
+    let mut seen = BTreeSet::new();
+    let mut gated = Vec::new();
+    for triggers in policies.iter().flat_map(|p| &p.triggers) {
+        if !(triggers.kind.group.is_empty() && triggers.kind.kind == "Pod") {
+            continue;
+        }
+        for pod in &triggers.objects {
+            let gate_index = pod.data["spec"]["schedulingGates"]
+                .as_array()
+                .and_then(|gates| gates.iter().position(|g| g["name"] == COMPANIONS_GATE));
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let Some(gate_index) = gate_index else {
+                continue;
+            };
+            if pod.metadata.deletion_timestamp.is_none() && seen.insert(uid.clone()) {
+                gated.push(GatedPod {
+                    gate_index,
+                    namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                    name: pod.metadata.name.clone().unwrap_or_default(),
+                    uid,
+                    waiting_for: Vec::new(),
+                });
+            }
+        }
+    }
+    gated
 }
 
 /// `object` without `apiVersion` and `kind`: a listed object need not carry them, and the key

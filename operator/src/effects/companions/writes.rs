@@ -6,15 +6,16 @@ use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
 
-use super::plan::{CompanionKey, StoredCompanion};
+use super::plan::{CompanionKey, GatedPod, StoredCompanion};
 use super::{CompanionsContext, CompanionsError};
 use crate::runtime::error_chain::chain;
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::{FIELD_MANAGER, fenced};
 use gatehouse_api::v1alpha1::{
     COMPANION_POLICY_LABEL, COMPANION_TRIGGER_LABEL, COMPANIONS_CONDITION, COMPANIONS_FINALIZER,
-    CompanionCounts, Policy,
+    COMPANIONS_GATE, CompanionCounts, Policy,
 };
+use k8s_openapi::api::core::v1::Pod;
 use kube::core::ApiResource;
 
 fn api(
@@ -107,6 +108,42 @@ pub async fn release(
     Ok(match released {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
+        Err(e) => Err(reason(&e)),
+    })
+}
+
+/// Removes the companions gate from a Pod whose companions all exist, only if it is still the
+/// Pod with that UID and the gate is still where it was.
+pub async fn ungate(
+    ctx: &CompanionsContext,
+    pod: &GatedPod,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<Result<(), String>, CompanionsError> {
+    let at = format!("/spec/schedulingGates/{}", pod.gate_index);
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/uid", "value": pod.uid},
+        {"op": "test", "path": format!("{at}/name"), "value": COMPANIONS_GATE},
+        {"op": "remove", "path": at},
+    ]))
+    .map_err(|e| CompanionsError::Writes {
+        count: 1,
+        first: e.to_string(),
+    })?;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace);
+    let written = fenced(
+        leader,
+        || format!("opening the gate of Pod {}/{}", pod.namespace, pod.name),
+        pods.patch(
+            &pod.name,
+            &PatchParams::default(),
+            &Patch::Json::<()>(patch),
+        ),
+    )
+    .await?;
+    Ok(match written {
+        Ok(_) => Ok(()),
+        // Gone, another Pod, or the gate moved: the next pass sees it as it is now.
+        Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409 | 422) => Ok(()),
         Err(e) => Err(reason(&e)),
     })
 }
