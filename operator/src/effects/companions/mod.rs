@@ -19,11 +19,11 @@ use kube::{Client, ResourceExt};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use tokio::sync::{Notify, watch};
-use tracing::{Instrument, info, info_span};
 
+use super::effect_loop::{EffectKind, run_effect};
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::{
-    Failure, Next, NotLeading, Pacing, ReconcileMetrics, Term, Window, reflect, run_loop,
+    Failure, Next, NotLeading, Pacing, ReconcileMetrics, Window, reflect,
 };
 use gatehouse_api::v1alpha1::{COMPANIONS_FINALIZER, Policy};
 
@@ -146,49 +146,54 @@ pub async fn run(
             caches.policies.wait_until_ready(),
             caches.namespaces.wait_until_ready()
         );
-        let mut state: Option<pass::LeaderState> = None;
+        let mut kind = CompanionsKind {
+            ctx: &ctx,
+            caches,
+            trigger: trigger.clone(),
+        };
         let pacing = Pacing {
             window: COALESCE,
             resync: RESYNC,
         };
-        let leader_view = leader.clone();
-        run_loop(
-            "companions",
-            &ctx.loops,
-            &trigger,
-            &mut leader,
-            pacing,
-            async |term| {
-                if term != Term::Continuing || !term.is_leading() {
-                    // A new term must not trust what an earlier one watched or remembered.
-                    state = None;
-                }
-                if !term.is_leading() {
-                    return Ok(Next::Resync);
-                }
-                let state = state.get_or_insert_with(|| {
-                    pass::LeaderState::new(ctx.client.clone(), trigger.clone())
-                });
-                let outcome = pass::run_pass(&ctx, &caches, state, &leader_view)
-                    .instrument(info_span!("reconcile", controller = "companions"))
-                    .await;
-                match outcome {
-                    Ok(next) => Ok(next),
-                    Err(CompanionsError::NotLeading(e)) => {
-                        info!(what = %e.what, "leadership ended during the pass; stopped writing");
-                        Ok(Next::Resync)
-                    }
-                    Err(e) => Err(e),
-                }
-            },
-        )
-        .await;
+        run_effect(&mut kind, &ctx.loops, &trigger, &mut leader, pacing).await;
     };
     tokio::select! {
         () = work => {}
         () = shutdown => {}
     }
     watches_task.abort();
+}
+
+/// Companion objects as the effects skeleton runs them.
+struct CompanionsKind<'a> {
+    ctx: &'a CompanionsContext,
+    caches: Caches,
+    trigger: Arc<Notify>,
+}
+
+impl EffectKind for CompanionsKind<'_> {
+    /// The term's discovery answers and watches, started by its first pass.
+    type Memory = Option<pass::LeaderState>;
+    type Error = CompanionsError;
+    const NAME: &'static str = "companions";
+
+    async fn pass(
+        &mut self,
+        memory: &mut Self::Memory,
+        leader: &watch::Receiver<Leadership>,
+    ) -> Result<Next, CompanionsError> {
+        let state = memory.get_or_insert_with(|| {
+            pass::LeaderState::new(self.ctx.client.clone(), self.trigger.clone())
+        });
+        pass::run_pass(self.ctx, &self.caches, state, leader).await
+    }
+
+    fn not_leading(error: &CompanionsError) -> Option<&NotLeading> {
+        match error {
+            CompanionsError::NotLeading(e) => Some(e),
+            _ => None,
+        }
+    }
 }
 
 /// The resource of an audited kind, for a watch.

@@ -39,18 +39,19 @@ use kube::{Api, Client, Resource, ResourceExt};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use serde_json::json;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::allocator::{Allocator, MAX_POOL_NAME_LEN, Pool, allocation_name, overlaps};
+use super::effect_loop::{EffectKind, run_effect};
 use super::index::{Held, Index};
 use super::network::PoolNetwork;
 use crate::runtime::error_chain::chain;
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::{
-    FIELD_MANAGER, Failure, Next, NotLeading, Pacing, ReconcileMetrics, Term, Window, fenced,
-    reflect, run_loop, watch_events,
+    FIELD_MANAGER, Failure, Next, NotLeading, Pacing, ReconcileMetrics, Window, fenced, reflect,
+    watch_events,
 };
 use gatehouse_api::v1alpha1::{
     DEFAULT_IPAM_ANNOTATION, IPAM_GATE, IPAM_POOL_LABEL, IPAllocation, IPAllocationSpec, IPPool,
@@ -202,7 +203,7 @@ pub async fn run(
     let (pods, pods_watch) = reflect::<Pod>(ctx.client.clone(), marked, trigger.clone());
     let all = watcher::Config::default;
     let (pools, pools_watch) = reflect::<IPPool>(ctx.client.clone(), all(), trigger.clone());
-    let (mut allocations, allocations_watch) =
+    let (allocations, allocations_watch) =
         watch_events::<IPAllocation>(ctx.client.clone(), all(), trigger.clone());
     let (policies, policies_watch) = reflect::<Policy>(ctx.client.clone(), all(), trigger.clone());
     let caches = IpamCaches {
@@ -214,88 +215,112 @@ pub async fn run(
         tokio::join!(pods_watch, pools_watch, allocations_watch, policies_watch);
     });
     let work = async {
-        let mut index = Index::default();
-        let _ = tokio::join!(
-            caches.pods.wait_until_ready(),
-            caches.pools.wait_until_ready(),
-            caches.policies.wait_until_ready(),
-            async {
-                while !index.is_synced() {
-                    match allocations.recv().await {
-                        Some(event) => index.ingest(event),
-                        None => return,
-                    }
-                }
-            },
-        );
-        info!(allocations = index.len(), "IPAM caches synced");
-        let mut memory = Memory::default();
-        let mut next_gc = Instant::now() + ctx.config.gc_interval;
-        let mut next_rebuild = Instant::now() + RESYNC;
+        let mut kind = IpamKind {
+            next_gc: Instant::now() + ctx.config.gc_interval,
+            next_rebuild: Instant::now() + RESYNC,
+            ctx: &ctx,
+            caches,
+            index: Index::default(),
+            allocations,
+        };
+        if !kind.sync().await {
+            return;
+        }
+        info!(allocations = kind.index.len(), "IPAM caches synced");
         let pacing = Pacing {
             window: COALESCE,
             resync: RESYNC,
         };
-        let leader_view = leader.clone();
-        run_loop(
-            "ipam",
-            &ctx.loops,
-            &trigger,
-            &mut leader,
-            pacing,
-            async |term| {
-                while let Ok(event) = allocations.try_recv() {
-                    index.ingest(event);
-                }
-                if Instant::now() >= next_rebuild {
-                    next_rebuild = Instant::now() + RESYNC;
-                    index.rebuild();
-                }
-                // A new term must not trust what an earlier one remembered.
-                if term != Term::Continuing {
-                    memory = Memory::default();
-                }
-                if !term.is_leading() {
-                    return Ok(Next::By(next_rebuild));
-                }
-                let placed =
-                    place_and_release(&ctx, &caches, &mut index, &mut memory, &leader_view)
-                        .instrument(info_span!("reconcile", controller = "ipam"))
-                        .await;
-                if Instant::now() >= next_gc {
-                    next_gc = Instant::now() + ctx.config.gc_interval;
-                    match collect_orphans(&ctx, &leader_view)
-                        .instrument(info_span!("gc", controller = "ipam"))
-                        .await
-                    {
-                        Ok(0) => {}
-                        Ok(n) => info!(collected = n, "collected orphaned IP allocations"),
-                        Err(e) => warn!(error = %chain(&e), "IPAM garbage collection failed"),
-                    }
-                }
-                // Collected whatever the pass did: one write that keeps failing must not stop it.
-                let more = match placed {
-                    Ok(more) => more,
-                    Err(IpamError::NotLeading(e)) => {
-                        info!(what = %e.what, "leadership ended during the pass; stopped writing");
-                        false
-                    }
-                    Err(e) => return Err(e),
-                };
-                Ok::<_, IpamError>(Next::By(if more {
-                    Instant::now()
-                } else {
-                    next_gc.min(next_rebuild)
-                }))
-            },
-        )
-        .await;
+        run_effect(&mut kind, &ctx.loops, &trigger, &mut leader, pacing).await;
     };
     tokio::select! {
         () = work => {}
         () = shutdown => {}
     }
     watches.abort();
+}
+
+/// IP allocation as the effects skeleton runs it.
+struct IpamKind<'a> {
+    ctx: &'a IpamContext,
+    caches: IpamCaches,
+    /// The allocations, compact, fed by their watch and by the loop's own writes.
+    index: Index,
+    allocations: mpsc::UnboundedReceiver<watcher::Event<IPAllocation>>,
+    next_gc: Instant,
+    next_rebuild: Instant,
+}
+
+impl IpamKind<'_> {
+    /// Waits for the caches and the index's first list; `false` when a watch ended first.
+    async fn sync(&mut self) -> bool {
+        let (_, _, _, synced) = tokio::join!(
+            self.caches.pods.wait_until_ready(),
+            self.caches.pools.wait_until_ready(),
+            self.caches.policies.wait_until_ready(),
+            async {
+                while !self.index.is_synced() {
+                    match self.allocations.recv().await {
+                        Some(event) => self.index.ingest(event),
+                        None => return false,
+                    }
+                }
+                true
+            },
+        );
+        synced
+    }
+}
+
+impl EffectKind for IpamKind<'_> {
+    type Memory = Memory;
+    type Error = IpamError;
+    const NAME: &'static str = "ipam";
+
+    fn refresh(&mut self) -> Option<Instant> {
+        while let Ok(event) = self.allocations.try_recv() {
+            self.index.ingest(event);
+        }
+        if Instant::now() >= self.next_rebuild {
+            self.next_rebuild = Instant::now() + RESYNC;
+            self.index.rebuild();
+        }
+        Some(self.next_rebuild)
+    }
+
+    async fn pass(
+        &mut self,
+        memory: &mut Memory,
+        leader: &watch::Receiver<Leadership>,
+    ) -> Result<Next, IpamError> {
+        let placed =
+            place_and_release(self.ctx, &self.caches, &mut self.index, memory, leader).await;
+        if Instant::now() >= self.next_gc {
+            self.next_gc = Instant::now() + self.ctx.config.gc_interval;
+            match collect_orphans(self.ctx, leader)
+                .instrument(info_span!("gc", controller = "ipam"))
+                .await
+            {
+                Ok(0) => {}
+                Ok(n) => info!(collected = n, "collected orphaned IP allocations"),
+                Err(e) => warn!(error = %chain(&e), "IPAM garbage collection failed"),
+            }
+        }
+        // Collected whatever the pass did: one write that keeps failing must not stop it.
+        let more = placed?;
+        Ok(Next::By(if more {
+            Instant::now()
+        } else {
+            self.next_gc.min(self.next_rebuild)
+        }))
+    }
+
+    fn not_leading(error: &IpamError) -> Option<&NotLeading> {
+        match error {
+            IpamError::NotLeading(e) => Some(e),
+            _ => None,
+        }
+    }
 }
 
 /// How many writes one pass has in flight at once. Allocations are decided one after another
