@@ -335,6 +335,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let audit_task = audit_on_own_thread(audit_context, leader_rx.clone(), stopped());
     let companions = CompanionsContext {
+        namespaces: namespaces
+            .store()
+            .context("the webhook's Namespace reflector")?,
         client: process.client.clone(),
         blocked,
         loops: loops_for_companions,

@@ -46,6 +46,14 @@ impl Namespaces {
         (Namespaces::Cluster { store, client }, watch)
     }
 
+    /// The reflector's store, shared with the loops that read Namespaces too.
+    pub fn store(&self) -> Option<Store<Namespace>> {
+        match self {
+            Namespaces::Cluster { store, .. } => Some(store.clone()),
+            Namespaces::Fixed(_) => None,
+        }
+    }
+
     /// The labels of the Namespace `name`; an error says why they are unknown.
     pub async fn labels(&self, name: &str) -> Result<BTreeMap<String, String>, String> {
         match self {

@@ -51,6 +51,8 @@ const WRITES_IN_FLIGHT: usize = 32;
 /// What the loop needs, passed explicitly.
 pub struct CompanionsContext {
     pub client: Client,
+    /// The process's one Namespace reflector (the webhook's), for namespaceSelectors.
+    pub namespaces: Store<Namespace>,
     /// What the Policy controller reads into `Ready=False`.
     pub blocked: BlockedPolicies,
     pub loops: Arc<ReconcileMetrics>,
@@ -132,15 +134,11 @@ pub async fn run(
     let trigger = Arc::new(Notify::new());
     let all = watcher::Config::default;
     let (policies, policies_watch) = reflect::<Policy>(ctx.client.clone(), all(), trigger.clone());
-    let (namespaces, namespaces_watch) =
-        reflect::<Namespace>(ctx.client.clone(), all(), trigger.clone());
     let caches = Caches {
         policies,
-        namespaces,
+        namespaces: ctx.namespaces.clone(),
     };
-    let watches_task = tokio::spawn(async move {
-        tokio::join!(policies_watch, namespaces_watch);
-    });
+    let watches_task = tokio::spawn(policies_watch);
     let work = async {
         let _ = tokio::join!(
             caches.policies.wait_until_ready(),

@@ -78,7 +78,11 @@ pub async fn run_pass(
         .iter()
         .map(|ns| (ns.name_any(), ns.labels().clone()))
         .collect();
-    let stored = stored_companions(state, &fetched.companion_kinds);
+    // Until every companion watch has listed, nothing is known of what exists: no apply (all
+    // would look missing), no delete, no finalizer released.
+    let Some(stored) = stored_companions(state, &fetched.companion_kinds) else {
+        return Ok(Next::By(Instant::now() + WATCH_WAIT));
+    };
     let mut plan = plan(
         &fetched.live,
         &World {
@@ -135,7 +139,7 @@ pub async fn run_pass(
         writes::write_status(ctx, policy, &outcome, leader).await?;
     }
     Ok(if fetched.waiting {
-        Next::By(Instant::now() + std::time::Duration::from_millis(250))
+        Next::By(Instant::now() + WATCH_WAIT)
     } else {
         Next::Resync
     })
@@ -395,26 +399,31 @@ async fn prepare(
     Ok(Some((live, effects, triggers)))
 }
 
-/// Every companion the watches of `kinds` hold.
+/// How soon a pass looks again at watches that have not listed yet.
+const WATCH_WAIT: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// Every companion the watches of `kinds` hold; `None` while one of them has not listed yet.
 fn stored_companions(
     state: &LeaderState,
     kinds: &BTreeMap<(String, String), ApiResource>,
-) -> Vec<StoredCompanion> {
+) -> Option<Vec<StoredCompanion>> {
     let mut stored = Vec::new();
     for ((api_version, kind), resource) in kinds {
         let key = WatchKey::all(resource, Some(COMPANION_POLICY_LABEL));
-        for object in state.watches.objects(&key).unwrap_or_default() {
-            let Ok(value) = serde_json::to_value(object.as_ref()) else {
-                continue;
-            };
+        for object in state.watches.objects(&key)? {
             stored.push(StoredCompanion {
-                key: CompanionKey::of(api_version, kind, &value),
+                key: CompanionKey {
+                    api_version: api_version.clone(),
+                    kind: kind.clone(),
+                    namespace: object.metadata.namespace.clone(),
+                    name: object.name_any(),
+                },
                 uid: object.uid().unwrap_or_default(),
-                object: value,
+                object,
             });
         }
     }
-    stored
+    Some(stored)
 }
 
 /// What the apply step got in place.
@@ -539,7 +548,7 @@ fn remaining_by_policy(stored: &[StoredCompanion], plan: &Plan) -> BTreeSet<Stri
     stored
         .iter()
         .filter(|s| !gone.contains(s.uid.as_str()))
-        .filter_map(|s| s.object["metadata"]["labels"][COMPANION_POLICY_LABEL].as_str())
-        .map(str::to_string)
+        .map(|s| s.label(COMPANION_POLICY_LABEL).to_string())
+        .filter(|uid| !uid.is_empty())
         .collect()
 }

@@ -70,19 +70,41 @@ pub struct LivePolicy {
     pub triggers: Vec<TriggerObjects>,
 }
 
-/// A stored companion, as the companion watches have it.
+/// A stored companion, as the companion watches have it (shared with their store, not copied).
 #[derive(Clone, Debug)]
 pub struct StoredCompanion {
     pub key: CompanionKey,
     pub uid: String,
-    pub object: Value,
+    pub object: Arc<DynamicObject>,
 }
 
 impl StoredCompanion {
-    fn label(&self, label: &str) -> &str {
-        self.object["metadata"]["labels"][label]
-            .as_str()
-            .unwrap_or_default()
+    /// The value of one of its labels, or "".
+    pub fn label(&self, label: &str) -> &str {
+        self.object
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get(label))
+            .map_or("", String::as_str)
+    }
+
+    /// Whether it holds everything `desired` says ([`companion::in_place`]), compared part by
+    /// part: the metadata as JSON, the rest against the stored data itself.
+    fn holds(&self, desired: &Value) -> bool {
+        let Some(fields) = desired.as_object() else {
+            return false;
+        };
+        fields.iter().all(|(field, value)| match field.as_str() {
+            "apiVersion" | "kind" => true,
+            "metadata" => serde_json::to_value(&self.object.metadata)
+                .is_ok_and(|stored| companion::in_place(value, &stored)),
+            _ => self
+                .object
+                .data
+                .get(field)
+                .is_some_and(|stored| companion::in_place(value, stored)),
+        })
     }
 }
 
@@ -166,9 +188,7 @@ pub fn plan(policies: &[LivePolicy], world: &World<'_>) -> Plan {
             wanted.insert(desired.key.clone(), policy.name.clone());
             counts.0 += 1;
             match stored.get(&desired.key) {
-                Some(s) if companion::in_place(&without_type(&desired.object), &s.object) => {
-                    counts.1 += 1
-                }
+                Some(s) if s.holds(&desired.object) => counts.1 += 1,
                 _ => {
                     waits.push(desired.key.clone());
                     plan.apply.push(desired);
@@ -313,15 +333,4 @@ fn gated_pods(policies: &[LivePolicy]) -> Vec<GatedPod> {
         }
     }
     gated
-}
-
-/// `object` without `apiVersion` and `kind`: a listed object need not carry them, and the key
-/// compares them already.
-fn without_type(object: &Value) -> Value {
-    let mut copy = object.clone();
-    if let Some(map) = copy.as_object_mut() {
-        map.remove("apiVersion");
-        map.remove("kind");
-    }
-    copy
 }
