@@ -350,6 +350,15 @@ async fn bad_object_effects_are_refused_or_named_in_a_condition() {
             })
             .await?;
             ensure!(condition["message"].as_str().is_some_and(|m| m.contains(message)), "{condition:#}");
+            // And an Event on the Policy (a cluster-scoped object's Events are in default).
+            await_condition("a CompanionsNotInPlace Event", WAIT, || async {
+                let out = cluster.kubectl_ok(["get", "events.events.k8s.io", "-n", "default", "-o", "json"], None).await?;
+                let events: Value = serde_json::from_str(&out)?;
+                Ok(events["items"].as_array().into_iter().flatten()
+                    .find(|e| e["reason"] == "CompanionsNotInPlace" && e["regarding"]["name"] == policy.as_str() && e["note"].as_str().is_some_and(|n| n.contains(message)))
+                    .map(|_| ()))
+            })
+            .await?;
         }
         ensure!(get_json(cluster, &["clusterrole", &format!("x-{id}")]).await?.is_none(), "half-written");
         ensure!(get_json(cluster, &["secret", "copy", "-n", &trigger]).await?.is_none(), "half-written");
@@ -358,69 +367,67 @@ async fn bad_object_effects_are_refused_or_named_in_a_condition() {
     .await;
 }
 
-#[tokio::test]
-async fn a_kind_gatehouse_may_not_create_is_ready_false_until_granted() {
-    gatehouse_e2e::run_test(|cluster| async move {
-        let stage = crate::scene::Stage::open(cluster, "gh-co-rbac").await?;
-        let id = stage.id();
-        let _roles = [
-            cluster.delete_on_drop("clusterrole", "gatehouse", None),
-            cluster.delete_on_drop("clusterrolebinding", "gatehouse", None),
-            cluster.delete_on_drop("clusterrole", "gatehouse-audit", None),
-            cluster.delete_on_drop("clusterrole", "gatehouse-audit-default", None),
-            cluster.delete_on_drop("clusterrolebinding", "gatehouse-audit", None),
-            cluster.delete_on_drop("clusterrole", "gatehouse-effects", None),
-            cluster.delete_on_drop("clusterrolebinding", "gatehouse-effects", None),
-        ];
-        let grant = format!("grant-configmaps-{id}");
-        let _grant = cluster.delete_on_drop("clusterrole", &grant, None);
-        crate::install::install_rbac(cluster, stage.home()).await?;
-        let kubeconfig = cluster
-            .service_account_kubeconfig(stage.home(), "gatehouse", &format!("kubeconfig-co-{id}"))
-            .await?;
-        stage.start(Options::url().kubeconfig(kubeconfig)).await?.run(async |scene| {
-            let label = format!("rbac-{id}");
-            let trigger = scene.track_object("namespace", format!("co-rbac-{id}"));
-            apply(cluster, &namespace(&trigger, json!({&label: "yes"}))).await?;
-            let policy = scene.policy("configmaps");
-            apply(cluster, &policy_object(&policy, json!({
-                "match": {
-                    "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces"], "scope": "*"}],
-                    "objectSelector": {"matchLabels": {&label: "yes"}},
-                },
-                "effects": [{"object": {"template": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "team"}, "data": {"a": "b"}}}}],
-            }))).await?;
-            let ready = |status: &'static str| {
-                let policy = policy.clone();
-                async move {
-                    await_condition(&format!("Policy Ready={status}"), WAIT, || async {
-                        let p = get_json(cluster, &["policy", &policy]).await?.context("policy")?;
-                        Ok(p["status"]["conditions"].as_array().into_iter().flatten()
-                            .find(|c| c["type"] == "Ready" && c["status"] == status).cloned())
-                    })
-                    .await
-                }
-            };
-            let refused = ready("False").await?;
-            ensure!(
-                refused["message"].as_str().is_some_and(|m| m.contains("may not list configmaps") && m.contains("gatehouse-effects")),
-                "{refused:#}"
-            );
-            ensure!(get_json(cluster, &["configmap", "team", "-n", &trigger]).await?.is_none(), "written without the grant");
-            // Granted through the aggregated role: it heals.
-            apply(cluster, &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-                "metadata": {"name": grant, "labels": {"gatehouse.dev/aggregate-to-effects": "true"}},
-                "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch", "create", "patch", "delete"]}]})).await?;
-            ready("True").await?;
-            await_condition("the ConfigMap written", WAIT, || async {
-                get_json(cluster, &["configmap", "team", "-n", &trigger]).await
+/// Under the installed least-privilege RBAC (run by the install test, which installs it): a
+/// companion kind not granted is `Ready=False` naming the verb and resource, nothing written;
+/// granted through the aggregated role `gatehouse-effects`, it heals.
+pub(crate) async fn a_kind_not_granted_is_ready_false_until_granted(
+    scene: &crate::scene::Scene,
+) -> anyhow::Result<()> {
+    let cluster = scene.cluster;
+    let id = scene.id();
+    let grant = format!("grant-configmaps-{id}");
+    let _grant = cluster.delete_on_drop("clusterrole", &grant, None);
+    let label = format!("rbac-{id}");
+    let trigger = scene.track_object("namespace", format!("co-rbac-{id}"));
+    apply(cluster, &namespace(&trigger, json!({&label: "yes"}))).await?;
+    let policy = scene.policy("configmaps");
+    apply(cluster, &policy_object(&policy, json!({
+        "match": {
+            "rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["namespaces"], "scope": "*"}],
+            "objectSelector": {"matchLabels": {&label: "yes"}},
+        },
+        "effects": [{"object": {"template": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "team"}, "data": {"a": "b"}}}}],
+    }))).await?;
+    let ready = |status: &'static str| {
+        let policy = policy.clone();
+        async move {
+            await_condition(&format!("Policy Ready={status}"), WAIT, || async {
+                let p = get_json(cluster, &["policy", &policy])
+                    .await?
+                    .context("policy")?;
+                Ok(p["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|c| c["type"] == "Ready" && c["status"] == status)
+                    .cloned())
             })
-            .await?;
-            Ok(())
-        })
-        .await
+            .await
+        }
+    };
+    let refused = ready("False").await?;
+    ensure!(
+        refused["message"].as_str().is_some_and(
+            |m| m.contains("may not list configmaps") && m.contains("gatehouse-effects")
+        ),
+        "{refused:#}"
+    );
+    ensure!(
+        get_json(cluster, &["configmap", "team", "-n", &trigger])
+            .await?
+            .is_none(),
+        "written without the grant"
+    );
+    apply(cluster, &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": {"name": grant, "labels": {"gatehouse.dev/aggregate-to-effects": "true"}},
+        "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch", "create", "patch", "delete"]}]})).await?;
+    ready("True").await?;
+    await_condition("the ConfigMap written", WAIT, || async {
+        get_json(cluster, &["configmap", "team", "-n", &trigger]).await
     })
-    .await;
+    .await?;
+    delete_policies(cluster, &[&policy]).await?;
+    Ok(())
 }
 
 /// Companions of `policy_uid` across the cluster, as `namespace/kind/name`.

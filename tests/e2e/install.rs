@@ -41,6 +41,8 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
             cluster.delete_on_drop("clusterrole", "gatehouse-audit", None),
             cluster.delete_on_drop("clusterrole", "gatehouse-audit-default", None),
             cluster.delete_on_drop("clusterrolebinding", "gatehouse-audit", None),
+            cluster.delete_on_drop("clusterrole", "gatehouse-effects", None),
+            cluster.delete_on_drop("clusterrolebinding", "gatehouse-effects", None),
         ];
         install_rbac(cluster, stage.home()).await?;
         let kubeconfig = cluster
@@ -52,6 +54,8 @@ async fn least_privilege_rbac_is_enough_and_uninstalling_leaves_no_webhook() {
             let limits = scene.policy("limits");
             scene.track_pool(&pool, &ipam);
             let (home, ns) = (scene.home().to_string(), scene.ns().to_string());
+            // Companion objects: only what the aggregated gatehouse-effects grants.
+            crate::companions::a_kind_not_granted_is_ready_false_until_granted(scene).await?;
             let gh = &mut scene.gh;
             // Everything Gatehouse does, under the ServiceAccount: TLS Secret and Leases in its
             // namespace, configurations, Policy status, the Namespace watch, Pods and IPAM.

@@ -342,6 +342,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         blocked,
         loops: loops_for_companions,
         metrics: CompanionsMetrics::register(&mut registry),
+        recorder: process.recorder.clone(),
     };
     let companions_task = companions::run(Arc::new(companions), leader_rx.clone(), stopped());
     let ipam_task = ipam::run(Arc::new(ipam), leader_rx, stopped());

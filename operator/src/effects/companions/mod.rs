@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::core::ApiResource;
+use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
@@ -57,6 +58,8 @@ pub struct CompanionsContext {
     pub blocked: BlockedPolicies,
     pub loops: Arc<ReconcileMetrics>,
     pub metrics: CompanionsMetrics,
+    /// Events on a Policy whose companions cannot be written.
+    pub recorder: Recorder,
 }
 
 /// The loop's own metrics (`gatehouse_companions_*`).

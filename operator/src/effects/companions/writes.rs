@@ -2,9 +2,11 @@
 //! and releases guarded by the companion's UID, the Policies' finalizers and statuses.
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
+use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
+use tracing::warn;
 
 use super::plan::{CompanionKey, GatedPod, StoredCompanion};
 use super::{CompanionsContext, CompanionsError};
@@ -274,11 +276,32 @@ pub async fn write_status(
     )
     .await?;
     match written {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
-        Err(source) => Err(CompanionsError::WriteStatus {
-            policy: name,
-            source,
-        }),
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return Ok(()),
+        Err(source) => {
+            return Err(CompanionsError::WriteStatus {
+                policy: name,
+                source,
+            });
+        }
+    }
+    if state == "False" {
+        publish_not_in_place(ctx, policy, &outcome.problems).await;
+    }
+    Ok(())
+}
+
+/// A Warning Event on `policy` naming what cannot be written, when its condition turns or
+/// changes: an Event is a courtesy, failing to record one fails nothing.
+async fn publish_not_in_place(ctx: &CompanionsContext, policy: &Policy, problems: &[String]) {
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "CompanionsNotInPlace".into(),
+        note: Some(problems.join("; ").chars().take(1000).collect()),
+        action: "Apply".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &policy.object_ref(&())).await {
+        warn!(policy = %policy.name_any(), error = %e, "recording event failed");
     }
 }
