@@ -86,7 +86,35 @@ pub fn check(
             "is the API server's to write, not a template's",
         ));
     }
-    let metadata = &template["metadata"];
+    check_metadata(path, effect, problems);
+    if let Some(source) = &effect.clone_from {
+        check_name(
+            &format!("{path}.cloneFrom.name"),
+            &source.name,
+            is_dns1123_subdomain,
+            problems,
+        );
+        if !source.namespace.is_empty() {
+            check_name(
+                &format!("{path}.cloneFrom.namespace"),
+                &source.namespace,
+                is_dns1123_label,
+                problems,
+            );
+        }
+    }
+    let fields = check_fields(path, effect, problems);
+    (problems.len() == before).then_some(CompiledObjectEffect {
+        effect: effect.clone(),
+        fields: fields?,
+    })
+}
+
+/// The template's metadata: only what a companion sets, a valid name (or a field computing
+/// it), a valid namespace, none of Gatehouse's own labels.
+fn check_metadata(path: &str, effect: &ObjectEffect, problems: &mut Vec<Problem>) {
+    let at = |field: &str| format!("{path}.template.{field}");
+    let metadata = &effect.template["metadata"];
     if let Some(extra) = metadata
         .as_object()
         .and_then(|m| m.keys().find(|k| !SETTABLE_METADATA.contains(&k.as_str())))
@@ -130,27 +158,6 @@ pub fn check(
             ));
         }
     }
-    if let Some(source) = &effect.clone_from {
-        check_name(
-            &format!("{path}.cloneFrom.name"),
-            &source.name,
-            is_dns1123_subdomain,
-            problems,
-        );
-        if !source.namespace.is_empty() {
-            check_name(
-                &format!("{path}.cloneFrom.namespace"),
-                &source.namespace,
-                is_dns1123_label,
-                problems,
-            );
-        }
-    }
-    let fields = check_fields(path, effect, problems);
-    (problems.len() == before).then_some(CompiledObjectEffect {
-        effect: effect.clone(),
-        fields: fields?,
-    })
 }
 
 /// Checks and compiles the computed fields of the effect at `path`.

@@ -317,15 +317,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         leader_rx.clone(),
         stopped(),
     );
-    let loops_for_companions = loops.clone();
-    let ipam = IpamContext {
-        client: process.client.clone(),
-        loops: loops.clone(),
-        metrics: IpamMetrics::register(&mut registry),
-        recorder: process.recorder.clone(),
-        config: args.ipam_config(),
-    };
     let (namespaces, namespaces_watch) = webhook::Namespaces::watch(process.client.clone());
+    let effects = process.effects(&args, &loops, &namespaces, blocked, &mut registry)?;
     let audit_context = AuditContext {
         client: process.client.clone(),
         namespaces: namespaces.clone(),
@@ -334,18 +327,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         loops,
     };
     let audit_task = audit_on_own_thread(audit_context, leader_rx.clone(), stopped());
-    let companions = CompanionsContext {
-        namespaces: namespaces
-            .store()
-            .context("the webhook's Namespace reflector")?,
-        client: process.client.clone(),
-        blocked,
-        loops: loops_for_companions,
-        metrics: CompanionsMetrics::register(&mut registry),
-        recorder: process.recorder.clone(),
-    };
-    let companions_task = companions::run(Arc::new(companions), leader_rx.clone(), stopped());
-    let ipam_task = ipam::run(Arc::new(ipam), leader_rx, stopped());
+    let companions = Arc::new(effects.companions);
+    let companions_task = companions::run(companions, leader_rx.clone(), stopped());
+    let ipam_task = ipam::run(Arc::new(effects.ipam), leader_rx, stopped());
 
     let ports = process.ports(&args, policies, namespaces, resolver, registry)?;
     let servers = serve::spawn(ports, stopped)?;
@@ -363,6 +347,44 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     info!("stopped");
     Ok(())
+}
+
+/// The contexts of the effects loops.
+struct EffectsContexts {
+    ipam: IpamContext,
+    companions: CompanionsContext,
+}
+
+impl Process {
+    /// The effects loops' contexts; `blocked` is what the companions loop tells the Policy
+    /// controller, `namespaces` the process's one Namespace reflector.
+    fn effects(
+        &self,
+        args: &RunArgs,
+        loops: &Arc<ReconcileMetrics>,
+        namespaces: &webhook::Namespaces,
+        blocked: BlockedPolicies,
+        registry: &mut Registry,
+    ) -> anyhow::Result<EffectsContexts> {
+        let ipam = IpamContext {
+            client: self.client.clone(),
+            loops: loops.clone(),
+            metrics: IpamMetrics::register(registry),
+            recorder: self.recorder.clone(),
+            config: args.ipam_config(),
+        };
+        let companions = CompanionsContext {
+            namespaces: namespaces
+                .store()
+                .context("the webhook's Namespace reflector")?,
+            client: self.client.clone(),
+            blocked,
+            loops: loops.clone(),
+            metrics: CompanionsMetrics::register(registry),
+            recorder: self.recorder.clone(),
+        };
+        Ok(EffectsContexts { ipam, companions })
+    }
 }
 
 /// What every component of the process shares.

@@ -31,6 +31,7 @@ use gatehouse_api::v1alpha1::{COMPANIONS_FINALIZER, Policy};
 pub use blocked::BlockedPolicies;
 
 mod blocked;
+mod fetch;
 mod kinds;
 mod pass;
 pub mod plan;

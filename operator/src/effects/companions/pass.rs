@@ -1,5 +1,5 @@
 //! One pass of the companions loop: fetch → decide → apply → status.
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -9,27 +9,23 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tracing::warn;
 
+use super::fetch::{Fetched, fetch};
 use super::kinds::Kinds;
-use super::plan::{
-    CompanionKey, LivePolicy, Plan, PreparedEffect, StoredCompanion, TriggerObjects, World, plan,
-};
+use super::plan::{CompanionKey, Plan, StoredCompanion, World, plan};
 use super::watches::{WatchKey, Watches};
 use super::writes::{self, Outcome};
 use super::{
     Caches, CompanionsContext, CompanionsError, WRITES_IN_FLIGHT, has_companions, holds_finalizer,
-    resource_of,
 };
-use crate::audit::judge::audit_copy;
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::Next;
 use gatehouse_api::v1alpha1::{COMPANION_POLICY_LABEL, CompanionCounts, Policy};
-use gatehouse_engine::companion;
 use gatehouse_engine::policy::gates_companions;
 
 /// What one leader term keeps between passes.
 pub struct LeaderState {
-    kinds: Kinds,
-    watches: Watches,
+    pub(super) kinds: Kinds,
+    pub(super) watches: Watches,
 }
 
 impl LeaderState {
@@ -39,22 +35,6 @@ impl LeaderState {
             watches: Watches::new(client, trigger),
         }
     }
-}
-
-/// What the fetch step made of the Policies.
-#[derive(Default)]
-struct Fetched {
-    live: Vec<LivePolicy>,
-    /// Problems by Policy name: the Policy cannot be planned (in full) this pass.
-    problems: BTreeMap<String, Vec<String>>,
-    /// UIDs of Policies whose companions must not be collected this pass.
-    unplanned: BTreeSet<String>,
-    /// Deleting Policies by UID, with the kinds whose companions they keep.
-    deleting: HashMap<String, BTreeSet<(String, String)>>,
-    /// The companion kinds by (apiVersion, kind).
-    companion_kinds: BTreeMap<(String, String), ApiResource>,
-    /// Whether a watch the pass needs has not listed yet.
-    waiting: bool,
 }
 
 /// Runs one pass; returns when to look again.
@@ -108,18 +88,47 @@ pub async fn run_pass(
     } = apply_all(ctx, &fetched.companion_kinds, &mut plan, leader).await?;
     open_gates(ctx, &plan, &keys, leader).await?;
     let remaining = remaining_by_policy(&stored, &plan);
-    for policy in &policies {
+    release_finalizers(ctx, &policies, &fetched, &remaining, leader).await?;
+    write_statuses(ctx, &policies, &fetched, &mut plan, &applied, leader).await?;
+    Ok(if fetched.waiting {
+        Next::By(Instant::now() + WATCH_WAIT)
+    } else {
+        Next::Resync
+    })
+}
+
+/// Releases the finalizer of every deleting Policy (or one without object effects any more)
+/// whose companions are all collected or released, once the pass knew all of them.
+async fn release_finalizers(
+    ctx: &CompanionsContext,
+    policies: &[Arc<Policy>],
+    fetched: &Fetched,
+    remaining: &BTreeSet<String>,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<(), CompanionsError> {
+    if fetched.waiting {
+        return Ok(());
+    }
+    for policy in policies.iter().filter(|p| holds_finalizer(p)) {
         let Some(uid) = policy.uid() else { continue };
-        let deleting = policy.metadata.deletion_timestamp.is_some();
+        let going = policy.metadata.deletion_timestamp.is_some() || !has_companions(policy);
         let done = !fetched.unplanned.contains(&uid) && !remaining.contains(&uid);
-        if holds_finalizer(policy)
-            && (deleting || !has_companions(policy))
-            && done
-            && !fetched.waiting
-        {
+        if going && done {
             writes::set_finalizer(ctx, policy, false, leader).await?;
         }
     }
+    Ok(())
+}
+
+/// The status step: each live Policy's counts and `CompanionsInPlace`.
+async fn write_statuses(
+    ctx: &CompanionsContext,
+    policies: &[Arc<Policy>],
+    fetched: &Fetched,
+    plan: &mut Plan,
+    applied: &BTreeMap<String, i64>,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<(), CompanionsError> {
     for policy in policies
         .iter()
         .filter(|p| has_companions(p) && p.metadata.deletion_timestamp.is_none())
@@ -133,270 +142,13 @@ pub async fn run_pass(
             },
             problems: plan.problems.remove(&name).unwrap_or_default(),
         };
+        // A Policy waiting for its watches has nothing to report yet.
         if fetched.waiting && outcome.problems.is_empty() && wanted == 0 {
             continue;
         }
         writes::write_status(ctx, policy, &outcome, leader).await?;
     }
-    Ok(if fetched.waiting {
-        Next::By(Instant::now() + WATCH_WAIT)
-    } else {
-        Next::Resync
-    })
-}
-
-/// Fetch: every Policy with object effects compiled, its kinds discovered and its access
-/// checked, the watches it needs started and their objects read.
-async fn fetch(policies: &[Arc<Policy>], state: &mut LeaderState) -> Fetched {
-    let mut fetched = Fetched::default();
-    let mut wanted_watches: BTreeMap<WatchKey, ApiResource> = BTreeMap::new();
-    let mut prepared = Vec::new();
-    for policy in policies
-        .iter()
-        .filter(|p| has_companions(p) || holds_finalizer(p))
-    {
-        let name = policy.name_any();
-        let uid = policy.uid().unwrap_or_default();
-        match prepare(policy, state, &mut wanted_watches, &mut fetched).await {
-            Ok(Some(p)) => prepared.push(p),
-            Ok(None) => {}
-            Err(problems) => {
-                fetched.unplanned.insert(uid);
-                fetched.problems.entry(name).or_default().extend(problems);
-            }
-        }
-    }
-    state.watches.keep(&wanted_watches);
-    for (policy, effects, trigger_keys) in prepared {
-        let mut triggers = Vec::new();
-        let mut ready = true;
-        for (kind, key) in trigger_keys {
-            match state.watches.objects(&key) {
-                Some(objects) => triggers.push(TriggerObjects { kind, objects }),
-                None => ready = false,
-            }
-        }
-        let mut with_sources = Vec::new();
-        for (effect, source_key) in effects {
-            let clone_source = match &source_key {
-                None => None,
-                Some(key) => match state.watches.objects(key) {
-                    Some(objects) => objects
-                        .first()
-                        .and_then(|o| serde_json::to_value(o.as_ref()).ok())
-                        .or(Some(serde_json::Value::Null)),
-                    None => {
-                        ready = false;
-                        None
-                    }
-                },
-            };
-            with_sources.push((effect, clone_source));
-        }
-        if !ready {
-            fetched.waiting = true;
-            fetched.unplanned.insert(policy.uid.clone());
-            continue;
-        }
-        let mut effects = Vec::new();
-        for (effect, source) in with_sources {
-            if source.as_ref().is_some_and(serde_json::Value::is_null) {
-                let clone = effect
-                    .compiled
-                    .effect
-                    .clone_from
-                    .clone()
-                    .unwrap_or_default();
-                fetched.unplanned.insert(policy.uid.clone());
-                fetched
-                    .problems
-                    .entry(policy.name.clone())
-                    .or_default()
-                    .push(format!(
-                        "spec.effects[{}].object.cloneFrom: the source {} {}/{} does not exist",
-                        effect.index,
-                        effect.compiled.kind(),
-                        clone.namespace,
-                        clone.name
-                    ));
-                continue;
-            }
-            effects.push(PreparedEffect {
-                clone_source: source,
-                ..effect
-            });
-        }
-        fetched.live.push(LivePolicy {
-            effects,
-            triggers,
-            ..policy
-        });
-    }
-    fetched
-}
-
-/// A live Policy before its watches are read: its effects (each with the watch of its clone
-/// source) and its trigger kinds (each with its watch).
-type Prepared = (
-    LivePolicy,
-    Vec<(PreparedEffect, Option<WatchKey>)>,
-    Vec<(crate::audit::judge::AuditedKind, WatchKey)>,
-);
-
-/// Prepares one Policy; `Ok(None)` for a deleting Policy (whose companion kinds are watched so
-/// its companions can be collected), `Err` with the problems that keep it from being planned.
-async fn prepare(
-    policy: &Policy,
-    state: &mut LeaderState,
-    wanted: &mut BTreeMap<WatchKey, ApiResource>,
-    fetched: &mut Fetched,
-) -> Result<Option<Prepared>, Vec<String>> {
-    let uid = policy.uid().unwrap_or_default();
-    let mut problems = Vec::new();
-    let mut effects = Vec::new();
-    let mut kept = BTreeSet::new();
-    for (index, effect) in policy.spec.effects.iter().enumerate() {
-        let Some(object) = &effect.object else {
-            continue;
-        };
-        let path = format!("spec.effects[{index}].object");
-        let mut found = Vec::new();
-        let Some(compiled) = companion::check(&path, object, &mut found) else {
-            problems.extend(
-                found
-                    .into_iter()
-                    .map(|p| format!("{}: {}", p.path, p.message)),
-            );
-            continue;
-        };
-        let kind = match state
-            .kinds
-            .companion(compiled.api_version(), compiled.kind())
-            .await
-        {
-            Ok(kind) => kind,
-            Err(why) => {
-                problems.push(format!("{path}.template: {why}"));
-                continue;
-            }
-        };
-        if !kind.namespaced && compiled.namespace().is_some() {
-            problems.push(format!(
-                "{path}.template.metadata.namespace: {} is cluster-scoped: a companion of it has no namespace",
-                compiled.kind()
-            ));
-            continue;
-        }
-        let group = kind.resource.group.clone();
-        let plural = kind.resource.plural.clone();
-        if let Err(why) = state
-            .kinds
-            .may(
-                &["list", "watch", "create", "patch", "delete"],
-                &group,
-                &plural,
-                None,
-            )
-            .await
-        {
-            problems.push(format!("{path}: {why}"));
-            continue;
-        }
-        if object.keep_on_policy_delete {
-            kept.insert((
-                compiled.api_version().to_string(),
-                compiled.kind().to_string(),
-            ));
-        }
-        let label = COMPANION_POLICY_LABEL;
-        wanted.insert(
-            WatchKey::all(&kind.resource, Some(label)),
-            kind.resource.clone(),
-        );
-        fetched.companion_kinds.insert(
-            (
-                compiled.api_version().to_string(),
-                compiled.kind().to_string(),
-            ),
-            kind.resource.clone(),
-        );
-        let source_key = match &object.clone_from {
-            None => None,
-            Some(source) => {
-                let namespace = (!source.namespace.is_empty()).then_some(source.namespace.as_str());
-                if let Err(why) = state
-                    .kinds
-                    .may(&["get", "list", "watch"], &group, &plural, namespace)
-                    .await
-                {
-                    problems.push(format!("{path}.cloneFrom: {why}"));
-                    continue;
-                }
-                let key = WatchKey::one(&kind.resource, namespace, &source.name);
-                wanted.insert(key.clone(), kind.resource.clone());
-                Some(key)
-            }
-        };
-        effects.push((
-            PreparedEffect {
-                index,
-                compiled,
-                namespaced: kind.namespaced,
-                clone_source: None,
-            },
-            source_key,
-        ));
-    }
-    if policy.metadata.deletion_timestamp.is_some() || !has_companions(policy) {
-        fetched.deleting.insert(uid, kept);
-        return Ok(None);
-    }
-    let matcher = match audit_copy(policy) {
-        Ok(matcher) => matcher,
-        Err(e) => {
-            problems.push(e.to_string());
-            return Err(problems);
-        }
-    };
-    let mut triggers = Vec::new();
-    for rule in &policy.spec.match_.rules {
-        for group in &rule.api_groups {
-            for version in &rule.api_versions {
-                for resource in &rule.resources {
-                    let kind = match state.kinds.trigger(group, version, resource).await {
-                        Ok(kind) => kind,
-                        Err(why) => {
-                            problems.push(format!("spec.match.rules: {why}"));
-                            continue;
-                        }
-                    };
-                    if let Err(why) = state
-                        .kinds
-                        .may(&["list", "watch"], group, resource, None)
-                        .await
-                    {
-                        problems.push(format!("spec.match.rules: {why}"));
-                        continue;
-                    }
-                    let ar = resource_of(&kind);
-                    let key = WatchKey::all(&ar, None);
-                    wanted.insert(key.clone(), ar);
-                    triggers.push((kind, key));
-                }
-            }
-        }
-    }
-    if !problems.is_empty() {
-        return Err(problems);
-    }
-    let live = LivePolicy {
-        name: policy.name_any(),
-        uid,
-        matcher,
-        effects: Vec::new(),
-        triggers: Vec::new(),
-    };
-    Ok(Some((live, effects, triggers)))
+    Ok(())
 }
 
 /// How soon a pass looks again at watches that have not listed yet.

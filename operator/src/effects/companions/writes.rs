@@ -209,60 +209,13 @@ pub async fn write_status(
     outcome: &Outcome,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<(), CompanionsError> {
-    let status = policy.status.clone().unwrap_or_default();
-    let (state, reason, message) = if outcome.problems.is_empty() {
-        (
-            "True",
-            "InPlace",
-            format!(
-                "{} of {} companions in place",
-                outcome.counts.in_place, outcome.counts.wanted
-            ),
-        )
-    } else {
-        let mut shown: Vec<&str> = outcome
-            .problems
-            .iter()
-            .map(String::as_str)
-            .take(5)
-            .collect();
-        let more = outcome.problems.len().saturating_sub(shown.len());
-        let tail = format!("and {more} more");
-        if more > 0 {
-            shown.push(&tail);
-        }
-        ("False", "NotWritten", shown.join("; "))
-    };
-    let previous = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == COMPANIONS_CONDITION);
-    let same = previous.is_some_and(|c| {
-        c.status == state
-            && c.message == message
-            && c.observed_generation == policy.meta().generation
-    }) && status.companions == Some(outcome.counts);
-    if same {
-        return Ok(());
-    }
     let now = Time(k8s_openapi::jiff::Timestamp::now());
-    let mut conditions: Vec<Condition> = status
-        .conditions
-        .iter()
-        .filter(|c| c.type_ != COMPANIONS_CONDITION)
-        .cloned()
-        .collect();
-    conditions.push(Condition {
-        type_: COMPANIONS_CONDITION.to_string(),
-        status: state.to_string(),
-        reason: reason.to_string(),
-        message,
-        observed_generation: policy.meta().generation,
-        last_transition_time: match previous {
-            Some(p) if p.status == state => p.last_transition_time.clone(),
-            _ => now,
-        },
-    });
+    let Some(conditions) = companions_conditions(policy, outcome, now) else {
+        return Ok(());
+    };
+    let in_place = conditions
+        .last()
+        .is_some_and(|c| c.type_ == COMPANIONS_CONDITION && c.status == "True");
     let name = policy.name_any();
     let patch = json!({
         "metadata": {"resourceVersion": policy.resource_version()},
@@ -285,10 +238,61 @@ pub async fn write_status(
             });
         }
     }
-    if state == "False" {
+    if !in_place {
         publish_not_in_place(ctx, policy, &outcome.problems).await;
     }
     Ok(())
+}
+
+/// The Policy's conditions with `CompanionsInPlace` saying what `outcome` does (last), or
+/// `None` when its status says so already (an unchanged Policy costs no write).
+/// `lastTransitionTime` moves only when the condition's status flips.
+fn companions_conditions(policy: &Policy, outcome: &Outcome, now: Time) -> Option<Vec<Condition>> {
+    let status = policy.status.clone().unwrap_or_default();
+    let (state, reason, message) = if outcome.problems.is_empty() {
+        let counts = outcome.counts;
+        let message = format!(
+            "{} of {} companions in place",
+            counts.in_place, counts.wanted
+        );
+        ("True", "InPlace", message)
+    } else {
+        let shown = outcome.problems.iter().take(5).cloned();
+        let more = outcome.problems.len().saturating_sub(5);
+        let tail = (more > 0).then(|| format!("and {more} more"));
+        let message = shown.chain(tail).collect::<Vec<_>>().join("; ");
+        ("False", "NotWritten", message)
+    };
+    let previous = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == COMPANIONS_CONDITION);
+    let same = previous.is_some_and(|c| {
+        c.status == state
+            && c.message == message
+            && c.observed_generation == policy.meta().generation
+    }) && status.companions == Some(outcome.counts);
+    if same {
+        return None;
+    }
+    let mut conditions: Vec<Condition> = status
+        .conditions
+        .iter()
+        .filter(|c| c.type_ != COMPANIONS_CONDITION)
+        .cloned()
+        .collect();
+    conditions.push(Condition {
+        type_: COMPANIONS_CONDITION.to_string(),
+        status: state.to_string(),
+        reason: reason.to_string(),
+        message,
+        observed_generation: policy.meta().generation,
+        last_transition_time: match previous {
+            Some(p) if p.status == state => p.last_transition_time.clone(),
+            _ => now,
+        },
+    });
+    Some(conditions)
 }
 
 /// A Warning Event on `policy` naming what cannot be written, when its condition turns or
@@ -303,5 +307,79 @@ async fn publish_not_in_place(ctx: &CompanionsContext, policy: &Policy, problems
     };
     if let Err(e) = ctx.recorder.publish(&event, &policy.object_ref(&())).await {
         warn!(policy = %policy.name_any(), error = %e, "recording event failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gatehouse_api::v1alpha1::{PolicySpec, PolicyStatus};
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(secs: i64) -> Time {
+        Time(Timestamp::from_second(secs).unwrap())
+    }
+
+    fn outcome(wanted: i64, in_place: i64, problems: &[&str]) -> Outcome {
+        Outcome {
+            counts: CompanionCounts { wanted, in_place },
+            problems: problems.iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn the_condition_is_written_when_it_changes_and_keeps_the_others() {
+        let mut policy = Policy::new("p", PolicySpec::default());
+        policy.metadata.generation = Some(2);
+        let ready = Condition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            reason: "EffectsOnly".into(),
+            message: String::new(),
+            observed_generation: Some(2),
+            last_transition_time: at(1),
+        };
+        policy.status = Some(PolicyStatus {
+            conditions: vec![ready.clone()],
+            ..Default::default()
+        });
+        let first = companions_conditions(
+            &policy,
+            &outcome(2, 1, &["ConfigMap a/b: forbidden"]),
+            at(10),
+        )
+        .unwrap();
+        assert_eq!(first[0], ready);
+        assert_eq!(
+            (
+                first[1].status.as_str(),
+                first[1].last_transition_time.clone()
+            ),
+            ("False", at(10))
+        );
+        policy.status.as_mut().unwrap().conditions = first;
+        policy.status.as_mut().unwrap().companions = Some(CompanionCounts {
+            wanted: 2,
+            in_place: 1,
+        });
+        assert_eq!(
+            companions_conditions(
+                &policy,
+                &outcome(2, 1, &["ConfigMap a/b: forbidden"]),
+                at(20)
+            ),
+            None,
+            "unchanged: no write"
+        );
+        let healed = companions_conditions(&policy, &outcome(2, 2, &[]), at(30)).unwrap();
+        assert_eq!(
+            (healed[1].status.as_str(), healed[1].message.as_str()),
+            ("True", "2 of 2 companions in place")
+        );
+        assert_eq!(healed[1].last_transition_time, at(30));
+        let many: Vec<String> = (0..7).map(|i| format!("p{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let capped = companions_conditions(&policy, &outcome(7, 0, &many), at(40)).unwrap();
+        assert_eq!(capped[1].message, "p0; p1; p2; p3; p4; and 2 more");
     }
 }
