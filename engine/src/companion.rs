@@ -9,7 +9,7 @@ use gatehouse_api::v1alpha1::{COMPANION_POLICY_LABEL, COMPANION_TRIGGER_LABEL, O
 use gatehouse_cel::k8s_names::{is_dns1123_label, is_dns1123_subdomain};
 use gatehouse_cel::{self as cel, Activation, CelError, Site};
 
-use super::policy::Problem;
+use super::problem::{Problem, check_k8s_name};
 
 /// Fields of a companion's metadata a template or a computed field may set.
 const SETTABLE_METADATA: [&str; 4] = ["name", "namespace", "labels", "annotations"];
@@ -88,16 +88,18 @@ pub fn check(
     }
     check_metadata(path, effect, problems);
     if let Some(source) = &effect.clone_from {
-        check_name(
+        check_k8s_name(
             &format!("{path}.cloneFrom.name"),
             &source.name,
+            "name",
             is_dns1123_subdomain,
             problems,
         );
         if !source.namespace.is_empty() {
-            check_name(
+            check_k8s_name(
                 &format!("{path}.cloneFrom.namespace"),
                 &source.namespace,
+                "namespace name",
                 is_dns1123_label,
                 problems,
             );
@@ -129,7 +131,13 @@ fn check_metadata(path: &str, effect: &ObjectEffect, problems: &mut Vec<Problem>
     }
     let named_by_field = effect.fields.iter().any(|f| f.path == "metadata.name");
     match metadata["name"].as_str() {
-        Some(name) => check_name(&at("metadata.name"), name, is_dns1123_subdomain, problems),
+        Some(name) => check_k8s_name(
+            &at("metadata.name"),
+            name,
+            "name",
+            is_dns1123_subdomain,
+            problems,
+        ),
         None if named_by_field => {}
         None => problems.push(Problem::new(
             at("metadata.name"),
@@ -137,9 +145,10 @@ fn check_metadata(path: &str, effect: &ObjectEffect, problems: &mut Vec<Problem>
         )),
     }
     if let Some(namespace) = metadata["namespace"].as_str() {
-        check_name(
+        check_k8s_name(
             &at("metadata.namespace"),
             namespace,
+            "namespace name",
             is_dns1123_label,
             problems,
         );
@@ -246,19 +255,6 @@ fn settable(path: &[String], template: &Value, cloned: bool) -> Result<(), Strin
         }
     }
     Ok(())
-}
-
-fn check_name(
-    path: &str,
-    value: &str,
-    validate: fn(&str) -> Result<(), Vec<String>>,
-    problems: &mut Vec<Problem>,
-) {
-    if let Err(messages) = validate(value) {
-        for message in messages {
-            problems.push(Problem::new(path, format!("{value:?}: {message}")));
-        }
-    }
 }
 
 /// The stored object a companion is made for.

@@ -25,6 +25,7 @@ pub mod matcher;
 pub mod merge;
 pub mod mutate;
 pub mod policy;
+pub mod problem;
 
 pub use admission::{
     Phase, Request, Response, ReviewError, Status, admit_one, admit_policy_object, encoded_review,

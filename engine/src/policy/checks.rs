@@ -1,6 +1,7 @@
 //! The checks [`validate`](super::validate) makes: each problem with the field path a user has
 //! to edit, and every expression compiled on the way.
 use super::*;
+use crate::problem::check_k8s_name;
 
 /// The checks, compiling each expression on the way: the programs are only returned when every
 /// expression compiled.
@@ -363,25 +364,6 @@ fn check_qualified_name(path: &str, name: &str, problems: &mut Vec<Problem>) {
 
 fn check_label_value(path: &str, value: &str, problems: &mut Vec<Problem>) {
     check_k8s_name(path, value, "label value", is_label_value, problems);
-}
-
-/// One problem at `path` for each message the Kubernetes validator `validate` gives `value`,
-/// saying which kind of name (`what`) it is not.
-fn check_k8s_name(
-    path: &str,
-    value: &str,
-    what: &str,
-    validate: fn(&str) -> Result<(), Vec<String>>,
-    problems: &mut Vec<Problem>,
-) {
-    if let Err(messages) = validate(value) {
-        for message in messages {
-            problems.push(Problem::new(
-                path,
-                format!("{value:?} is not a valid {what}: {message}"),
-            ));
-        }
-    }
 }
 
 fn check_rules(spec: &PolicySpec, problems: &mut Vec<Problem>) {

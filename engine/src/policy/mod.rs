@@ -26,30 +26,10 @@ mod checks;
 
 use checks::analyse;
 
+pub use crate::problem::Problem;
+
 /// The API server refuses a webhook entry with more match conditions than this.
 pub const MAX_MATCH_CONDITIONS: usize = 64;
-
-/// One thing wrong with a Policy, at a field path such as `spec.validate[0].expression`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Problem {
-    pub path: String,
-    pub message: String,
-}
-
-impl Problem {
-    pub(crate) fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
-        Problem {
-            path: path.into(),
-            message: message.into(),
-        }
-    }
-}
-
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path, self.message)
-    }
-}
 
 /// A Policy that [`compile`] refused, with every problem [`validate`] found.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

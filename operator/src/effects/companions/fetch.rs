@@ -4,17 +4,33 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use kube::ResourceExt;
 use kube::core::ApiResource;
+use kube::{Client, ResourceExt};
 use serde_json::Value;
+use tokio::sync::Notify;
 
-use super::pass::LeaderState;
+use super::kinds::Kinds;
 use super::plan::{LivePolicy, PreparedEffect, TriggerObjects};
-use super::watches::WatchKey;
+use super::watches::{WatchKey, Watches};
 use super::{has_companions, holds_finalizer, resource_of};
 use crate::audit::judge::{AuditedKind, audit_copy};
 use gatehouse_api::v1alpha1::{COMPANION_POLICY_LABEL, ObjectEffect, Policy};
 use gatehouse_engine::companion;
+
+/// What one leader term keeps between passes.
+pub struct LeaderState {
+    pub(super) kinds: Kinds,
+    pub(super) watches: Watches,
+}
+
+impl LeaderState {
+    pub fn new(client: Client, trigger: Arc<Notify>) -> Self {
+        LeaderState {
+            kinds: Kinds::new(client.clone()),
+            watches: Watches::new(client, trigger),
+        }
+    }
+}
 
 /// What the fetch step made of the Policies.
 #[derive(Default)]

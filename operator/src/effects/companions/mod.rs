@@ -175,7 +175,7 @@ struct CompanionsKind<'a> {
 
 impl EffectKind for CompanionsKind<'_> {
     /// The term's discovery answers and watches, started by its first pass.
-    type Memory = Option<pass::LeaderState>;
+    type Memory = Option<fetch::LeaderState>;
     type Error = CompanionsError;
     const NAME: &'static str = "companions";
 
@@ -185,7 +185,7 @@ impl EffectKind for CompanionsKind<'_> {
         leader: &watch::Receiver<Leadership>,
     ) -> Result<Next, CompanionsError> {
         let state = memory.get_or_insert_with(|| {
-            pass::LeaderState::new(self.ctx.client.clone(), self.trigger.clone())
+            fetch::LeaderState::new(self.ctx.client.clone(), self.trigger.clone())
         });
         pass::run_pass(self.ctx, &self.caches, state, leader).await
     }

@@ -3,16 +3,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
+use kube::ResourceExt;
 use kube::core::ApiResource;
-use kube::{Client, ResourceExt};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::warn;
 
-use super::fetch::{Fetched, fetch};
-use super::kinds::Kinds;
+use super::fetch::{Fetched, LeaderState, fetch};
 use super::plan::{CompanionKey, Plan, StoredCompanion, World, plan};
-use super::watches::{WatchKey, Watches};
+use super::watches::WatchKey;
 use super::writes::{self, Outcome};
 use super::{
     Caches, CompanionsContext, CompanionsError, WRITES_IN_FLIGHT, has_companions, holds_finalizer,
@@ -21,21 +20,6 @@ use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::Next;
 use gatehouse_api::v1alpha1::{COMPANION_POLICY_LABEL, CompanionCounts, Policy};
 use gatehouse_engine::policy::gates_companions;
-
-/// What one leader term keeps between passes.
-pub struct LeaderState {
-    pub(super) kinds: Kinds,
-    pub(super) watches: Watches,
-}
-
-impl LeaderState {
-    pub fn new(client: Client, trigger: Arc<Notify>) -> Self {
-        LeaderState {
-            kinds: Kinds::new(client.clone()),
-            watches: Watches::new(client, trigger),
-        }
-    }
-}
 
 /// Runs one pass; returns when to look again.
 pub async fn run_pass(

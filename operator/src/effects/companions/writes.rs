@@ -76,12 +76,8 @@ pub async fn delete(
         api(ctx, resource, key.namespace.as_deref()).delete(&key.name, &params),
     )
     .await?;
-    Ok(match deleted {
-        Ok(_) => Ok(()),
-        // Gone already, or another object by now: nothing of ours to delete.
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
-        Err(e) => Err(reason(&e)),
-    })
+    // Gone already, or another object by now: nothing of ours to delete.
+    Ok(settled(deleted, &[404, 409]))
 }
 
 /// Removes Gatehouse's labels from a companion a deleted Policy keeps: nothing collects it
@@ -107,11 +103,7 @@ pub async fn release(
         ),
     )
     .await?;
-    Ok(match released {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
-        Err(e) => Err(reason(&e)),
-    })
+    Ok(settled(released, &[404, 409]))
 }
 
 /// Removes the companions gate from a Pod whose companions all exist, only if it is still the
@@ -142,12 +134,19 @@ pub async fn ungate(
         ),
     )
     .await?;
-    Ok(match written {
+    // Gone, another Pod, or the gate moved: the next pass sees it as it is now.
+    Ok(settled(written, &[404, 409, 422]))
+}
+
+/// A write's outcome as the pass counts it: done, or done already when the API server answers
+/// one of `settled_by` (the object gone, or changed so that the write no longer applies), or the
+/// API server's reason.
+fn settled<T>(written: Result<T, kube::Error>, settled_by: &[u16]) -> Result<(), String> {
+    match written {
         Ok(_) => Ok(()),
-        // Gone, another Pod, or the gate moved: the next pass sees it as it is now.
-        Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409 | 422) => Ok(()),
+        Err(kube::Error::Api(e)) if settled_by.contains(&e.code) => Ok(()),
         Err(e) => Err(reason(&e)),
-    })
+    }
 }
 
 /// The API server's message, or the error's chain.
