@@ -167,6 +167,29 @@ async fn namespaces_get_their_companions_kept_in_sync_and_collected() {
             uid(&reverted) == uid(&back),
             "the quota was re-created, not updated"
         );
+        // A trigger update that changes nothing the companions say writes nothing.
+        let versions = |q: &Value| {
+            q["metadata"]["resourceVersion"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        };
+        let before = versions(
+            &companion(cluster, first, KINDS[0])
+                .await?
+                .context("netpol")?,
+        );
+        cluster
+            .kubectl_ok(["annotate", "namespace", first, "touched=yes"], None)
+            .await?;
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        let after = companion(cluster, first, KINDS[0])
+            .await?
+            .context("the netpol went on a no-op update")?;
+        ensure!(
+            versions(&after) == before,
+            "a no-op trigger update rewrote the companion"
+        );
         // The template edited: companions updated in place.
         let uids: BTreeMap<String, String> = {
             let mut uids = BTreeMap::new();
