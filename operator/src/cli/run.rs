@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use kube::runtime::events::{Recorder, Reporter};
 use prometheus_client::registry::Registry;
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
 use tracing::{error, info};
 
 use crate::audit::{self, AuditConfig, AuditContext, AuditMetrics};
@@ -317,8 +317,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         leader_rx.clone(),
         stopped(),
     );
-    let (namespaces, namespaces_watch) = webhook::Namespaces::watch(process.client.clone());
-    let effects = process.effects(&args, &loops, &namespaces, blocked, &mut registry)?;
+    // A Namespace's labels decide which of its objects get companions: their changes wake
+    // the companions loop.
+    let companions_trigger = Arc::new(Notify::new());
+    let (namespaces, namespaces_watch) =
+        webhook::Namespaces::watch(process.client.clone(), vec![companions_trigger.clone()]);
+    let effects = process.effects(
+        &args,
+        &loops,
+        &namespaces,
+        companions_trigger,
+        blocked,
+        &mut registry,
+    )?;
     let audit_context = AuditContext {
         client: process.client.clone(),
         namespaces: namespaces.clone(),
@@ -363,6 +374,7 @@ impl Process {
         args: &RunArgs,
         loops: &Arc<ReconcileMetrics>,
         namespaces: &webhook::Namespaces,
+        companions_trigger: Arc<Notify>,
         blocked: BlockedPolicies,
         registry: &mut Registry,
     ) -> anyhow::Result<EffectsContexts> {
@@ -375,8 +387,9 @@ impl Process {
         };
         let companions = CompanionsContext {
             namespaces: namespaces
-                .store()
-                .context("the webhook's Namespace reflector")?,
+                .table()
+                .context("the webhook's Namespace labels")?,
+            trigger: companions_trigger,
             client: self.client.clone(),
             blocked,
             loops: loops.clone(),

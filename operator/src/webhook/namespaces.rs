@@ -4,12 +4,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Namespace;
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::core::PartialObjectMeta;
+use kube::runtime::watcher::{self, watcher};
 use kube::{Api, Client, ResourceExt};
 use tokio::sync::Notify;
 
-use crate::runtime::reconcile::reflect;
+use crate::runtime::table::{ObjectName, Table, feed};
+
+/// The labels of every Namespace by name: all the process keeps of them.
+pub type NamespaceLabels = Table<Arc<BTreeMap<String, String>>>;
 
 /// Why the labels of a Namespace that does not exist are unknown.
 pub const NO_SUCH_NAMESPACE: &str = "no such Namespace";
@@ -17,11 +20,11 @@ pub const NO_SUCH_NAMESPACE: &str = "no such Namespace";
 /// Where the labels come from.
 #[derive(Clone)]
 pub enum Namespaces {
-    /// A reflector of the cluster's Namespaces (a label change is seen within the watch's
-    /// latency), and a client to read one created after the last event, as the API server's
-    /// own matcher does when its informer has not seen a Namespace yet.
+    /// The labels of the cluster's Namespaces from a metadata watch (a label change is seen
+    /// within the watch's latency), and a client to read one created after the last event, as
+    /// the API server's own matcher does when its informer has not seen a Namespace yet.
     Cluster {
-        store: Store<Namespace>,
+        labels: NamespaceLabels,
         client: Client,
     },
     /// Fixed labels by Namespace name (in-process tests and benchmarks).
@@ -35,21 +38,25 @@ impl Default for Namespaces {
 }
 
 impl Namespaces {
-    /// The reflector of every Namespace, and the future that drives its watch.
-    pub fn watch(client: Client) -> (Self, impl Future<Output = ()> + Send) {
-        // Nothing waits on changes: each request reads the store.
-        let (store, watch) = reflect::<Namespace>(
-            client.clone(),
-            watcher::Config::default(),
-            Arc::new(Notify::new()),
-        );
-        (Namespaces::Cluster { store, client }, watch)
+    /// The labels of every Namespace, and the future that drives their watch, poking each of
+    /// `triggers` on every change.
+    pub fn watch(
+        client: Client,
+        triggers: Vec<Arc<Notify>>,
+    ) -> (Self, impl Future<Output = ()> + Send) {
+        let labels = NamespaceLabels::default();
+        let api: Api<PartialObjectMeta<Namespace>> = Api::all(client.clone());
+        let stream = watcher(api, watcher::Config::default());
+        let watch = feed(labels.clone(), stream, triggers, "Namespace".into(), |ns| {
+            Arc::new(ns.metadata.labels.unwrap_or_default())
+        });
+        (Namespaces::Cluster { labels, client }, watch)
     }
 
-    /// The reflector's store, shared with the loops that read Namespaces too.
-    pub fn store(&self) -> Option<Store<Namespace>> {
+    /// The labels table, shared with the loops that read Namespaces too.
+    pub fn table(&self) -> Option<NamespaceLabels> {
         match self {
-            Namespaces::Cluster { store, .. } => Some(store.clone()),
+            Namespaces::Cluster { labels, .. } => Some(labels.clone()),
             Namespaces::Fixed(_) => None,
         }
     }
@@ -61,9 +68,9 @@ impl Namespaces {
                 .get(name)
                 .cloned()
                 .ok_or_else(|| NO_SUCH_NAMESPACE.to_string()),
-            Namespaces::Cluster { store, client } => {
-                if let Some(ns) = store.get(&ObjectRef::new(name)) {
-                    return Ok(ns.labels().clone());
+            Namespaces::Cluster { labels, client } => {
+                if let Some(found) = labels.get(&ObjectName::cluster(name)) {
+                    return Ok(found.as_ref().clone());
                 }
                 let api: Api<Namespace> = Api::all(client.clone());
                 match api.get_metadata_opt(name).await {

@@ -291,7 +291,7 @@ fn read_watches(
                 Some(found) => Some(
                     found
                         .first()
-                        .and_then(|o| serde_json::to_value(o.as_ref()).ok())
+                        .and_then(|text| serde_json::from_str(text).ok())
                         .unwrap_or(Value::Null),
                 ),
                 None => {

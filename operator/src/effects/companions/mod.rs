@@ -11,7 +11,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Namespace;
 use kube::core::ApiResource;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
@@ -26,6 +25,7 @@ use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::{
     Failure, Next, NotLeading, Pacing, ReconcileMetrics, Window, reflect,
 };
+use crate::webhook::NamespaceLabels;
 use gatehouse_api::v1alpha1::{COMPANIONS_FINALIZER, Policy};
 
 pub use blocked::BlockedPolicies;
@@ -53,8 +53,11 @@ const WRITES_IN_FLIGHT: usize = 32;
 /// What the loop needs, passed explicitly.
 pub struct CompanionsContext {
     pub client: Client,
-    /// The process's one Namespace reflector (the webhook's), for namespaceSelectors.
-    pub namespaces: Store<Namespace>,
+    /// The labels of the process's one Namespace watch (the webhook's), for
+    /// namespaceSelectors; it pokes `trigger` on every change.
+    pub namespaces: NamespaceLabels,
+    /// What wakes the loop: its watches' events and the Namespaces'.
+    pub trigger: Arc<Notify>,
     /// What the Policy controller reads into `Ready=False`.
     pub blocked: BlockedPolicies,
     pub loops: Arc<ReconcileMetrics>,
@@ -125,7 +128,7 @@ impl Failure for CompanionsError {
 /// The caches every replica keeps.
 struct Caches {
     policies: Store<Policy>,
-    namespaces: Store<Namespace>,
+    namespaces: NamespaceLabels,
 }
 
 /// Runs the loop until `shutdown`. Only the leader watches the kinds its Policies name and
@@ -135,7 +138,7 @@ pub async fn run(
     mut leader: watch::Receiver<Leadership>,
     shutdown: impl std::future::Future<Output = ()>,
 ) {
-    let trigger = Arc::new(Notify::new());
+    let trigger = ctx.trigger.clone();
     let all = watcher::Config::default;
     let (policies, policies_watch) = reflect::<Policy>(ctx.client.clone(), all(), trigger.clone());
     let caches = Caches {
@@ -146,7 +149,7 @@ pub async fn run(
     let work = async {
         let _ = tokio::join!(
             caches.policies.wait_until_ready(),
-            caches.namespaces.wait_until_ready()
+            caches.namespaces.wait_until_listed()
         );
         let mut kind = CompanionsKind {
             ctx: &ctx,

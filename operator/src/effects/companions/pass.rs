@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::fetch::{Fetched, LeaderState, fetch};
-use super::plan::{CompanionKey, Plan, StoredCompanion, World, plan};
+use super::plan::{CompanionKey, Plan, StoredCompanion, StoredMetadata, World, plan};
 use super::watches::WatchKey;
 use super::writes::{self, Outcome};
 use super::{
@@ -18,7 +18,10 @@ use super::{
 };
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::Next;
-use gatehouse_api::v1alpha1::{COMPANION_POLICY_LABEL, CompanionCounts, Policy};
+use crate::runtime::table::ObjectName;
+use gatehouse_api::v1alpha1::{
+    COMPANION_POLICY_LABEL, COMPANION_TRIGGER_LABEL, CompanionCounts, Policy,
+};
 use gatehouse_engine::policy::gates_companions;
 
 /// Runs one pass; returns when to look again.
@@ -36,12 +39,7 @@ pub async fn run_pass(
     }
     let fetched = fetch(&policies, state).await;
     ctx.blocked.replace(fetched.problems.clone());
-    let namespaces: BTreeMap<String, BTreeMap<String, String>> = caches
-        .namespaces
-        .state()
-        .iter()
-        .map(|ns| (ns.name_any(), ns.labels().clone()))
-        .collect();
+    let labels_of = |name: &str| caches.namespaces.get(&ObjectName::cluster(name));
     // Until every companion watch has listed, nothing is known of what exists: no apply (all
     // would look missing), no delete, no finalizer released.
     let Some(stored) = stored_companions(state, &fetched.companion_kinds) else {
@@ -50,7 +48,7 @@ pub async fn run_pass(
     let mut plan = plan(
         &fetched.live,
         &World {
-            namespaces: &namespaces,
+            namespaces: &labels_of,
             stored: &stored,
             deleting: &fetched.deleting,
             unplanned: &fetched.unplanned,
@@ -74,7 +72,9 @@ pub async fn run_pass(
     let remaining = remaining_by_policy(&stored, &plan);
     release_finalizers(ctx, &policies, &fetched, &remaining, leader).await?;
     write_statuses(ctx, &policies, &fetched, &mut plan, &applied, leader).await?;
-    Ok(if fetched.waiting {
+    Ok(if plan.more {
+        Next::By(Instant::now())
+    } else if fetched.waiting {
         Next::By(Instant::now() + WATCH_WAIT)
     } else {
         Next::Resync
@@ -146,20 +146,36 @@ fn stored_companions(
     let mut stored = Vec::new();
     for ((api_version, kind), resource) in kinds {
         let key = WatchKey::all(resource, Some(COMPANION_POLICY_LABEL));
-        for object in state.watches.objects(&key)? {
+        for json in state.watches.objects(&key)? {
+            let Ok(Stored { mut metadata }) = serde_json::from_str::<Stored>(&json) else {
+                continue;
+            };
+            let mut label = |name: &str| metadata.labels.remove(name).unwrap_or_default();
+            let (policy_uid, trigger_uid) = (
+                label(COMPANION_POLICY_LABEL),
+                label(COMPANION_TRIGGER_LABEL),
+            );
             stored.push(StoredCompanion {
                 key: CompanionKey {
                     api_version: api_version.clone(),
                     kind: kind.clone(),
-                    namespace: object.metadata.namespace.clone(),
-                    name: object.name_any(),
+                    namespace: metadata.namespace,
+                    name: metadata.name,
                 },
-                uid: object.uid().unwrap_or_default(),
-                object,
+                uid: metadata.uid,
+                policy_uid,
+                trigger_uid,
+                json,
             });
         }
     }
     Some(stored)
+}
+
+/// What a pass reads of a stored companion's text before it is compared.
+#[derive(serde::Deserialize)]
+struct Stored {
+    metadata: StoredMetadata,
 }
 
 /// What the apply step got in place.
@@ -284,7 +300,7 @@ fn remaining_by_policy(stored: &[StoredCompanion], plan: &Plan) -> BTreeSet<Stri
     stored
         .iter()
         .filter(|s| !gone.contains(s.uid.as_str()))
-        .map(|s| s.label(COMPANION_POLICY_LABEL).to_string())
+        .map(|s| s.policy_uid.clone())
         .filter(|uid| !uid.is_empty())
         .collect()
 }

@@ -3,11 +3,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use kube::api::DynamicObject;
 use serde_json::Value;
 
+use super::watches::StoredJson;
+
 use crate::audit::judge::{AuditedKind, audit_request};
-use gatehouse_api::v1alpha1::{COMPANION_POLICY_LABEL, COMPANION_TRIGGER_LABEL, COMPANIONS_GATE};
+use gatehouse_api::v1alpha1::COMPANIONS_GATE;
 use gatehouse_engine::companion::{self, CompiledObjectEffect, RenderInput, Trigger};
 use gatehouse_engine::matcher::{self, Namespace};
 use gatehouse_engine::policy::CompiledPolicy;
@@ -57,7 +58,7 @@ pub struct PreparedEffect {
 /// The stored objects of one trigger kind.
 pub struct TriggerObjects {
     pub kind: AuditedKind,
-    pub objects: Vec<Arc<DynamicObject>>,
+    pub objects: Vec<StoredJson>,
 }
 
 /// A live Policy with object effects, ready to plan.
@@ -70,48 +71,44 @@ pub struct LivePolicy {
     pub triggers: Vec<TriggerObjects>,
 }
 
-/// A stored companion, as the companion watches have it (shared with their store, not copied).
+/// A stored companion, as the companion watches have it (its text shared with their table).
 #[derive(Clone, Debug)]
 pub struct StoredCompanion {
     pub key: CompanionKey,
     pub uid: String,
-    pub object: Arc<DynamicObject>,
+    /// The UID of its Policy (label `gatehouse.dev/companion-of-policy`).
+    pub policy_uid: String,
+    /// The UID of the object it was made for (label `gatehouse.dev/companion-of`).
+    pub trigger_uid: String,
+    pub json: StoredJson,
 }
 
 impl StoredCompanion {
-    /// The value of one of its labels, or "".
-    pub fn label(&self, label: &str) -> &str {
-        self.object
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|labels| labels.get(label))
-            .map_or("", String::as_str)
-    }
-
-    /// Whether it holds everything `desired` says ([`companion::in_place`]), compared part by
-    /// part: the metadata as JSON, the rest against the stored data itself.
+    /// Whether it holds everything `desired` says ([`companion::in_place`]); apiVersion and
+    /// kind are the key's, and a listed object's text may lack them.
     fn holds(&self, desired: &Value) -> bool {
-        let Some(fields) = desired.as_object() else {
+        let (Some(fields), Ok(Value::Object(stored))) = (
+            desired.as_object(),
+            serde_json::from_str::<Value>(&self.json),
+        ) else {
             return false;
         };
         fields.iter().all(|(field, value)| match field.as_str() {
             "apiVersion" | "kind" => true,
-            "metadata" => serde_json::to_value(&self.object.metadata)
-                .is_ok_and(|stored| companion::in_place(value, &stored)),
-            _ => self
-                .object
-                .data
+            _ => stored
                 .get(field)
                 .is_some_and(|stored| companion::in_place(value, stored)),
         })
     }
 }
 
+/// The labels of a Namespace by its name; `None` for one not seen.
+pub type LabelsOf<'a> = &'a dyn Fn(&str) -> Option<Arc<BTreeMap<String, String>>>;
+
 /// What the loop knows besides the live Policies.
 pub struct World<'a> {
     /// Labels of every Namespace, by name.
-    pub namespaces: &'a BTreeMap<String, BTreeMap<String, String>>,
+    pub namespaces: LabelsOf<'a>,
     /// Every stored companion of every kind a Policy names.
     pub stored: &'a [StoredCompanion],
     /// UIDs of the Policies being deleted, with the kinds (`apiVersion`, `kind`) whose
@@ -160,42 +157,63 @@ pub struct Plan {
     pub problems: BTreeMap<String, Vec<String>>,
     /// Pods at the companions gate whose companions are all known.
     pub gated: Vec<GatedPod>,
+    /// Whether companions beyond [`APPLIES_PER_PASS`] wait for the next pass.
+    pub more: bool,
 }
+
+/// How many companions one pass applies at most: what a pass holds rendered at once, and so
+/// the loop's memory, stays bounded however many triggers arrive together. The next pass
+/// follows at once.
+pub const APPLIES_PER_PASS: usize = 1000;
 
 /// Plans one pass.
 pub fn plan(policies: &[LivePolicy], world: &World<'_>) -> Plan {
     let mut plan = Plan::default();
     let stored: HashMap<&CompanionKey, &StoredCompanion> =
         world.stored.iter().map(|s| (&s.key, s)).collect();
-    let mut wanted: BTreeMap<CompanionKey, String> = BTreeMap::new();
+    let mut wanted: HashMap<CompanionKey, &str> = HashMap::new();
     // Companions of a trigger whose rendering failed stay as they are.
     let mut held: BTreeSet<(String, String)> = BTreeSet::new();
     let mut waiting: BTreeMap<String, Vec<CompanionKey>> = BTreeMap::new();
+    let mut problems = BTreeMap::new();
     for policy in policies {
-        let counts = plan.counts.entry(policy.name.clone()).or_default();
-        for desired in desired_of(policy, world, &mut plan.problems, &mut held) {
-            let waits = waiting.entry(desired.trigger.clone()).or_default();
+        let mut counts = (0, 0);
+        let mut duplicates = Vec::new();
+        let mut each = |desired: Desired| {
             if let Some(owner) = wanted.get(&desired.key) {
-                plan.problems
-                    .entry(policy.name.clone())
-                    .or_default()
-                    .push(format!(
-                        "{} is wanted by Policy {owner} already; names of companions must differ",
-                        desired.key
-                    ));
-                continue;
+                duplicates.push(format!(
+                    "{} is wanted by Policy {owner} already; names of companions must differ",
+                    desired.key
+                ));
+                return;
             }
-            wanted.insert(desired.key.clone(), policy.name.clone());
+            wanted.insert(desired.key.clone(), &policy.name);
             counts.0 += 1;
-            match stored.get(&desired.key) {
-                Some(s) if s.holds(&desired.object) => counts.1 += 1,
-                _ => {
-                    waits.push(desired.key.clone());
-                    plan.apply.push(desired);
-                }
+            if stored
+                .get(&desired.key)
+                .is_some_and(|s| s.holds(&desired.object))
+            {
+                counts.1 += 1;
+                return;
             }
+            waiting
+                .entry(desired.trigger.clone())
+                .or_default()
+                .push(desired.key.clone());
+            if plan.apply.len() < APPLIES_PER_PASS {
+                plan.apply.push(desired);
+            } else {
+                plan.more = true;
+            }
+        };
+        desired_of(policy, world, &mut problems, &mut held, &mut each);
+        if !duplicates.is_empty() {
+            let found: &mut Vec<String> = problems.entry(policy.name.clone()).or_default();
+            found.extend(duplicates);
         }
+        plan.counts.insert(policy.name.clone(), counts);
     }
+    plan.problems = problems;
     if !world.gating_unplanned {
         let blocked: BTreeSet<&str> = held.iter().map(|(_, trigger)| trigger.as_str()).collect();
         plan.gated = gated_pods(policies)
@@ -208,17 +226,15 @@ pub fn plan(policies: &[LivePolicy], world: &World<'_>) -> Plan {
             .collect();
     }
     for s in world.stored {
-        let policy_uid = s.label(COMPANION_POLICY_LABEL);
-        let trigger_uid = s.label(COMPANION_TRIGGER_LABEL);
         if wanted.contains_key(&s.key)
-            || world.unplanned.contains(policy_uid)
-            || held.contains(&(policy_uid.to_string(), trigger_uid.to_string()))
+            || world.unplanned.contains(&s.policy_uid)
+            || held.contains(&(s.policy_uid.clone(), s.trigger_uid.clone()))
         {
             continue;
         }
         let kept = world
             .deleting
-            .get(policy_uid)
+            .get(&s.policy_uid)
             .is_some_and(|kinds| kinds.contains(&(s.key.api_version.clone(), s.key.kind.clone())));
         if kept {
             plan.release.push(s.clone());
@@ -229,27 +245,28 @@ pub fn plan(policies: &[LivePolicy], world: &World<'_>) -> Plan {
     plan
 }
 
-/// The companions `policy` wants: one per effect for every live trigger it matches.
+/// Hands `each` the companions `policy` wants, one at a time: one per effect for every live
+/// trigger it matches. Each trigger is parsed from its text only while it is rendered.
 fn desired_of(
     policy: &LivePolicy,
     world: &World<'_>,
     problems: &mut BTreeMap<String, Vec<String>>,
     held: &mut BTreeSet<(String, String)>,
-) -> Vec<Desired> {
-    let mut desired = Vec::new();
+    each: &mut impl FnMut(Desired),
+) {
     let mut problem = |text: String| problems.entry(policy.name.clone()).or_default().push(text);
     for triggers in &policy.triggers {
         let api_version = triggers.kind.api_version();
-        for object in &triggers.objects {
-            if object.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
-            let Ok(value) = serde_json::to_value(object.as_ref()) else {
+        for text in &triggers.objects {
+            let Ok(value) = serde_json::from_str::<Value>(text) else {
                 continue;
             };
+            if !value["metadata"]["deletionTimestamp"].is_null() {
+                continue;
+            }
             let request = audit_request(&triggers.kind, &value);
-            let labels = world.namespaces.get(&request.namespace);
-            let namespace = match labels {
+            let labels = (world.namespaces)(&request.namespace);
+            let namespace = match &labels {
                 Some(labels) => Namespace::Labels(labels),
                 None if triggers.kind.namespaced || triggers.kind.is_namespace() => {
                     Namespace::Unknown("its Namespace is not in the cache yet")
@@ -281,7 +298,7 @@ fn desired_of(
                     clone_source: effect.clone_source.as_ref(),
                 };
                 match companion::render(&effect.compiled, trigger, input) {
-                    Ok(object) => desired.push(Desired {
+                    Ok(object) => each(Desired {
                         trigger: trigger.uid().to_string(),
                         key: CompanionKey::of(
                             effect.compiled.api_version(),
@@ -302,7 +319,6 @@ fn desired_of(
             }
         }
     }
-    desired
 }
 
 /// The live Pods at the companions gate among the triggers of `policies`, once each.
@@ -313,24 +329,60 @@ fn gated_pods(policies: &[LivePolicy]) -> Vec<GatedPod> {
         if !(triggers.kind.group.is_empty() && triggers.kind.kind == "Pod") {
             continue;
         }
-        for pod in &triggers.objects {
-            let gate_index = pod.data["spec"]["schedulingGates"]
-                .as_array()
-                .and_then(|gates| gates.iter().position(|g| g["name"] == COMPANIONS_GATE));
-            let uid = pod.metadata.uid.clone().unwrap_or_default();
+        for text in &triggers.objects {
+            let Ok(pod) = serde_json::from_str::<GatedPodFields>(text) else {
+                continue;
+            };
+            let gate_index = pod
+                .spec
+                .scheduling_gates
+                .iter()
+                .position(|gate| gate.name == COMPANIONS_GATE);
             let Some(gate_index) = gate_index else {
                 continue;
             };
-            if pod.metadata.deletion_timestamp.is_none() && seen.insert(uid.clone()) {
+            let metadata = pod.metadata;
+            if metadata.deletion_timestamp.is_none() && seen.insert(metadata.uid.clone()) {
                 gated.push(GatedPod {
                     gate_index,
-                    namespace: pod.metadata.namespace.clone().unwrap_or_default(),
-                    name: pod.metadata.name.clone().unwrap_or_default(),
-                    uid,
+                    namespace: metadata.namespace.unwrap_or_default(),
+                    name: metadata.name,
+                    uid: metadata.uid,
                     waiting_for: Vec::new(),
                 });
             }
         }
     }
     gated
+}
+
+/// What [`gated_pods`] reads of a Pod's text: the rest is skipped unparsed.
+#[derive(serde::Deserialize)]
+struct GatedPodFields {
+    metadata: StoredMetadata,
+    #[serde(default)]
+    spec: GatedPodSpec,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct GatedPodSpec {
+    #[serde(default)]
+    scheduling_gates: Vec<GateName>,
+}
+
+#[derive(serde::Deserialize)]
+struct GateName {
+    name: String,
+}
+
+/// The metadata a pass reads of a stored object's text.
+#[derive(serde::Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+pub struct StoredMetadata {
+    pub name: String,
+    pub namespace: Option<String>,
+    pub uid: String,
+    pub deletion_timestamp: Option<String>,
+    pub labels: BTreeMap<String, String>,
 }

@@ -1,19 +1,21 @@
 //! The kinds the companions loop watches change with the Policies: triggers, companions and
-//! clone sources of any kind discovery serves. Each is a reflector of [`DynamicObject`]s,
-//! started when a Policy first needs it and stopped when none does.
+//! clone sources of any kind discovery serves. Each is a table of the objects' JSON text,
+//! started when a Policy first needs it and stopped when none does; a pass parses one object
+//! at a time, so the loop never holds every object as a tree at once.
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use futures::TryStreamExt;
 use kube::api::{Api, DynamicObject};
 use kube::core::ApiResource;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher::{self, watcher};
 use kube::{Client, ResourceExt};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
-use tracing::warn;
+
+use crate::runtime::table::{Table, feed};
+
+/// A watched object's JSON text.
+pub type StoredJson = Arc<str>;
 
 /// One watch: a kind, optionally one namespace and selectors.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -49,10 +51,9 @@ impl WatchKey {
     }
 }
 
-/// A running watch and whether its first list is in.
+/// A running watch and its table.
 struct Running {
-    store: Store<DynamicObject>,
-    ready: Arc<AtomicBool>,
+    table: Table<StoredJson>,
     task: JoinHandle<()>,
 }
 
@@ -94,12 +95,9 @@ impl Watches {
     }
 
     /// The objects of `key`'s watch, once its first list is in.
-    pub fn objects(&self, key: &WatchKey) -> Option<Vec<Arc<DynamicObject>>> {
+    pub fn objects(&self, key: &WatchKey) -> Option<Vec<StoredJson>> {
         let running = self.running.get(key)?;
-        running
-            .ready
-            .load(Ordering::Acquire)
-            .then(|| running.store.state())
+        running.table.is_listed().then(|| running.table.values())
     }
 
     fn start(&self, key: &WatchKey, resource: &ApiResource) -> Running {
@@ -114,40 +112,23 @@ impl Watches {
         if let Some(fields) = &key.fields {
             config = config.fields(fields);
         }
-        let writer = reflector::store::Writer::new(resource.clone());
-        let store = writer.as_reader();
-        let ready = Arc::new(AtomicBool::new(false));
-        let stream = reflector::reflector(writer, watcher(api, config))
-            .modify(|o| o.managed_fields_mut().clear())
-            .default_backoff();
-        let trigger = self.trigger.clone();
-        let kind = key.kind.clone();
-        let (readiness, reader) = (ready.clone(), store.clone());
-        let task = tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            let waiting = async {
-                // The writer lives in the stream: it is dropped only when the task ends.
-                let _ = reader.wait_until_ready().await;
-                readiness.store(true, Ordering::Release);
-                trigger.notify_one();
-                std::future::pending::<()>().await;
-            };
-            let events = async {
-                loop {
-                    match stream.try_next().await {
-                        Ok(Some(_)) => trigger.notify_one(),
-                        Ok(None) => return,
-                        Err(e) => warn!(%kind, error = %e, "companions watch failed; backing off"),
-                    }
-                }
-            };
-            tokio::select! {
-                () = waiting => {}
-                () = events => {}
-            }
-        });
-        Running { store, ready, task }
+        let table = Table::default();
+        let task = tokio::spawn(feed(
+            table.clone(),
+            watcher(api, config),
+            vec![self.trigger.clone()],
+            key.kind.clone(),
+            compact,
+        ));
+        Running { table, task }
     }
+}
+
+/// An object as its JSON text without managedFields: a tenth of its size as a tree of maps.
+fn compact(mut object: DynamicObject) -> StoredJson {
+    object.managed_fields_mut().clear();
+    // A DynamicObject is JSON already: writing it out cannot fail.
+    serde_json::to_string(&object).map_or_else(|_| Arc::from("null"), Arc::from)
 }
 
 impl Drop for Watches {
