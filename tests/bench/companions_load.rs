@@ -214,12 +214,14 @@ async fn main() -> anyhow::Result<()> {
     let in_place = started.elapsed();
     tokio::time::sleep(Duration::from_secs(25)).await;
     let with = gh.rss_kib().context("no RSS")?;
+    let lazy = gh.lazy_free_kib().unwrap_or(0);
     println!(
-        "5. {many} Namespaces: Gatehouse RSS {:.1} MiB without the Policy; with it ({} companions, in place after {:.0} s) {:.1} MiB",
+        "5. {many} Namespaces: Gatehouse RSS {:.1} MiB without the Policy; with it ({} companions, in place after {:.0} s) {:.1} MiB, of which {:.1} MiB lazily freed",
         without as f64 / 1024.0,
         2 * many,
         in_place.as_secs_f64(),
-        with as f64 / 1024.0
+        with as f64 / 1024.0,
+        lazy as f64 / 1024.0
     );
     Ok(())
 }

@@ -108,7 +108,13 @@ async fn namespaces_get_their_companions_kept_in_sync_and_collected() {
             let p = get_json(cluster, &["policy", &policy])
                 .await?
                 .context("policy")?;
-            Ok((p["status"]["companions"] == json!({"wanted": 60, "inPlace": 60})).then_some(p))
+            let kinds = json!([
+                "networking.k8s.io/v1/NetworkPolicy",
+                "rbac.authorization.k8s.io/v1/RoleBinding",
+                "v1/ResourceQuota"
+            ]);
+            let counts = json!({"wanted": 60, "inPlace": 60, "kinds": kinds});
+            Ok((p["status"]["companions"] == counts).then_some(p))
         })
         .await?;
         ensure!(
@@ -203,7 +209,7 @@ async fn namespaces_get_their_companions_kept_in_sync_and_collected() {
         };
         let mut edited = provisioning(&label);
         edited["effects"][1]["object"]["template"]["spec"]["hard"]["pods"] = json!("20");
-        apply(cluster, &policy_object(&policy, edited)).await?;
+        apply(cluster, &policy_object(&policy, edited.clone())).await?;
         await_condition("every quota at 20 Pods, same objects", WAIT, || async {
             for ns in &names {
                 let q = companion(cluster, ns, KINDS[1]).await?.context("quota")?;
@@ -213,6 +219,23 @@ async fn namespaces_get_their_companions_kept_in_sync_and_collected() {
                 ensure!(uid(&q) == uids[ns], "the quota of {ns} was re-created");
             }
             Ok(Some(()))
+        })
+        .await?;
+        // An effect dropped: its kind's companions are swept, and the kind leaves the status.
+        let mut dropped = edited;
+        dropped["effects"].as_array_mut().context("effects")?.pop();
+        apply(cluster, &policy_object(&policy, dropped)).await?;
+        await_condition("every RoleBinding swept", WAIT, || async {
+            for ns in &names {
+                if companion(cluster, ns, KINDS[2]).await?.is_some() {
+                    return Ok(None);
+                }
+            }
+            let p = get_json(cluster, &["policy", &policy])
+                .await?
+                .context("policy")?;
+            let kinds = json!(["networking.k8s.io/v1/NetworkPolicy", "v1/ResourceQuota"]);
+            Ok((p["status"]["companions"]["kinds"] == kinds).then_some(()))
         })
         .await?;
         // The trigger's label removed: its companions go.

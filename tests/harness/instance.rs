@@ -385,6 +385,16 @@ impl Gatehouse {
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
     }
 
+    /// Of [`Self::rss_kib`], what the allocator has given back lazily (`MADV_FREE`): counted
+    /// until the kernel needs the pages, which it then takes without asking.
+    pub fn lazy_free_kib(&self) -> Option<u64> {
+        let rollup = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", self.pid()?)).ok()?;
+        rollup
+            .lines()
+            .find_map(|l| l.strip_prefix("LazyFree:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+    }
+
     /// The `/metrics` text.
     pub async fn metrics(&self) -> anyhow::Result<String> {
         let (code, body) = http_get(self.admin_port, "/metrics").await?;

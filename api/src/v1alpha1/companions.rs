@@ -83,14 +83,30 @@ pub struct CloneSource {
     pub name: String,
 }
 
-/// How many companions a Policy's object effects want, and how many are in place.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+/// How many companions a Policy's object effects want, how many are in place, and of which
+/// kinds it has any.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CompanionCounts {
     /// Companions the stored objects the Policy selects call for.
     pub wanted: i64,
     /// Of those, the ones that exist as the Policy says.
     pub in_place: i64,
+    /// The kinds (`<apiVersion>/<kind>`) its object effects name or its companions still are:
+    /// a kind the Policy stops naming is swept until none of its companions is left.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kinds: Vec<String>,
+}
+
+/// How `status.companions.kinds` names the kind `kind` of `api_version`.
+pub fn companion_kind_name(api_version: &str, kind: &str) -> String {
+    format!("{api_version}/{kind}")
+}
+
+/// The `(apiVersion, kind)` of a name in `status.companions.kinds`.
+pub fn parse_companion_kind(name: &str) -> Option<(&str, &str)> {
+    let (api_version, kind) = name.rsplit_once('/')?;
+    (!api_version.is_empty() && !kind.is_empty()).then_some((api_version, kind))
 }
 
 fn embedded_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {

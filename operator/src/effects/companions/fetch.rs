@@ -14,7 +14,7 @@ use super::plan::{LivePolicy, PreparedEffect, TriggerObjects};
 use super::watches::{WatchKey, Watches};
 use super::{has_companions, holds_finalizer, resource_of};
 use crate::audit::judge::{AuditedKind, audit_copy};
-use gatehouse_api::v1alpha1::{COMPANION_POLICY_LABEL, ObjectEffect, Policy};
+use gatehouse_api::v1alpha1::{COMPANION_POLICY_LABEL, ObjectEffect, Policy, parse_companion_kind};
 use gatehouse_engine::companion;
 
 /// What one leader term keeps between passes.
@@ -122,6 +122,17 @@ async fn prepare(
             Err(found) => problems.extend(found),
         }
     }
+    let named: BTreeSet<(String, String)> = effects
+        .iter()
+        .map(|e| {
+            let compiled = &e.effect.compiled;
+            (
+                compiled.api_version().to_string(),
+                compiled.kind().to_string(),
+            )
+        })
+        .collect();
+    sweep_left_kinds(policy, &named, state, wanted, fetched).await;
     if policy.metadata.deletion_timestamp.is_some() || !has_companions(policy) {
         fetched.deleting.insert(uid, kept);
         return Ok(None);
@@ -214,6 +225,44 @@ async fn prepare_effect(
         clone_source: None,
     };
     Ok(EffectWatch { effect, source })
+}
+
+/// Watches the kinds `policy`'s status says it has companions of and its effects no longer
+/// name (`named`), so the pass collects those companions. A kind discovery no longer serves, or
+/// Gatehouse may not list, watch and delete, has none it could collect.
+async fn sweep_left_kinds(
+    policy: &Policy,
+    named: &BTreeSet<(String, String)>,
+    state: &mut LeaderState,
+    wanted: &mut BTreeMap<WatchKey, ApiResource>,
+    fetched: &mut Fetched,
+) {
+    let recorded = policy
+        .status
+        .as_ref()
+        .and_then(|s| s.companions.as_ref())
+        .map(|c| c.kinds.as_slice())
+        .unwrap_or_default();
+    for name in recorded {
+        let Some((api_version, kind_name)) = parse_companion_kind(name) else {
+            continue;
+        };
+        let key = (api_version.to_string(), kind_name.to_string());
+        if named.contains(&key) || fetched.companion_kinds.contains_key(&key) {
+            continue;
+        }
+        let Ok(kind) = state.kinds.companion(api_version, kind_name).await else {
+            continue;
+        };
+        let (group, plural) = (&kind.resource.group, &kind.resource.plural);
+        let verbs = ["list", "watch", "delete"];
+        if state.kinds.may(&verbs, group, plural, None).await.is_err() {
+            continue;
+        }
+        let companions = WatchKey::all(&kind.resource, Some(COMPANION_POLICY_LABEL));
+        wanted.insert(companions, kind.resource.clone());
+        fetched.companion_kinds.insert(key, kind.resource.clone());
+    }
 }
 
 /// The kinds `policy`'s rules name, each discovered, its list and watch checked and its watch

@@ -20,7 +20,7 @@ use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::Next;
 use crate::runtime::table::ObjectName;
 use gatehouse_api::v1alpha1::{
-    COMPANION_POLICY_LABEL, COMPANION_TRIGGER_LABEL, CompanionCounts, Policy,
+    COMPANION_POLICY_LABEL, COMPANION_TRIGGER_LABEL, CompanionCounts, Policy, companion_kind_name,
 };
 use gatehouse_engine::policy::gates_companions;
 
@@ -71,7 +71,12 @@ pub async fn run_pass(
     open_gates(ctx, &plan, &keys, leader).await?;
     let remaining = remaining_by_policy(&stored, &plan);
     release_finalizers(ctx, &policies, &fetched, &remaining, leader).await?;
-    write_statuses(ctx, &policies, &fetched, &mut plan, &applied, leader).await?;
+    let statuses = Statuses {
+        fetched: &fetched,
+        applied: &applied,
+        remaining: &remaining,
+    };
+    write_statuses(ctx, &policies, &statuses, &mut plan, leader).await?;
     Ok(if plan.more {
         Next::By(Instant::now())
     } else if fetched.waiting {
@@ -87,7 +92,7 @@ async fn release_finalizers(
     ctx: &CompanionsContext,
     policies: &[Arc<Policy>],
     fetched: &Fetched,
-    remaining: &BTreeSet<String>,
+    remaining: &BTreeMap<String, BTreeSet<String>>,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<(), CompanionsError> {
     if fetched.waiting {
@@ -96,7 +101,7 @@ async fn release_finalizers(
     for policy in policies.iter().filter(|p| holds_finalizer(p)) {
         let Some(uid) = policy.uid() else { continue };
         let going = policy.metadata.deletion_timestamp.is_some() || !has_companions(policy);
-        let done = !fetched.unplanned.contains(&uid) && !remaining.contains(&uid);
+        let done = !fetched.unplanned.contains(&uid) && !remaining.contains_key(&uid);
         if going && done {
             writes::set_finalizer(ctx, policy, false, leader).await?;
         }
@@ -104,13 +109,21 @@ async fn release_finalizers(
     Ok(())
 }
 
-/// The status step: each live Policy's counts and `CompanionsInPlace`.
+/// What the status step reads besides the plan.
+struct Statuses<'a> {
+    fetched: &'a Fetched,
+    /// By Policy name: companions this pass got in place.
+    applied: &'a BTreeMap<String, i64>,
+    /// By Policy UID: the kinds of the companions left.
+    remaining: &'a BTreeMap<String, BTreeSet<String>>,
+}
+
+/// The status step: each live Policy's counts, kinds and `CompanionsInPlace`.
 async fn write_statuses(
     ctx: &CompanionsContext,
     policies: &[Arc<Policy>],
-    fetched: &Fetched,
+    statuses: &Statuses<'_>,
     plan: &mut Plan,
-    applied: &BTreeMap<String, i64>,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<(), CompanionsError> {
     for policy in policies
@@ -119,15 +132,17 @@ async fn write_statuses(
     {
         let name = policy.name_any();
         let (wanted, in_place) = plan.counts.get(&name).copied().unwrap_or_default();
+        let applied = statuses.applied.get(&name).copied().unwrap_or_default();
         let outcome = Outcome {
             counts: CompanionCounts {
                 wanted,
-                in_place: in_place + applied.get(&name).copied().unwrap_or_default(),
+                in_place: in_place + applied,
+                kinds: kinds_of(policy, statuses.remaining),
             },
             problems: plan.problems.remove(&name).unwrap_or_default(),
         };
         // A Policy waiting for its watches has nothing to report yet.
-        if fetched.waiting && outcome.problems.is_empty() && wanted == 0 {
+        if statuses.fetched.waiting && outcome.problems.is_empty() && wanted == 0 {
             continue;
         }
         writes::write_status(ctx, policy, &outcome, leader).await?;
@@ -289,18 +304,47 @@ async fn apply_all(
     Ok(applied)
 }
 
-/// UIDs of the Policies that still have companions after this pass's deletes and releases.
-fn remaining_by_policy(stored: &[StoredCompanion], plan: &Plan) -> BTreeSet<String> {
+/// By Policy UID, the kinds (as `status.companions.kinds` names them) of the companions left
+/// after this pass's deletes and releases.
+fn remaining_by_policy(
+    stored: &[StoredCompanion],
+    plan: &Plan,
+) -> BTreeMap<String, BTreeSet<String>> {
     let gone: BTreeSet<&str> = plan
         .delete
         .iter()
         .chain(&plan.release)
         .map(|s| s.uid.as_str())
         .collect();
-    stored
+    let mut remaining: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for s in stored
         .iter()
-        .filter(|s| !gone.contains(s.uid.as_str()))
-        .map(|s| s.policy_uid.clone())
-        .filter(|uid| !uid.is_empty())
+        .filter(|s| !gone.contains(s.uid.as_str()) && !s.policy_uid.is_empty())
+    {
+        remaining
+            .entry(s.policy_uid.clone())
+            .or_default()
+            .insert(companion_kind_name(&s.key.api_version, &s.key.kind));
+    }
+    remaining
+}
+
+/// The kinds `policy`'s object effects name and its companions left still are.
+fn kinds_of(policy: &Policy, remaining: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let named = policy.spec.effects.iter().filter_map(|e| {
+        let template = &e.object.as_ref()?.template;
+        let (api_version, kind) = (template["apiVersion"].as_str()?, template["kind"].as_str()?);
+        Some(companion_kind_name(api_version, kind))
+    });
+    let left = policy
+        .uid()
+        .and_then(|uid| remaining.get(&uid))
+        .into_iter()
+        .flatten()
+        .cloned();
+    named
+        .chain(left)
+        .collect::<BTreeSet<_>>()
+        .into_iter()
         .collect()
 }

@@ -386,3 +386,6 @@ pub struct StoredMetadata {
     pub deletion_timestamp: Option<String>,
     pub labels: BTreeMap<String, String>,
 }
+
+#[cfg(test)]
+mod tests;

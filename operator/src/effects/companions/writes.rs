@@ -218,7 +218,7 @@ pub async fn write_status(
     let name = policy.name_any();
     let patch = json!({
         "metadata": {"resourceVersion": policy.resource_version()},
-        "status": {"conditions": conditions, "companions": outcome.counts},
+        "status": {"conditions": conditions, "companions": &outcome.counts},
     });
     let api: Api<Policy> = Api::all(ctx.client.clone());
     let written = fenced(
@@ -249,7 +249,7 @@ pub async fn write_status(
 fn companions_conditions(policy: &Policy, outcome: &Outcome, now: Time) -> Option<Vec<Condition>> {
     let status = policy.status.clone().unwrap_or_default();
     let (state, reason, message) = if outcome.problems.is_empty() {
-        let counts = outcome.counts;
+        let counts = &outcome.counts;
         let message = format!(
             "{} of {} companions in place",
             counts.in_place, counts.wanted
@@ -270,7 +270,7 @@ fn companions_conditions(policy: &Policy, outcome: &Outcome, now: Time) -> Optio
         c.status == state
             && c.message == message
             && c.observed_generation == policy.meta().generation
-    }) && status.companions == Some(outcome.counts);
+    }) && status.companions.as_ref() == Some(&outcome.counts);
     if same {
         return None;
     }
@@ -321,7 +321,11 @@ mod tests {
 
     fn outcome(wanted: i64, in_place: i64, problems: &[&str]) -> Outcome {
         Outcome {
-            counts: CompanionCounts { wanted, in_place },
+            counts: CompanionCounts {
+                wanted,
+                in_place,
+                kinds: Vec::new(),
+            },
             problems: problems.iter().map(|p| p.to_string()).collect(),
         }
     }
@@ -360,6 +364,7 @@ mod tests {
         policy.status.as_mut().unwrap().companions = Some(CompanionCounts {
             wanted: 2,
             in_place: 1,
+            kinds: Vec::new(),
         });
         assert_eq!(
             companions_conditions(
