@@ -629,6 +629,34 @@ async fn a_gated_pod_leaves_the_gate_once_its_companion_exists() {
         ensure!(config["data"]["greeting"] == "hello web", "{config:#}");
         ensure!(config["metadata"]["ownerReferences"][0]["uid"] == web["metadata"]["uid"], "{config:#}");
         ensure!(get_json(cluster, &["configmap", "dry-config", "-n", &ns]).await?.is_none(), "the dry run made a companion");
+        // A companion that cannot be (its name would be 257 characters, the Pod's is 250)
+        // keeps its Pod at the gate; the Policy deleted, the Pod is let go: a gone Policy
+        // holds no Pod.
+        let long = format!("held-{}", "x".repeat(245));
+        let held: Value = serde_json::from_str(&cluster.kubectl_ok(["create", "-o", "json", "-f", "-"], Some(&pod(&long, &ns))).await?)?;
+        ensure!(held["spec"]["schedulingGates"].is_array(), "{:#}", held["spec"]);
+        await_condition("the companion that cannot be named", WAIT, || async {
+            let p = get_json(cluster, &["policy", &policy]).await?.context("policy")?;
+            let named = p["status"]["conditions"].as_array().into_iter().flatten().any(|c| {
+                c["type"] == "CompanionsInPlace" && c["status"] == "False"
+                    && c["message"].as_str().is_some_and(|m| m.contains("held-xxx"))
+            });
+            Ok(named.then_some(()))
+        })
+        .await?;
+        let gates = |p: &Value| p["spec"]["schedulingGates"].as_array().map_or(0, Vec::len);
+        let still = get_json(cluster, &["pod", &long, "-n", &ns]).await?.context("pod")?;
+        ensure!(gates(&still) == 1, "the Pod left the gate without its companion");
+        delete_policies(cluster, &[&policy]).await?;
+        await_condition("the held Pod let go", WAIT, || async {
+            let p = get_json(cluster, &["pod", &long, "-n", &ns]).await?.context("pod")?;
+            Ok((gates(&p) == 0).then_some(()))
+        })
+        .await?;
+        await_condition("the Policy gone", WAIT, || async {
+            Ok(get_json(cluster, &["policy", &policy]).await?.is_none().then_some(()))
+        })
+        .await?;
         Ok(())
     })
     .await;

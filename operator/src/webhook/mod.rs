@@ -26,7 +26,7 @@ pub use handler::{
     BODY_READ_TIMEOUT, Route, WebhookState, handle, handler, heavy_evaluations_in_flight,
 };
 pub use metrics::{AdmissionLabels, AdmissionMetrics, DecisionLabels, MemberMeters, PolicyLabels};
-pub use namespaces::{NO_SUCH_NAMESPACE, NamespaceLabels, Namespaces};
+pub use namespaces::{CompactLabels, NO_SUCH_NAMESPACE, NamespaceLabels, Namespaces};
 pub use store::{Lookup, Members, PolicyStore, RETIRED_GRACE};
 
 /// Largest AdmissionReview body accepted. The API server caps request objects at 3 MiB; 8 MiB

@@ -12,7 +12,31 @@ use tokio::sync::Notify;
 use crate::runtime::table::{ObjectName, Table, feed};
 
 /// The labels of every Namespace by name: all the process keeps of them.
-pub type NamespaceLabels = Table<Arc<BTreeMap<String, String>>>;
+pub type NamespaceLabels = Table<Arc<CompactLabels>>;
+
+/// A Namespace's labels as a sorted slice: a map of two labels would cost a whole tree node
+/// (~0.5 KiB), and the process holds one per Namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompactLabels(Box<[(Box<str>, Box<str>)]>);
+
+impl CompactLabels {
+    pub fn of(labels: BTreeMap<String, String>) -> Self {
+        CompactLabels(
+            labels
+                .into_iter()
+                .map(|(k, v)| (k.into_boxed_str(), v.into_boxed_str()))
+                .collect(),
+        )
+    }
+
+    /// The labels as the matchers take them.
+    pub fn to_map(&self) -> BTreeMap<String, String> {
+        self.0
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+}
 
 /// Why the labels of a Namespace that does not exist are unknown.
 pub const NO_SUCH_NAMESPACE: &str = "no such Namespace";
@@ -48,7 +72,7 @@ impl Namespaces {
         let api: Api<PartialObjectMeta<Namespace>> = Api::all(client.clone());
         let stream = watcher(api, watcher::Config::default());
         let watch = feed(labels.clone(), stream, triggers, "Namespace".into(), |ns| {
-            Arc::new(ns.metadata.labels.unwrap_or_default())
+            Arc::new(CompactLabels::of(ns.metadata.labels.unwrap_or_default()))
         });
         (Namespaces::Cluster { labels, client }, watch)
     }
@@ -70,7 +94,7 @@ impl Namespaces {
                 .ok_or_else(|| NO_SUCH_NAMESPACE.to_string()),
             Namespaces::Cluster { labels, client } => {
                 if let Some(found) = labels.get(&ObjectName::cluster(name)) {
-                    return Ok(found.as_ref().clone());
+                    return Ok(found.to_map());
                 }
                 let api: Api<Namespace> = Api::all(client.clone());
                 match api.get_metadata_opt(name).await {

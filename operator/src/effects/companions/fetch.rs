@@ -46,6 +46,9 @@ pub(super) struct Fetched {
     pub companion_kinds: BTreeMap<(String, String), ApiResource>,
     /// Whether a watch the pass needs has not listed yet.
     pub waiting: bool,
+    /// The Pods of Policies that gated Pods and are going (deleted, or without object effects
+    /// now): a Pod they left at the gate that no live Policy holds is let go.
+    pub left_gated: Vec<TriggerObjects>,
 }
 
 /// One object effect and the watch of its clone source.
@@ -135,6 +138,7 @@ async fn prepare(
     sweep_left_kinds(policy, &named, state, wanted, fetched).await;
     if policy.metadata.deletion_timestamp.is_some() || !has_companions(policy) {
         fetched.deleting.insert(uid, kept);
+        watch_left_gated(policy, state, wanted, fetched).await;
         return Ok(None);
     }
     let matcher = match audit_copy(policy) {
@@ -262,6 +266,36 @@ async fn sweep_left_kinds(
         let companions = WatchKey::all(&kind.resource, Some(COMPANION_POLICY_LABEL));
         wanted.insert(companions, kind.resource.clone());
         fetched.companion_kinds.insert(key, kind.resource.clone());
+    }
+}
+
+/// The Pods a going Policy may have left at the gate, read into [`Fetched::left_gated`] once
+/// their watch has listed (until then, a later pass looks again).
+async fn watch_left_gated(
+    policy: &Policy,
+    state: &mut LeaderState,
+    wanted: &mut BTreeMap<WatchKey, ApiResource>,
+    fetched: &mut Fetched,
+) {
+    let names_pods = policy.spec.match_.rules.iter().any(|rule| {
+        rule.api_groups.iter().any(String::is_empty) && rule.resources.iter().any(|r| r == "pods")
+    });
+    if !names_pods {
+        return;
+    }
+    for trigger in trigger_watches(policy, state, wanted)
+        .await
+        .into_iter()
+        .flatten()
+    {
+        let TriggerWatch { kind, key } = trigger;
+        if !(kind.group.is_empty() && kind.kind == "Pod") {
+            continue;
+        }
+        match state.watches.objects(&key) {
+            Some(objects) => fetched.left_gated.push(TriggerObjects { kind, objects }),
+            None => fetched.waiting = true,
+        }
     }
 }
 

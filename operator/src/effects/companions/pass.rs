@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::fetch::{Fetched, LeaderState, fetch};
-use super::plan::{CompanionKey, Plan, StoredCompanion, StoredMetadata, World, plan};
+use super::plan::{CompanionKey, Plan, StoredCompanion, World, plan};
 use super::watches::WatchKey;
 use super::writes::{self, Outcome};
 use super::{
@@ -20,7 +20,7 @@ use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::Next;
 use crate::runtime::table::ObjectName;
 use gatehouse_api::v1alpha1::{
-    COMPANION_POLICY_LABEL, COMPANION_TRIGGER_LABEL, CompanionCounts, Policy, companion_kind_name,
+    COMPANION_POLICY_LABEL, CompanionCounts, Policy, companion_kind_name,
 };
 use gatehouse_engine::policy::gates_companions;
 
@@ -39,7 +39,10 @@ pub async fn run_pass(
     }
     let fetched = fetch(&policies, state).await;
     ctx.blocked.replace(fetched.problems.clone());
-    let labels_of = |name: &str| caches.namespaces.get(&ObjectName::cluster(name));
+    let labels_of = |name: &str| {
+        let found = caches.namespaces.get(&ObjectName::cluster(name));
+        found.map(|labels| labels.to_map())
+    };
     // Until every companion watch has listed, nothing is known of what exists: no apply (all
     // would look missing), no delete, no finalizer released.
     let Some(stored) = stored_companions(state, &fetched.companion_kinds) else {
@@ -52,6 +55,7 @@ pub async fn run_pass(
             stored: &stored,
             deleting: &fetched.deleting,
             unplanned: &fetched.unplanned,
+            left_gated: &fetched.left_gated,
             gating_unplanned: policies.iter().any(|p| {
                 gates_companions(&p.spec)
                     && p.uid().is_some_and(|uid| fetched.unplanned.contains(&uid))
@@ -162,14 +166,9 @@ fn stored_companions(
     for ((api_version, kind), resource) in kinds {
         let key = WatchKey::all(resource, Some(COMPANION_POLICY_LABEL));
         for json in state.watches.objects(&key)? {
-            let Ok(Stored { mut metadata }) = serde_json::from_str::<Stored>(&json) else {
+            let Ok(Named { metadata }) = serde_json::from_str::<Named>(&json) else {
                 continue;
             };
-            let mut label = |name: &str| metadata.labels.remove(name).unwrap_or_default();
-            let (policy_uid, trigger_uid) = (
-                label(COMPANION_POLICY_LABEL),
-                label(COMPANION_TRIGGER_LABEL),
-            );
             stored.push(StoredCompanion {
                 key: CompanionKey {
                     api_version: api_version.clone(),
@@ -177,9 +176,6 @@ fn stored_companions(
                     namespace: metadata.namespace,
                     name: metadata.name,
                 },
-                uid: metadata.uid,
-                policy_uid,
-                trigger_uid,
                 json,
             });
         }
@@ -187,10 +183,17 @@ fn stored_companions(
     Some(stored)
 }
 
-/// What a pass reads of a stored companion's text before it is compared.
+/// What a pass reads of every stored companion's text: where it is.
 #[derive(serde::Deserialize)]
-struct Stored {
-    metadata: StoredMetadata,
+struct Named {
+    metadata: Name,
+}
+
+#[derive(serde::Deserialize)]
+struct Name {
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
 }
 
 /// What the apply step got in place.
@@ -310,19 +313,20 @@ fn remaining_by_policy(
     stored: &[StoredCompanion],
     plan: &Plan,
 ) -> BTreeMap<String, BTreeSet<String>> {
-    let gone: BTreeSet<&str> = plan
+    let gone: BTreeSet<&CompanionKey> = plan
         .delete
         .iter()
         .chain(&plan.release)
-        .map(|s| s.uid.as_str())
+        .map(|c| &c.key)
         .collect();
     let mut remaining: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for s in stored
-        .iter()
-        .filter(|s| !gone.contains(s.uid.as_str()) && !s.policy_uid.is_empty())
-    {
+    for s in stored.iter().filter(|s| !gone.contains(&s.key)) {
+        let policy_uid = s.provenance().policy_uid;
+        if policy_uid.is_empty() {
+            continue;
+        }
         remaining
-            .entry(s.policy_uid.clone())
+            .entry(policy_uid)
             .or_default()
             .insert(companion_kind_name(&s.key.api_version, &s.key.kind));
     }

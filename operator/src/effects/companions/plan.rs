@@ -1,14 +1,13 @@
 //! The decide step, pure: from the Policies, their triggers and the companions stored, the
 //! companions to apply, to delete and to release, with each Policy's counts and problems.
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
 
 use serde_json::Value;
 
 use super::watches::StoredJson;
 
 use crate::audit::judge::{AuditedKind, audit_request};
-use gatehouse_api::v1alpha1::COMPANIONS_GATE;
+use gatehouse_api::v1alpha1::{COMPANION_POLICY_LABEL, COMPANION_TRIGGER_LABEL, COMPANIONS_GATE};
 use gatehouse_engine::companion::{self, CompiledObjectEffect, RenderInput, Trigger};
 use gatehouse_engine::matcher::{self, Namespace};
 use gatehouse_engine::policy::CompiledPolicy;
@@ -71,19 +70,45 @@ pub struct LivePolicy {
     pub triggers: Vec<TriggerObjects>,
 }
 
-/// A stored companion, as the companion watches have it (its text shared with their table).
+/// A stored companion: its key and its text, shared with its watch's table. What its metadata
+/// says of where it comes from is read only when a pass needs it ([`Self::provenance`]).
 #[derive(Clone, Debug)]
 pub struct StoredCompanion {
     pub key: CompanionKey,
+    pub json: StoredJson,
+}
+
+/// Where a stored companion comes from, as its metadata says.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Provenance {
     pub uid: String,
     /// The UID of its Policy (label `gatehouse.dev/companion-of-policy`).
     pub policy_uid: String,
     /// The UID of the object it was made for (label `gatehouse.dev/companion-of`).
     pub trigger_uid: String,
-    pub json: StoredJson,
+}
+
+/// A stored companion to delete or release, only while it is the object with `uid`.
+#[derive(Clone, Debug)]
+pub struct Collected {
+    pub key: CompanionKey,
+    pub uid: String,
 }
 
 impl StoredCompanion {
+    /// Its UID and labels, parsed from its text.
+    pub fn provenance(&self) -> Provenance {
+        let Ok(Labelled { metadata }) = serde_json::from_str::<Labelled>(&self.json) else {
+            return Provenance::default();
+        };
+        let label = |name: &str| metadata.labels.get(name).cloned().unwrap_or_default();
+        Provenance {
+            policy_uid: label(COMPANION_POLICY_LABEL),
+            trigger_uid: label(COMPANION_TRIGGER_LABEL),
+            uid: metadata.uid,
+        }
+    }
+
     /// Whether it holds everything `desired` says ([`companion::in_place`]); apiVersion and
     /// kind are the key's, and a listed object's text may lack them.
     fn holds(&self, desired: &Value) -> bool {
@@ -102,8 +127,14 @@ impl StoredCompanion {
     }
 }
 
+/// What [`StoredCompanion::provenance`] reads of a companion's text.
+#[derive(serde::Deserialize)]
+struct Labelled {
+    metadata: StoredMetadata,
+}
+
 /// The labels of a Namespace by its name; `None` for one not seen.
-pub type LabelsOf<'a> = &'a dyn Fn(&str) -> Option<Arc<BTreeMap<String, String>>>;
+pub type LabelsOf<'a> = &'a dyn Fn(&str) -> Option<BTreeMap<String, String>>;
 
 /// What the loop knows besides the live Policies.
 pub struct World<'a> {
@@ -120,6 +151,9 @@ pub struct World<'a> {
     /// Whether a Policy that gates Pods could not be planned: then no Pod leaves the gate, as
     /// its companions are not known.
     pub gating_unplanned: bool,
+    /// The Pods of going Policies that may have gated them ([`gated_pods`] lets go of those no
+    /// live Policy holds).
+    pub left_gated: &'a [TriggerObjects],
 }
 
 /// A companion to server-side apply.
@@ -147,10 +181,10 @@ pub struct GatedPod {
 #[derive(Debug, Default)]
 pub struct Plan {
     pub apply: Vec<Desired>,
-    pub delete: Vec<StoredCompanion>,
+    pub delete: Vec<Collected>,
     /// Companions left in place for a deleted Policy with `keepOnPolicyDelete`: their labels
     /// are removed, so no later pass collects them.
-    pub release: Vec<StoredCompanion>,
+    pub release: Vec<Collected>,
     /// By Policy name: companions wanted, and in place before this pass.
     pub counts: BTreeMap<String, (i64, i64)>,
     /// By Policy name: why a companion could not be rendered.
@@ -187,15 +221,16 @@ pub fn plan(policies: &[LivePolicy], world: &World<'_>) -> Plan {
                 ));
                 return;
             }
-            wanted.insert(desired.key.clone(), &policy.name);
             counts.0 += 1;
             if stored
                 .get(&desired.key)
                 .is_some_and(|s| s.holds(&desired.object))
             {
                 counts.1 += 1;
+                wanted.insert(desired.key, &policy.name);
                 return;
             }
+            wanted.insert(desired.key.clone(), &policy.name);
             waiting
                 .entry(desired.trigger.clone())
                 .or_default()
@@ -216,7 +251,7 @@ pub fn plan(policies: &[LivePolicy], world: &World<'_>) -> Plan {
     plan.problems = problems;
     if !world.gating_unplanned {
         let blocked: BTreeSet<&str> = held.iter().map(|(_, trigger)| trigger.as_str()).collect();
-        plan.gated = gated_pods(policies)
+        plan.gated = gated_pods(policies, world.left_gated)
             .into_iter()
             .filter(|pod| !blocked.contains(pod.uid.as_str()))
             .map(|pod| GatedPod {
@@ -225,21 +260,25 @@ pub fn plan(policies: &[LivePolicy], world: &World<'_>) -> Plan {
             })
             .collect();
     }
-    for s in world.stored {
-        if wanted.contains_key(&s.key)
-            || world.unplanned.contains(&s.policy_uid)
-            || held.contains(&(s.policy_uid.clone(), s.trigger_uid.clone()))
+    for s in world.stored.iter().filter(|s| !wanted.contains_key(&s.key)) {
+        let from = s.provenance();
+        if world.unplanned.contains(&from.policy_uid)
+            || held.contains(&(from.policy_uid.clone(), from.trigger_uid.clone()))
         {
             continue;
         }
         let kept = world
             .deleting
-            .get(&s.policy_uid)
+            .get(&from.policy_uid)
             .is_some_and(|kinds| kinds.contains(&(s.key.api_version.clone(), s.key.kind.clone())));
+        let collected = Collected {
+            key: s.key.clone(),
+            uid: from.uid,
+        };
         if kept {
-            plan.release.push(s.clone());
+            plan.release.push(collected);
         } else {
-            plan.delete.push(s.clone());
+            plan.delete.push(collected);
         }
     }
     plan
@@ -321,11 +360,12 @@ fn desired_of(
     }
 }
 
-/// The live Pods at the companions gate among the triggers of `policies`, once each.
-fn gated_pods(policies: &[LivePolicy]) -> Vec<GatedPod> {
+/// The live Pods at the companions gate among the triggers of `policies` and the Pods going
+/// Policies left, once each.
+fn gated_pods(policies: &[LivePolicy], left_gated: &[TriggerObjects]) -> Vec<GatedPod> {
     let mut seen = BTreeSet::new();
     let mut gated = Vec::new();
-    for triggers in policies.iter().flat_map(|p| &p.triggers) {
+    for triggers in policies.iter().flat_map(|p| &p.triggers).chain(left_gated) {
         if !(triggers.kind.group.is_empty() && triggers.kind.kind == "Pod") {
             continue;
         }

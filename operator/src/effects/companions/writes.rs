@@ -8,7 +8,7 @@ use serde_json::json;
 use tokio::sync::watch;
 use tracing::warn;
 
-use super::plan::{CompanionKey, GatedPod, StoredCompanion};
+use super::plan::{Collected, CompanionKey, GatedPod};
 use super::{CompanionsContext, CompanionsError};
 use crate::runtime::error_chain::chain;
 use crate::runtime::lease::Leadership;
@@ -59,7 +59,7 @@ pub async fn apply(
 pub async fn delete(
     ctx: &CompanionsContext,
     resource: &ApiResource,
-    stored: &StoredCompanion,
+    stored: &Collected,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<Result<(), String>, CompanionsError> {
     let params = DeleteParams {
@@ -85,7 +85,7 @@ pub async fn delete(
 pub async fn release(
     ctx: &CompanionsContext,
     resource: &ApiResource,
-    stored: &StoredCompanion,
+    stored: &Collected,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<Result<(), String>, CompanionsError> {
     let key = &stored.key;

@@ -78,13 +78,19 @@ fn stored(object: &Value, data: Value) -> StoredCompanion {
     object["metadata"]["uid"] = json!(format!("cm-{namespace}"));
     object["metadata"]["resourceVersion"] = json!("7");
     object["data"] = data;
-    StoredCompanion {
+    let companion = StoredCompanion {
         key: CompanionKey::of("v1", "ConfigMap", &object),
-        uid: format!("cm-{namespace}"),
-        policy_uid: POLICY_UID.into(),
-        trigger_uid: format!("uid-{namespace}"),
         json: text(&object),
-    }
+    };
+    assert_eq!(
+        companion.provenance(),
+        Provenance {
+            uid: format!("cm-{namespace}"),
+            policy_uid: POLICY_UID.into(),
+            trigger_uid: format!("uid-{namespace}"),
+        }
+    );
+    companion
 }
 
 /// The companion `plan` renders for the Namespace `name`.
@@ -98,16 +104,13 @@ fn rendered(plan: &Plan, name: &str) -> Value {
 
 /// Plans `policy` with the Namespaces among its triggers and `stored`.
 fn plan_of(policy: &LivePolicy, stored: &[StoredCompanion]) -> Plan {
-    let labels: HashMap<String, Arc<BTreeMap<String, String>>> = policy.triggers[0]
+    let labels: HashMap<String, BTreeMap<String, String>> = policy.triggers[0]
         .objects
         .iter()
         .map(|t| {
             let ns: Value = serde_json::from_str(t).expect("JSON");
             let labels = serde_json::from_value(ns["metadata"]["labels"].clone()).expect("labels");
-            (
-                ns["metadata"]["name"].as_str().unwrap().to_string(),
-                Arc::new(labels),
-            )
+            (ns["metadata"]["name"].as_str().unwrap().to_string(), labels)
         })
         .collect();
     let labels_of = |name: &str| labels.get(name).cloned();
@@ -120,6 +123,7 @@ fn plan_of(policy: &LivePolicy, stored: &[StoredCompanion]) -> Plan {
             deleting: &deleting,
             unplanned: &unplanned,
             gating_unplanned: false,
+            left_gated: &[],
         },
     )
 }
@@ -145,6 +149,7 @@ fn only_missing_or_changed_companions_are_applied_and_unwanted_ones_deleted() {
     );
     let mut left = rendered(&everything, "kept");
     left["metadata"]["namespace"] = json!("left");
+    left["metadata"]["labels"]["gatehouse.dev/companion-of"] = json!("uid-left");
     let stored = [
         // Fields others add are theirs: an extra key does not make it out of place.
         stored(
