@@ -378,20 +378,20 @@ impl Gatehouse {
 
     /// Resident set size in KiB (VmRSS) of the running process.
     pub fn rss_kib(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        self.proc_kib("status", "VmRSS:")
     }
 
     /// Of [`Self::rss_kib`], what the allocator has given back lazily (`MADV_FREE`): counted
     /// until the kernel needs the pages, which it then takes without asking.
     pub fn lazy_free_kib(&self) -> Option<u64> {
-        let rollup = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", self.pid()?)).ok()?;
-        rollup
-            .lines()
-            .find_map(|l| l.strip_prefix("LazyFree:"))
+        self.proc_kib("smaps_rollup", "LazyFree:")
+    }
+
+    /// The KiB figure of the line starting with `field` in `/proc/<pid>/<file>`.
+    fn proc_kib(&self, file: &str, field: &str) -> Option<u64> {
+        let text = std::fs::read_to_string(format!("/proc/{}/{file}", self.pid()?)).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
     }
 

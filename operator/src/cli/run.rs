@@ -317,19 +317,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         leader_rx.clone(),
         stopped(),
     );
-    // A Namespace's labels decide which of its objects get companions: their changes wake
-    // the companions loop.
-    let companions_trigger = Arc::new(Notify::new());
-    let (namespaces, namespaces_watch) =
-        webhook::Namespaces::watch(process.client.clone(), vec![companions_trigger.clone()]);
-    let effects = process.effects(
-        &args,
-        &loops,
-        &namespaces,
-        companions_trigger,
-        blocked,
-        &mut registry,
-    )?;
+    let effects = process.effects(&args, &loops, blocked, &mut registry)?;
+    let namespaces = effects.namespaces.clone();
     let audit_context = AuditContext {
         client: process.client.clone(),
         namespaces: namespaces.clone(),
@@ -354,7 +343,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         ipam_task,
         companions_task,
         audit_task,
-        until(namespaces_watch, stopped()),
+        until(effects.namespaces_watch, stopped()),
     );
     info!("stopped");
     Ok(())
@@ -364,20 +353,26 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 struct EffectsContexts {
     ipam: IpamContext,
     companions: CompanionsContext,
+    /// The process's one Namespace watch, shared with admission and the audit.
+    namespaces: webhook::Namespaces,
+    namespaces_watch: futures::future::BoxFuture<'static, ()>,
 }
 
 impl Process {
-    /// The effects loops' contexts; `blocked` is what the companions loop tells the Policy
-    /// controller, `namespaces` the process's one Namespace reflector.
+    /// The effects loops' contexts and the process's one Namespace watch; `blocked` is what
+    /// the companions loop tells the Policy controller.
     fn effects(
         &self,
         args: &RunArgs,
         loops: &Arc<ReconcileMetrics>,
-        namespaces: &webhook::Namespaces,
-        companions_trigger: Arc<Notify>,
         blocked: BlockedPolicies,
         registry: &mut Registry,
     ) -> anyhow::Result<EffectsContexts> {
+        // A Namespace's labels decide which of its objects get companions: their changes wake
+        // the companions loop.
+        let companions_trigger = Arc::new(Notify::new());
+        let (namespaces, namespaces_watch) =
+            webhook::Namespaces::watch(self.client.clone(), vec![companions_trigger.clone()]);
         let ipam = IpamContext {
             client: self.client.clone(),
             loops: loops.clone(),
@@ -396,7 +391,12 @@ impl Process {
             metrics: CompanionsMetrics::register(registry),
             recorder: self.recorder.clone(),
         };
-        Ok(EffectsContexts { ipam, companions })
+        Ok(EffectsContexts {
+            ipam,
+            companions,
+            namespaces,
+            namespaces_watch: Box::pin(namespaces_watch),
+        })
     }
 }
 

@@ -260,6 +260,19 @@ pub fn plan(policies: &[LivePolicy], world: &World<'_>) -> Plan {
             })
             .collect();
     }
+    collect(world, &wanted, &held, &mut plan);
+    plan
+}
+
+/// The sweep: every stored companion no live Policy wants goes (or, for a deleted Policy that
+/// keeps its kind, is released), unless its Policy could not be planned or its trigger's
+/// rendering failed.
+fn collect(
+    world: &World<'_>,
+    wanted: &HashMap<CompanionKey, &str>,
+    held: &BTreeSet<(String, String)>,
+    plan: &mut Plan,
+) {
     for s in world.stored.iter().filter(|s| !wanted.contains_key(&s.key)) {
         let from = s.provenance();
         if world.unplanned.contains(&from.policy_uid)
@@ -281,7 +294,6 @@ pub fn plan(policies: &[LivePolicy], world: &World<'_>) -> Plan {
             plan.delete.push(collected);
         }
     }
-    plan
 }
 
 /// Hands `each` the companions `policy` wants, one at a time: one per effect for every live
