@@ -12,9 +12,11 @@
 //!   ([`admit_one`]) and its encoding ([`encoded_review`]);
 //! * [`matcher`]: whether a request reaches a Policy: rules, selectors and match conditions;
 //! * [`mark`]: the scheduling gate and label that hand a Pod to the effects loop;
-//! * [`companion`]: companion objects' checks, rendering and in-place comparison.
+//! * [`companion`]: companion objects' checks, rendering and in-place comparison;
+//! * [`call`]: calls to external systems: their checks and the body a receiver gets.
 #![forbid(unsafe_code)]
 pub mod admission;
+pub mod call;
 pub mod chain;
 pub mod companion;
 pub mod coverage;

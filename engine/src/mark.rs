@@ -11,7 +11,7 @@
 use serde_json::{Map, Value};
 
 use super::admission::Request;
-use gatehouse_api::v1alpha1::{COMPANIONS_GATE, IPAM_GATE, IPAM_POOL_LABEL, Operation};
+use gatehouse_api::v1alpha1::{CALLS_GATE, COMPANIONS_GATE, IPAM_GATE, IPAM_POOL_LABEL, Operation};
 use gatehouse_ipam::annotation::{IPAM_ADDRESS_ANNOTATION, IPAM_POOL_ANNOTATION};
 
 /// Whether admission marks this request: the creation of a Pod. The API server refuses new
@@ -65,6 +65,12 @@ pub fn mark_for_ipam(pod: &mut Value, pool: &str, address_annotation: &str) -> b
 pub fn gate_for_companions(pod: &mut Value) -> bool {
     pod.as_object_mut()
         .is_some_and(|pod| add_gate(pod, COMPANIONS_GATE))
+}
+
+/// Adds the calls gate to `pod` where absent; returns whether it changed.
+pub fn gate_for_calls(pod: &mut Value) -> bool {
+    pod.as_object_mut()
+        .is_some_and(|pod| add_gate(pod, CALLS_GATE))
 }
 
 /// Adds the scheduling gate `name` to `pod` where absent; returns whether it changed.

@@ -1,6 +1,7 @@
 //! End-to-end tests against a real kube-apiserver (see `tests/cluster/up`).
 
 mod audit;
+mod calls;
 mod cel;
 mod chart;
 mod companions;

@@ -18,6 +18,7 @@ pub mod lease;
 mod namespace;
 pub mod pods;
 pub mod proxy;
+pub mod receiver;
 mod tls;
 mod wait;
 mod webhook;

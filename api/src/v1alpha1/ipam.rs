@@ -138,6 +138,11 @@ pub struct Effect {
     /// Keep a companion object in place for every stored object the Policy selects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object: Option<super::ObjectEffect>,
+
+    /// Call an external system for each stored object the Policy selects: Apply once, Release
+    /// when the object goes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<super::CallEffect>,
 }
 
 /// Where a Pod's address comes from and where it is written.

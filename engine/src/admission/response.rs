@@ -175,6 +175,9 @@ pub fn admit_in_place(
     if policy.gates_companions() && mark::marks(req) {
         changed |= mark::gate_for_companions(object);
     }
+    if policy.gates_calls() && mark::marks(req) {
+        changed |= mark::gate_for_calls(object);
+    }
     (resp, changed)
 }
 

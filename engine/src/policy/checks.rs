@@ -256,25 +256,29 @@ fn check_effects(spec: &PolicySpec, problems: &mut Vec<Problem>) {
     let mut ipams = 0;
     for (i, effect) in spec.effects.iter().enumerate() {
         let path = format!("spec.effects[{i}]");
-        let ipam = match (&effect.ipam, &effect.object) {
-            (Some(ipam), None) => ipam,
-            (None, Some(object)) => {
+        let ipam = match (&effect.ipam, &effect.object, &effect.call) {
+            (Some(ipam), None, None) => ipam,
+            (None, Some(object), None) => {
                 let path = format!("{path}.object");
                 crate::companion::check(&path, object, problems);
                 check_trigger_rules(spec, &path, problems);
-                if object.gate && !creates_pods(spec) {
-                    problems.push(Problem::new(
-                        format!("{path}.gate"),
-                        "gates Pods on CREATE (the only time a scheduling gate can be added), \
-                         but no rule of spec.match.rules matches Pod creation",
-                    ));
+                check_gate(spec, object.gate, &path, problems);
+                continue;
+            }
+            (None, None, Some(call)) => {
+                let path = format!("{path}.call");
+                crate::call::check(&path, call, problems);
+                if let Some(annotation) = &call.result_annotation {
+                    check_qualified_name(&format!("{path}.resultAnnotation"), annotation, problems);
                 }
+                check_trigger_rules(spec, &path, problems);
+                check_gate(spec, call.gate, &path, problems);
                 continue;
             }
             _ => {
                 problems.push(Problem::new(
                     path,
-                    "must set exactly one effect (ipam or object)",
+                    "must set exactly one effect (ipam, object or call)",
                 ));
                 continue;
             }
@@ -315,6 +319,17 @@ fn check_effects(spec: &PolicySpec, problems: &mut Vec<Problem>) {
     }
 }
 
+/// A gate (`gate: true` at `path`) needs a rule that matches Pod creation.
+fn check_gate(spec: &PolicySpec, gate: bool, path: &str, problems: &mut Vec<Problem>) {
+    if gate && !creates_pods(spec) {
+        problems.push(Problem::new(
+            format!("{path}.gate"),
+            "gates Pods on CREATE (the only time a scheduling gate can be added), \
+             but no rule of spec.match.rules matches Pod creation",
+        ));
+    }
+}
+
 /// Whether a rule of `spec` matches the creation of Pods.
 fn creates_pods(spec: &PolicySpec) -> bool {
     spec.match_.rules.iter().any(|r| {
@@ -326,7 +341,7 @@ fn creates_pods(spec: &PolicySpec) -> bool {
     })
 }
 
-/// An object effect's triggers are the stored objects its rules name: each rule must name
+/// An object or call effect's triggers are the stored objects its rules name: each rule must name
 /// its kinds exactly (no `*`, no subresource) and admit CREATE or UPDATE, the operations that
 /// store them.
 fn check_trigger_rules(spec: &PolicySpec, path: &str, problems: &mut Vec<Problem>) {
@@ -337,7 +352,7 @@ fn check_trigger_rules(spec: &PolicySpec, path: &str, problems: &mut Vec<Problem
             problems.push(Problem::new(
                 format!("spec.match.rules[{r}]"),
                 format!(
-                    "{path} makes companions for the stored objects the rules name: name apiGroups, \
+                    "{path} acts on the stored objects the rules name: name apiGroups, \
                      apiVersions and resources without `*` or subresources"
                 ),
             ));

@@ -103,6 +103,11 @@ impl CompiledPolicy {
         gates_companions(&self.spec)
     }
 
+    /// Whether admission holds the Pods it creates at the calls gate.
+    pub fn gates_calls(&self) -> bool {
+        gates_calls(&self.spec)
+    }
+
     /// Whether the Policy belongs in the MutatingWebhookConfiguration: it mutates, or it marks
     /// objects for the effects loop.
     pub fn is_mutating(&self) -> bool {
@@ -123,7 +128,7 @@ impl CompiledPolicy {
 }
 
 /// Whether a Policy with this spec needs a mutating entry: it mutates, or admission marks what
-/// it selects for the effects loop (IPAM, the companions gate). Companion objects need no other
+/// it selects for the effects loop (IPAM, the companions or calls gate). Companion objects need no other
 /// mark: their loop judges stored objects itself.
 pub fn is_mutating(spec: &PolicySpec) -> bool {
     !spec.mutate.is_empty() || marks_for_effects(spec)
@@ -131,7 +136,14 @@ pub fn is_mutating(spec: &PolicySpec) -> bool {
 
 /// Whether admission marks the objects `spec` selects for the effects loop.
 pub fn marks_for_effects(spec: &PolicySpec) -> bool {
-    spec.effects.iter().any(|e| e.ipam.is_some()) || gates_companions(spec)
+    spec.effects.iter().any(|e| e.ipam.is_some()) || gates_companions(spec) || gates_calls(spec)
+}
+
+/// Whether admission holds the Pods `spec` selects at the calls gate.
+pub fn gates_calls(spec: &PolicySpec) -> bool {
+    spec.effects
+        .iter()
+        .any(|e| e.call.as_ref().is_some_and(|c| c.gate))
 }
 
 /// Whether admission holds the Pods `spec` selects at the companions gate.

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use kube::CustomResourceExt;
 
 use gatehouse_api::reports::{ReportKind, report_crd};
-use gatehouse_api::v1alpha1::{IPAllocation, IPPool, Policy};
+use gatehouse_api::v1alpha1::{ExternalCall, IPAllocation, IPPool, Policy};
 
 /// Arguments of `gatehouse crds`.
 #[derive(clap::Args, Debug, Clone)]
@@ -47,7 +47,12 @@ pub fn generate(reports: bool) -> Result<Vec<(String, String)>, CrdsError> {
             report_crd(ReportKind::Cluster),
         ]
     } else {
-        vec![Policy::crd(), IPPool::crd(), IPAllocation::crd()]
+        vec![
+            Policy::crd(),
+            IPPool::crd(),
+            IPAllocation::crd(),
+            ExternalCall::crd(),
+        ]
     };
     let mut files = Vec::with_capacity(crds.len() + 1);
     for crd in crds {

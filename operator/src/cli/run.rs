@@ -15,6 +15,7 @@ use tracing::{error, info};
 use crate::audit::{self, AuditConfig, AuditContext, AuditMetrics};
 use crate::controller::wiring::{CONFIGURATION_NAME, Endpoint, Wiring};
 use crate::controller::{self, ControllerContext};
+use crate::effects::calls::{self, CallsContext, CallsMetrics};
 use crate::effects::companions::{self, BlockedPolicies, CompanionsContext, CompanionsMetrics};
 use crate::effects::ipam::{self, IpamConfig, IpamContext, IpamMetrics};
 use crate::runtime::admin::{self, AdminState, Readiness};
@@ -105,6 +106,10 @@ pub struct RunArgs {
     /// How old an orphaned IP allocation must be before it is collected.
     #[arg(long, env = "GATEHOUSE_GC_GRACE", default_value = "30s", value_parser = super::duration::parse)]
     pub gc_grace: Duration,
+
+    /// Calls of call effects in flight to one receiver at most.
+    #[arg(long, env = "GATEHOUSE_CALLS_PER_RECEIVER", default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+    pub calls_per_receiver: u16,
 
     /// How many generated admission policies (a ValidatingAdmissionPolicy per validating
     /// Policy, a MutatingAdmissionPolicy per group of mutating ones) `enforcement: Auto` keeps
@@ -329,6 +334,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let audit_task = audit_on_own_thread(audit_context, leader_rx.clone(), stopped());
     let companions = Arc::new(effects.companions);
     let companions_task = companions::run(companions, leader_rx.clone(), stopped());
+    let calls_task = calls::run(Arc::new(effects.calls), leader_rx.clone(), stopped());
     let ipam_task = ipam::run(Arc::new(effects.ipam), leader_rx, stopped());
 
     let ports = process.ports(&args, policies, namespaces, resolver, registry)?;
@@ -342,6 +348,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         controller_task,
         ipam_task,
         companions_task,
+        calls_task,
         audit_task,
         until(effects.namespaces_watch, stopped()),
     );
@@ -353,6 +360,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 struct EffectsContexts {
     ipam: IpamContext,
     companions: CompanionsContext,
+    calls: CallsContext,
     /// The process's one Namespace watch, shared with admission and the audit.
     namespaces: webhook::Namespaces,
     namespaces_watch: futures::future::BoxFuture<'static, ()>,
@@ -371,8 +379,14 @@ impl Process {
         // A Namespace's labels decide which of its objects get companions: their changes wake
         // the companions loop.
         let companions_trigger = Arc::new(Notify::new());
-        let (namespaces, namespaces_watch) =
-            webhook::Namespaces::watch(self.client.clone(), vec![companions_trigger.clone()]);
+        let calls_trigger = Arc::new(Notify::new());
+        let (namespaces, namespaces_watch) = webhook::Namespaces::watch(
+            self.client.clone(),
+            vec![companions_trigger.clone(), calls_trigger.clone()],
+        );
+        let labels = namespaces
+            .table()
+            .context("the webhook's Namespace labels")?;
         let ipam = IpamContext {
             client: self.client.clone(),
             loops: loops.clone(),
@@ -380,10 +394,19 @@ impl Process {
             recorder: self.recorder.clone(),
             config: args.ipam_config(),
         };
+        let calls = CallsContext {
+            client: self.client.clone(),
+            namespace: args.namespace.clone(),
+            namespaces: labels.clone(),
+            trigger: calls_trigger,
+            blocked: blocked.clone(),
+            loops: loops.clone(),
+            metrics: CallsMetrics::register(registry),
+            recorder: self.recorder.clone(),
+            per_receiver: usize::from(args.calls_per_receiver),
+        };
         let companions = CompanionsContext {
-            namespaces: namespaces
-                .table()
-                .context("the webhook's Namespace labels")?,
+            namespaces: labels,
             trigger: companions_trigger,
             client: self.client.clone(),
             blocked,
@@ -394,6 +417,7 @@ impl Process {
         Ok(EffectsContexts {
             ipam,
             companions,
+            calls,
             namespaces,
             namespaces_watch: Box::pin(namespaces_watch),
         })

@@ -9,11 +9,12 @@ use kube::{Client, ResourceExt};
 use serde_json::Value;
 use tokio::sync::Notify;
 
-use super::kinds::Kinds;
 use super::plan::{LivePolicy, PreparedEffect, TriggerObjects};
-use super::watches::{WatchKey, Watches};
-use super::{has_companions, holds_finalizer, resource_of};
-use crate::audit::judge::{AuditedKind, audit_copy};
+use super::{has_companions, holds_finalizer};
+use crate::audit::judge::audit_copy;
+use crate::effects::kinds::Kinds;
+use crate::effects::triggers::{TriggerWatch, trigger_watches};
+use crate::effects::watches::{WatchKey, Watches};
 use gatehouse_api::v1alpha1::{COMPANION_POLICY_LABEL, ObjectEffect, Policy, parse_companion_kind};
 use gatehouse_engine::companion;
 
@@ -55,12 +56,6 @@ pub(super) struct Fetched {
 struct EffectWatch {
     effect: PreparedEffect,
     source: Option<WatchKey>,
-}
-
-/// One trigger kind and its watch.
-struct TriggerWatch {
-    kind: AuditedKind,
-    key: WatchKey,
 }
 
 /// A live Policy before its watches are read.
@@ -148,7 +143,7 @@ async fn prepare(
             return Err(problems);
         }
     };
-    let triggers = trigger_watches(policy, state, wanted).await;
+    let triggers = trigger_watches(policy, &mut state.kinds, wanted).await;
     problems.extend(triggers.iter().filter_map(|t| t.as_ref().err().cloned()));
     if !problems.is_empty() {
         return Err(problems);
@@ -283,7 +278,7 @@ async fn watch_left_gated(
     if !names_pods {
         return;
     }
-    for trigger in trigger_watches(policy, state, wanted)
+    for trigger in trigger_watches(policy, &mut state.kinds, wanted)
         .await
         .into_iter()
         .flatten()
@@ -297,50 +292,6 @@ async fn watch_left_gated(
             None => fetched.waiting = true,
         }
     }
-}
-
-/// The kinds `policy`'s rules name, each discovered, its list and watch checked and its watch
-/// wanted; a problem for each that cannot be.
-async fn trigger_watches(
-    policy: &Policy,
-    state: &mut LeaderState,
-    wanted: &mut BTreeMap<WatchKey, ApiResource>,
-) -> Vec<Result<TriggerWatch, String>> {
-    let mut triggers = Vec::new();
-    for rule in &policy.spec.match_.rules {
-        for group in &rule.api_groups {
-            for version in &rule.api_versions {
-                for resource in &rule.resources {
-                    triggers.push(trigger_watch(group, version, resource, state, wanted).await);
-                }
-            }
-        }
-    }
-    triggers
-}
-
-async fn trigger_watch(
-    group: &str,
-    version: &str,
-    resource: &str,
-    state: &mut LeaderState,
-    wanted: &mut BTreeMap<WatchKey, ApiResource>,
-) -> Result<TriggerWatch, String> {
-    let problem = |why: String| format!("spec.match.rules: {why}");
-    let kind = state
-        .kinds
-        .trigger(group, version, resource)
-        .await
-        .map_err(problem)?;
-    state
-        .kinds
-        .may(&["list", "watch"], group, resource, None)
-        .await
-        .map_err(problem)?;
-    let ar = resource_of(&kind);
-    let key = WatchKey::all(&ar, None);
-    wanted.insert(key.clone(), ar);
-    Ok(TriggerWatch { kind, key })
 }
 
 /// The live Policy with what its watches hold, or `None` (the Policy unplanned) while one has

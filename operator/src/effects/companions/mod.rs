@@ -11,7 +11,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::core::ApiResource;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
@@ -32,10 +31,8 @@ pub use blocked::BlockedPolicies;
 
 mod blocked;
 mod fetch;
-mod kinds;
 mod pass;
 pub mod plan;
-mod watches;
 mod writes;
 
 /// A burst of triggers (a thousand Namespaces at once) is one pass, not a thousand.
@@ -198,17 +195,6 @@ impl EffectKind for CompanionsKind<'_> {
             CompanionsError::NotLeading(e) => Some(e),
             _ => None,
         }
-    }
-}
-
-/// The resource of an audited kind, for a watch.
-fn resource_of(kind: &crate::audit::judge::AuditedKind) -> ApiResource {
-    ApiResource {
-        group: kind.group.clone(),
-        version: kind.version.clone(),
-        api_version: kind.api_version(),
-        kind: kind.kind.clone(),
-        plural: kind.resource.clone(),
     }
 }
 

@@ -11,11 +11,11 @@ use tracing::warn;
 
 use super::fetch::{Fetched, LeaderState, fetch};
 use super::plan::{CompanionKey, Plan, StoredCompanion, World, plan};
-use super::watches::WatchKey;
 use super::writes::{self, Outcome};
 use super::{
     Caches, CompanionsContext, CompanionsError, WRITES_IN_FLIGHT, has_companions, holds_finalizer,
 };
+use crate::effects::watches::WatchKey;
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::Next;
 use crate::runtime::table::ObjectName;
@@ -38,7 +38,7 @@ pub async fn run_pass(
         writes::set_finalizer(ctx, policy, true, leader).await?;
     }
     let fetched = fetch(&policies, state).await;
-    ctx.blocked.replace(fetched.problems.clone());
+    ctx.blocked.replace("companions", fetched.problems.clone());
     let labels_of = |name: &str| {
         let found = caches.namespaces.get(&ObjectName::cluster(name));
         found.map(|labels| labels.to_map())

@@ -4,12 +4,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde_json::Value;
 
-use super::watches::StoredJson;
+use crate::effects::watches::StoredJson;
 
-use crate::audit::judge::{AuditedKind, audit_request};
+use crate::audit::judge::AuditedKind;
+use crate::effects::triggers::matches_stored;
 use gatehouse_api::v1alpha1::{COMPANION_POLICY_LABEL, COMPANION_TRIGGER_LABEL, COMPANIONS_GATE};
 use gatehouse_engine::companion::{self, CompiledObjectEffect, RenderInput, Trigger};
-use gatehouse_engine::matcher::{self, Namespace};
 use gatehouse_engine::policy::CompiledPolicy;
 
 /// Where a companion is: its kind, namespace and name.
@@ -133,8 +133,7 @@ struct Labelled {
     metadata: StoredMetadata,
 }
 
-/// The labels of a Namespace by its name; `None` for one not seen.
-pub type LabelsOf<'a> = &'a dyn Fn(&str) -> Option<BTreeMap<String, String>>;
+pub use crate::effects::triggers::LabelsOf;
 
 /// What the loop knows besides the live Policies.
 pub struct World<'a> {
@@ -315,30 +314,18 @@ fn desired_of(
             if !value["metadata"]["deletionTimestamp"].is_null() {
                 continue;
             }
-            let request = audit_request(&triggers.kind, &value);
-            let labels = (world.namespaces)(&request.namespace);
-            let namespace = match &labels {
-                Some(labels) => Namespace::Labels(labels),
-                None if triggers.kind.namespaced || triggers.kind.is_namespace() => {
-                    Namespace::Unknown("its Namespace is not in the cache yet")
-                }
-                None => Namespace::Assumed,
-            };
             let trigger = Trigger {
                 api_version: &api_version,
                 kind: &triggers.kind.kind,
                 object: &value,
                 namespaced: triggers.kind.namespaced,
             };
-            match matcher::matches(&request, &policy.matcher, namespace) {
+            match matches_stored(&triggers.kind, &value, &policy.matcher, world.namespaces) {
                 Ok(false) => continue,
                 Ok(true) => {}
-                Err(e) => {
+                Err(why) => {
                     held.insert((policy.uid.clone(), trigger.uid().to_string()));
-                    problem(format!(
-                        "matching {} {}: {e}",
-                        triggers.kind.kind, request.name
-                    ));
+                    problem(why);
                     continue;
                 }
             }
@@ -363,7 +350,9 @@ fn desired_of(
                         held.insert((policy.uid.clone(), trigger.uid().to_string()));
                         problem(format!(
                             "spec.effects[{}].object for {} {}: {e}",
-                            effect.index, triggers.kind.kind, request.name
+                            effect.index,
+                            triggers.kind.kind,
+                            value["metadata"]["name"].as_str().unwrap_or_default()
                         ));
                     }
                 }

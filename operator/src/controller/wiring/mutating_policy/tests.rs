@@ -146,7 +146,7 @@ fn a_refused_policy_runs_nowhere_and_so_does_not_block_later_ones() {
             pool: "p".into(),
             annotation: None,
         }),
-        object: None,
+        ..Default::default()
     }];
     let later = policy("later", 20, Enforcement::InProcess);
     let (placements, generated) = place(&[&effects, &later], true);

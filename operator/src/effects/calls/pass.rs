@@ -1,0 +1,380 @@
+//! One pass of the calls loop: fetch → decide → make the records of first calls → send, each
+//! receiver within its slots → record each answer → open gates → finalizers.
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use futures::{StreamExt, stream};
+use kube::ResourceExt;
+use kube::core::ApiResource;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::fetch::{Fetched, LeaderState, Route, fetch};
+use super::plan::{Plan, SENDS_PER_PASS, Send, World, plan};
+use super::receiver::{Answer, Outgoing, ReceiverId, backoff};
+use super::writes;
+use super::{Caches, CallsContext, CallsError, has_calls};
+use crate::effects::resource_of;
+use crate::runtime::lease::Leadership;
+use crate::runtime::reconcile::Next;
+use crate::runtime::table::ObjectName;
+use gatehouse_api::v1alpha1::{CALLS_FINALIZER, CallState, Policy, call_record_name};
+use gatehouse_engine::call::{Action, CalledObject, body};
+
+/// How many writes a pass has in flight at once.
+const WRITES_IN_FLIGHT: usize = 32;
+
+/// One call with how it goes and what came back.
+struct Sent {
+    send: Send,
+    route: Route,
+    answer: Answer,
+}
+
+pub(super) async fn run_pass(
+    ctx: &CallsContext,
+    caches: &Caches,
+    state: &mut LeaderState,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<Next, CallsError> {
+    let policies = caches.policies.state();
+    let fetched = fetch(ctx, &policies, state).await;
+    ctx.blocked.replace("calls", fetched.problems.clone());
+    let records = caches.records.values();
+    let labels = |name: &str| {
+        let found = caches.namespaces.get(&ObjectName::cluster(name));
+        found.map(|labels| labels.to_map())
+    };
+    let now = Utc::now();
+    let world = World {
+        namespaces: &labels,
+        records: &records,
+        unplanned: &fetched.unplanned,
+        now,
+    };
+    let plan = plan(&fetched.live, &world);
+    let resources = trigger_resources(&fetched);
+    let generations = generations(&policies);
+    let sent = send_all(ctx, state, &fetched, plan.send.clone(), leader).await?;
+    let mut failures = Vec::new();
+    record_answers(ctx, &sent, &resources, &generations, leader, &mut failures).await?;
+    for record in &plan.drop {
+        if let Err(why) =
+            writes::delete_record(ctx, &record.name, Some(&record.uid), leader).await?
+        {
+            failures.push(why);
+        }
+    }
+    for pod in &plan.ungate {
+        if let Err(why) = writes::ungate(ctx, pod, leader).await? {
+            failures.push(why);
+        }
+    }
+    finalizers(ctx, &policies, &records, leader).await?;
+    ctx.metrics.failed_writes.inc_by(failures.len() as u64);
+    if let Some(first) = failures.first() {
+        return Err(CallsError::Writes {
+            count: failures.len(),
+            first: first.clone(),
+        });
+    }
+    Ok(next_pass(&plan, state, now))
+}
+
+/// When the next pass is due: at once when calls wait beyond this pass's share, else when the
+/// first call or resting receiver is due.
+fn next_pass(plan: &Plan, state: &LeaderState, now: DateTime<Utc>) -> Next {
+    if plan.more {
+        return Next::By(Instant::now());
+    }
+    let mut at: Option<Instant> = state.receivers.next_wake();
+    if let Some(due) = plan.next {
+        let wait = (due - now).to_std().unwrap_or_default();
+        let due = Instant::now() + wait;
+        at = Some(at.map_or(due, |at| at.min(due)));
+    }
+    at.map_or(Next::Resync, Next::By)
+}
+
+/// By (apiVersion, kind): the resources of the triggers, for writing results.
+fn trigger_resources(fetched: &Fetched) -> HashMap<(String, String), ApiResource> {
+    fetched
+        .live
+        .iter()
+        .flat_map(|p| &p.triggers)
+        .map(|t| {
+            (
+                (t.kind.api_version(), t.kind.kind.clone()),
+                resource_of(&t.kind),
+            )
+        })
+        .collect()
+}
+
+/// By Policy UID: its generation and, by effect index, its result annotation.
+fn generations(policies: &[Arc<Policy>]) -> HashMap<String, (i64, BTreeMap<usize, String>)> {
+    policies
+        .iter()
+        .map(|p| {
+            let annotations = p
+                .spec
+                .effects
+                .iter()
+                .enumerate()
+                .filter_map(|(i, e)| Some((i, e.call.as_ref()?.result_annotation.clone()?)))
+                .collect();
+            let generation = p.metadata.generation.unwrap_or_default();
+            (p.uid().unwrap_or_default(), (generation, annotations))
+        })
+        .collect()
+}
+
+/// How a call goes: its effect's route, or for a release whose effect is gone, a route to the
+/// same URL, or the system's roots and no token.
+fn route_of(send: &Send, fetched: &Fetched) -> Option<Route> {
+    if send.action == Action::Apply {
+        return fetched
+            .routes
+            .get(&(send.policy_uid.clone(), send.effect))
+            .cloned();
+    }
+    let own = fetched
+        .routes
+        .get(&(send.policy_uid.clone(), send.effect))
+        .filter(|r| send.url.starts_with(&r.receiver.origin));
+    if let Some(route) = own.or_else(|| fetched.routes_by_url.get(&send.url)) {
+        return Some(route.clone());
+    }
+    let origin = send
+        .url
+        .parse::<http::Uri>()
+        .ok()
+        .and_then(|u| u.authority().map(|a| format!("https://{a}")))?;
+    Some(Route {
+        receiver: ReceiverId {
+            origin,
+            ca_pem: None,
+        },
+        token: None,
+        timeout: std::time::Duration::from_secs(5),
+    })
+}
+
+/// Sends the calls each receiver takes this pass (records made first for first calls), all
+/// receivers at once, each within its slots.
+async fn send_all(
+    ctx: &CallsContext,
+    state: &mut LeaderState,
+    fetched: &Fetched,
+    sends: Vec<Send>,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<Vec<Sent>, CallsError> {
+    let mut by_receiver: BTreeMap<ReceiverId, Vec<(Send, Route)>> = BTreeMap::new();
+    for send in sends {
+        if let Some(route) = route_of(&send, fetched) {
+            by_receiver
+                .entry(route.receiver.clone())
+                .or_default()
+                .push((send, route));
+        }
+    }
+    let now = Instant::now();
+    let mut admitted = Vec::new();
+    for (id, mut calls) in by_receiver {
+        if state.receivers.prepare(&id).is_err() {
+            continue;
+        }
+        calls.truncate(state.receivers.admits(&id, calls.len(), now));
+        admitted.extend(calls);
+    }
+    let made = stream::iter(admitted)
+        .map(|(send, route)| async move {
+            if send.record.is_some() {
+                return Ok(Some((send, route)));
+            }
+            match writes::create_record(ctx, &send, leader).await? {
+                Ok(()) => Ok(Some((send, route))),
+                Err(why) => {
+                    warn!(key = %send.key, %why, "making the ExternalCall failed");
+                    Ok(None)
+                }
+            }
+        })
+        .buffer_unordered(WRITES_IN_FLIGHT)
+        .collect::<Vec<Result<Option<(Send, Route)>, CallsError>>>()
+        .await;
+    let mut ready = Vec::new();
+    for made in made {
+        if let Some(call) = made? {
+            ready.push(call);
+        }
+    }
+    let receivers = &state.receivers;
+    let sent: Vec<Sent> = stream::iter(ready)
+        .filter_map(|(send, route)| async move {
+            let sender = receivers.sender(&route.receiver)?;
+            Some((send, route, sender))
+        })
+        .map(|(send, route, sender)| async move {
+            let answer = sender.send(outgoing(&send, &route)).await;
+            Sent {
+                send,
+                route,
+                answer,
+            }
+        })
+        .buffer_unordered(SENDS_PER_PASS)
+        .collect()
+        .await;
+    let now = Instant::now();
+    for s in &sent {
+        state.receivers.record(&s.route.receiver, &s.answer, now);
+        ctx.metrics.count(s.send.action, &s.answer);
+    }
+    Ok(sent)
+}
+
+/// The request of one call.
+fn outgoing(send: &Send, route: &Route) -> Outgoing {
+    let snapshot = send
+        .snapshot
+        .as_ref()
+        .and_then(|text| serde_json::from_str::<Value>(text).ok());
+    let object = CalledObject {
+        api_version: send.object.api_version.clone(),
+        kind: send.object.kind.clone(),
+        namespace: send.object.namespace.clone(),
+        name: send.object.name.clone(),
+        uid: send.object.uid.clone(),
+    };
+    let body = body(send.action, &send.key, &object, snapshot.as_ref());
+    Outgoing {
+        url: send.url.clone(),
+        token: route.token.clone(),
+        body: serde_json::to_vec(&body).unwrap_or_default(),
+        timeout: route.timeout,
+    }
+}
+
+/// What each answer makes of its record (and, for an applied call, of its object).
+async fn record_answers(
+    ctx: &CallsContext,
+    sent: &[Sent],
+    resources: &HashMap<(String, String), ApiResource>,
+    generations: &HashMap<String, (i64, BTreeMap<usize, String>)>,
+    leader: &watch::Receiver<Leadership>,
+    failures: &mut Vec<String>,
+) -> Result<(), CallsError> {
+    let outcomes = stream::iter(sent)
+        .map(|s| record_answer(ctx, s, resources, generations, leader))
+        .buffer_unordered(WRITES_IN_FLIGHT)
+        .collect::<Vec<_>>()
+        .await;
+    for outcome in outcomes {
+        if let Err(why) = outcome? {
+            failures.push(why);
+        }
+    }
+    Ok(())
+}
+
+async fn record_answer(
+    ctx: &CallsContext,
+    sent: &Sent,
+    resources: &HashMap<(String, String), ApiResource>,
+    generations: &HashMap<String, (i64, BTreeMap<usize, String>)>,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<Result<(), String>, CallsError> {
+    let Sent { send, answer, .. } = sent;
+    let name = call_record_name(&send.key);
+    let record = send.record.as_deref();
+    let attempts = record.map_or(0, |r| r.attempts);
+    let url = &send.url;
+    match (send.action, answer) {
+        (Action::Release, Answer::Done { .. }) => {
+            info!(key = %send.key, "released");
+            writes::delete_record(ctx, &name, record.map(|r| r.uid.as_str()), leader).await
+        }
+        (Action::Release, Answer::Refused(why)) => {
+            warn!(key = %send.key, %why, "release refused for good; the record goes");
+            writes::publish_refused(ctx, send, why).await;
+            writes::delete_record(ctx, &name, record.map(|r| r.uid.as_str()), leader).await
+        }
+        (Action::Release, Answer::Retry(why)) => {
+            let releasing = record.is_some_and(|r| r.state == CallState::Releasing);
+            let attempts = if releasing { attempts + 1 } else { 1 };
+            let status = retry_status(CallState::Releasing, attempts, why, &send.key, url);
+            writes::write_status(ctx, &name, status, leader).await
+        }
+        (Action::Apply, Answer::Done { result }) => {
+            let status = json!({
+                "state": CallState::Applied, "attempts": attempts + 1, "lastError": null,
+                "result": result, "nextAttempt": null, "url": url,
+            });
+            let annotation = generations
+                .get(&send.policy_uid)
+                .and_then(|(_, a)| a.get(&send.effect));
+            let resource =
+                resources.get(&(send.object.api_version.clone(), send.object.kind.clone()));
+            if let (Some(annotation), Some(result), Some(resource)) = (annotation, result, resource)
+                && let Err(why) =
+                    writes::annotate(ctx, resource, send, annotation, result, leader).await?
+            {
+                return Ok(Err(why));
+            }
+            writes::write_status(ctx, &name, status, leader).await
+        }
+        (Action::Apply, Answer::Retry(why)) => {
+            let status = retry_status(CallState::Pending, attempts + 1, why, &send.key, url);
+            writes::write_status(ctx, &name, status, leader).await
+        }
+        (Action::Apply, Answer::Refused(why)) => {
+            warn!(key = %send.key, %why, "apply refused for good");
+            writes::publish_refused(ctx, send, why).await;
+            let generation = generations.get(&send.policy_uid).map(|(g, _)| *g);
+            let status = json!({
+                "state": CallState::Failed, "attempts": attempts + 1, "lastError": why,
+                "nextAttempt": null, "failedGeneration": generation, "url": url,
+            });
+            writes::write_status(ctx, &name, status, leader).await
+        }
+    }
+}
+
+/// The status of a call to try again after a backoff.
+fn retry_status(state: CallState, attempts: i64, why: &str, key: &str, url: &str) -> Value {
+    let failures = u32::try_from(attempts.saturating_sub(1)).unwrap_or(u32::MAX);
+    let wait = backoff(failures, key);
+    let next = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
+    json!({
+        "state": state, "attempts": attempts, "lastError": why,
+        "nextAttempt": next.to_rfc3339_opts(chrono::SecondsFormat::Millis, true), "url": url,
+    })
+}
+
+/// Every Policy with call effects holds the calls finalizer; one deleted, or without call
+/// effects now, lets go of it once none of its records is left.
+async fn finalizers(
+    ctx: &CallsContext,
+    policies: &[Arc<Policy>],
+    records: &[Arc<super::records::Record>],
+    leader: &watch::Receiver<Leadership>,
+) -> Result<(), CallsError> {
+    for policy in policies {
+        let holds = policy.finalizers().iter().any(|f| f == CALLS_FINALIZER);
+        let live = has_calls(policy) && policy.metadata.deletion_timestamp.is_none();
+        if live && !holds {
+            writes::set_finalizer(ctx, policy, true, leader).await?;
+        } else if holds && !live {
+            let uid = policy.uid().unwrap_or_default();
+            let left = records.iter().any(|r| r.policy_uid == uid);
+            if !left {
+                writes::set_finalizer(ctx, policy, false, leader).await?;
+            }
+        }
+    }
+    Ok(())
+}

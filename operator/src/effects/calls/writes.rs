@@ -1,0 +1,239 @@
+//! The apply step's writes: records made, their status after each call, records deleted,
+//! results written to the objects, gates opened, the finalizer, Events. Every write is fenced
+//! by the leader's term.
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams, Preconditions};
+use kube::core::ApiResource;
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tracing::warn;
+
+use super::plan::{GatedPod, Send};
+use super::{CallsContext, CallsError};
+use crate::runtime::error_chain::chain;
+use crate::runtime::lease::Leadership;
+use crate::runtime::reconcile::fenced;
+use gatehouse_api::v1alpha1::{
+    CALL_OBJECT_LABEL, CALL_POLICY_LABEL, CALLS_FINALIZER, CALLS_GATE, ExternalCall, Policy,
+    call_record_name,
+};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+
+/// A write's outcome as the pass counts it: done (or settled by one of `settled_by`), or the
+/// API server's reason.
+fn settled<T>(written: Result<T, kube::Error>, settled_by: &[u16]) -> Result<(), String> {
+    match written {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(e)) if settled_by.contains(&e.code) => Ok(()),
+        Err(kube::Error::Api(e)) => Err(format!("{} ({})", e.message, e.reason)),
+        Err(other) => Err(chain(&other).to_string()),
+    }
+}
+
+/// Makes the record of `send` before its first Apply; one that exists already is fine.
+pub async fn create_record(
+    ctx: &CallsContext,
+    send: &Send,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<Result<(), String>, CallsError> {
+    let name = call_record_name(&send.key);
+    let record: ExternalCall = serde_json::from_value(json!({
+        "apiVersion": "gatehouse.dev/v1alpha1",
+        "kind": "ExternalCall",
+        "metadata": {
+            "name": name,
+            "labels": {CALL_POLICY_LABEL: send.policy_uid, CALL_OBJECT_LABEL: send.object.uid},
+        },
+        "spec": {
+            "key": send.key,
+            "policy": send.policy,
+            "effect": send.effect,
+            "url": send.url,
+            "object": send.object,
+        },
+    }))
+    .map_err(|e| CallsError::Writes {
+        count: 1,
+        first: e.to_string(),
+    })?;
+    let api: Api<ExternalCall> = Api::all(ctx.client.clone());
+    let created = fenced(
+        leader,
+        || format!("making ExternalCall {name}"),
+        api.create(&PostParams::default(), &record),
+    )
+    .await?;
+    Ok(settled(created, &[409]))
+}
+
+/// Merges `status` into record `name`'s status.
+pub async fn write_status(
+    ctx: &CallsContext,
+    name: &str,
+    status: Value,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<Result<(), String>, CallsError> {
+    let api: Api<ExternalCall> = Api::all(ctx.client.clone());
+    let patch = json!({"status": status});
+    let written = fenced(
+        leader,
+        || format!("status of ExternalCall {name}"),
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await?;
+    Ok(settled(written, &[404]))
+}
+
+/// Deletes a record, only while it is the one with its UID (a released call's, or one refused
+/// for good on its only Apply).
+pub async fn delete_record(
+    ctx: &CallsContext,
+    name: &str,
+    uid: Option<&str>,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<Result<(), String>, CallsError> {
+    let api: Api<ExternalCall> = Api::all(ctx.client.clone());
+    let params = DeleteParams {
+        preconditions: uid.map(|uid| Preconditions {
+            uid: Some(uid.to_string()),
+            resource_version: None,
+        }),
+        ..DeleteParams::background()
+    };
+    let deleted = fenced(
+        leader,
+        || format!("deleting ExternalCall {name}"),
+        api.delete(name, &params),
+    )
+    .await?;
+    Ok(settled(deleted, &[404, 409]))
+}
+
+/// Writes the receiver's result to `annotation` of the object, only while it is the object the
+/// call was for.
+pub async fn annotate(
+    ctx: &CallsContext,
+    resource: &ApiResource,
+    send: &Send,
+    annotation: &str,
+    result: &str,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<Result<(), String>, CallsError> {
+    let object = &send.object;
+    let api: Api<DynamicObject> = if object.namespace.is_empty() {
+        Api::all_with(ctx.client.clone(), resource)
+    } else {
+        Api::namespaced_with(ctx.client.clone(), &object.namespace, resource)
+    };
+    let patch = json!({"metadata": {"uid": object.uid, "annotations": {annotation: result}}});
+    let written = fenced(
+        leader,
+        || format!("result of {} on {} {}", send.key, object.kind, object.name),
+        api.patch(&object.name, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await?;
+    Ok(settled(written, &[404, 409]))
+}
+
+/// Removes the calls gate from a Pod whose gating calls were applied, only while it is the
+/// same Pod and the gate is where it was.
+pub async fn ungate(
+    ctx: &CallsContext,
+    pod: &GatedPod,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<Result<(), String>, CallsError> {
+    let at = format!("/spec/schedulingGates/{}", pod.gate_index);
+    let patch: json_patch::Patch = serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/uid", "value": pod.uid},
+        {"op": "test", "path": format!("{at}/name"), "value": CALLS_GATE},
+        {"op": "remove", "path": at},
+    ]))
+    .map_err(|e| CallsError::Writes {
+        count: 1,
+        first: e.to_string(),
+    })?;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace);
+    let written = fenced(
+        leader,
+        || {
+            format!(
+                "opening the calls gate of Pod {}/{}",
+                pod.namespace, pod.name
+            )
+        },
+        pods.patch(
+            &pod.name,
+            &PatchParams::default(),
+            &Patch::Json::<()>(patch),
+        ),
+    )
+    .await?;
+    Ok(settled(written, &[404, 409, 422]))
+}
+
+/// Adds (`hold`) or removes the calls finalizer of `policy`, under its resourceVersion.
+pub async fn set_finalizer(
+    ctx: &CallsContext,
+    policy: &Policy,
+    hold: bool,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<(), CallsError> {
+    let mut finalizers = policy.finalizers().to_vec();
+    finalizers.retain(|f| f != CALLS_FINALIZER);
+    if hold {
+        finalizers.push(CALLS_FINALIZER.to_string());
+    }
+    let name = policy.name_any();
+    let patch = json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": policy.resource_version(),
+    }});
+    let api: Api<Policy> = Api::all(ctx.client.clone());
+    let written = fenced(
+        leader,
+        || format!("calls finalizer of Policy {name}"),
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await?;
+    settled(written, &[404, 409]).map_err(|why| CallsError::Finalize { policy: name, why })
+}
+
+/// A Warning Event on the object a call is for, and on its Policy, saying the receiver
+/// refused it for good: an Event is a courtesy, failing to record one fails nothing.
+pub async fn publish_refused(ctx: &CallsContext, send: &Send, why: &str) {
+    let note = format!("{:?} of {} refused: {why}", send.action, send.key);
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "CallRefused".into(),
+        note: Some(note.chars().take(1000).collect()),
+        action: format!("{:?}", send.action),
+        secondary: None,
+    };
+    let object = &send.object;
+    let reference = ObjectReference {
+        api_version: Some(object.api_version.clone()),
+        kind: Some(object.kind.clone()),
+        namespace: (!object.namespace.is_empty()).then(|| object.namespace.clone()),
+        name: Some(object.name.clone()),
+        uid: Some(object.uid.clone()),
+        ..Default::default()
+    };
+    let policy = policy_reference(&send.policy, &send.policy_uid);
+    for target in [reference, policy] {
+        if let Err(e) = ctx.recorder.publish(&event, &target).await {
+            warn!(key = %send.key, error = %e, "recording event failed");
+        }
+    }
+}
+
+/// A reference to Policy `name` for an Event.
+fn policy_reference(name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(Policy::api_version(&()).to_string()),
+        kind: Some(Policy::kind(&()).to_string()),
+        name: Some(name.to_string()),
+        uid: Some(uid.to_string()),
+        ..Default::default()
+    }
+}
