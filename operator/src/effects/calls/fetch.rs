@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 
 use super::plan::{LiveCall, LivePolicy};
 use super::receiver::{ReceiverId, Receivers};
-use super::{CallsContext, has_calls};
+use super::{CallsContext, has_calls, holds_finalizer};
 use crate::audit::judge::audit_copy;
 use crate::effects::companions::plan::TriggerObjects;
 use crate::effects::kinds::Kinds;
@@ -20,6 +20,7 @@ use crate::effects::triggers::trigger_watches;
 use crate::effects::watches::{WatchKey, Watches};
 use gatehouse_api::v1alpha1::{CallEffect, Policy};
 use gatehouse_engine::call::ca_pem;
+use gatehouse_engine::policy::gates_calls;
 
 /// What one leader term keeps between passes.
 pub struct LeaderState {
@@ -58,6 +59,10 @@ pub(super) struct Fetched {
     pub routes: HashMap<(String, usize), Route>,
     /// By URL, for releases whose effect is gone.
     pub routes_by_url: HashMap<String, Route>,
+    /// The Pods of going Policies that gated Pods ([`super::plan::World::left_gated`]).
+    pub left_gated: Vec<TriggerObjects>,
+    /// Whether a Policy that gates Pods could not be planned.
+    pub gating_unplanned: bool,
 }
 
 /// Fetches what the pass decides on.
@@ -70,12 +75,16 @@ pub(super) async fn fetch(
     let mut wanted = BTreeMap::new();
     let mut named = BTreeSet::new();
     let mut prepared = Vec::new();
-    for policy in policies.iter().filter(|p| has_calls(p)) {
+    for policy in policies
+        .iter()
+        .filter(|p| has_calls(p) || holds_finalizer(p))
+    {
         let uid = policy.uid().unwrap_or_default();
         match prepare(ctx, policy, state, &mut wanted, &mut named, &mut fetched).await {
             Ok(Some(p)) => prepared.push(p),
             Ok(None) => {}
             Err(problems) => {
+                fetched.gating_unplanned |= gates_calls(&policy.spec);
                 fetched.unplanned.insert(uid);
                 let name = policy.name_any();
                 fetched.problems.entry(name).or_default().extend(problems);
@@ -127,7 +136,11 @@ async fn prepare(
     if !problems.is_empty() {
         return Err(problems);
     }
-    if policy.metadata.deletion_timestamp.is_some() {
+    let going = policy.metadata.deletion_timestamp.is_some() || !has_calls(policy);
+    if going || !gates_calls(&policy.spec) {
+        watch_left_gated(policy, state, wanted, fetched).await;
+    }
+    if going {
         return Ok(None);
     }
     let matcher = audit_copy(policy).map_err(|e| vec![e.to_string()])?;
@@ -202,6 +215,38 @@ async fn read_token(ctx: &CallsContext, name: &str) -> Result<String, String> {
     let token = String::from_utf8(token.0.clone())
         .map_err(|_| format!("the token of Secret {}/{name} is not text", ctx.namespace))?;
     Ok(token.trim().to_string())
+}
+
+/// The Pods a Policy that does not gate (any more) may have left at the gate, read into
+/// [`Fetched::left_gated`] once their watch has listed.
+async fn watch_left_gated(
+    policy: &Policy,
+    state: &mut LeaderState,
+    wanted: &mut BTreeMap<WatchKey, ApiResource>,
+    fetched: &mut Fetched,
+) {
+    let names_pods = policy.spec.match_.rules.iter().any(|rule| {
+        rule.api_groups.iter().any(String::is_empty) && rule.resources.iter().any(|r| r == "pods")
+    });
+    if !names_pods {
+        return;
+    }
+    for trigger in trigger_watches(policy, &mut state.kinds, wanted)
+        .await
+        .into_iter()
+        .flatten()
+    {
+        if !(trigger.kind.group.is_empty() && trigger.kind.kind == "Pod") {
+            continue;
+        }
+        match state.watches.objects(&trigger.key) {
+            Some(objects) => fetched.left_gated.push(TriggerObjects {
+                kind: trigger.kind,
+                objects,
+            }),
+            None => fetched.gating_unplanned = true,
+        }
+    }
 }
 
 /// The live Policy with what its trigger watches hold, or unplanned while one has not listed.

@@ -11,10 +11,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kube::Client;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -69,7 +69,7 @@ pub struct CallsContext {
 pub struct CallLabels {
     /// `Apply` or `Release`.
     pub action: String,
-    /// `done`, `retry` or `refused`.
+    /// `done`, `retry`, `refused` or `skipped` (not sent: the receiver rests).
     pub answer: String,
 }
 
@@ -106,6 +106,7 @@ impl CallsMetrics {
             Answer::Done { .. } => "done",
             Answer::Retry(_) => "retry",
             Answer::Refused(_) => "refused",
+            Answer::Skipped => "skipped",
         };
         let labels = CallLabels {
             action: format!("{action:?}"),
@@ -228,4 +229,12 @@ impl EffectKind for CallsKind<'_> {
 /// Whether `policy` has call effects.
 fn has_calls(policy: &Policy) -> bool {
     policy.spec.effects.iter().any(|e| e.call.is_some())
+}
+
+/// Whether `policy` holds the calls finalizer.
+fn holds_finalizer(policy: &Policy) -> bool {
+    policy
+        .finalizers()
+        .iter()
+        .any(|f| f == gatehouse_api::v1alpha1::CALLS_FINALIZER)
 }

@@ -27,10 +27,9 @@ use gatehouse_engine::call::{Action, CalledObject, body};
 /// How many writes a pass has in flight at once.
 const WRITES_IN_FLIGHT: usize = 32;
 
-/// One call with how it goes and what came back.
+/// One call and what came back.
 struct Sent {
     send: Send,
-    route: Route,
     answer: Answer,
 }
 
@@ -54,6 +53,8 @@ pub(super) async fn run_pass(
         records: &records,
         unplanned: &fetched.unplanned,
         now,
+        left_gated: &fetched.left_gated,
+        gating_unplanned: fetched.gating_unplanned,
     };
     let plan = plan(&fetched.live, &world);
     let resources = trigger_resources(&fetched);
@@ -73,7 +74,10 @@ pub(super) async fn run_pass(
             failures.push(why);
         }
     }
-    finalizers(ctx, &policies, &records, leader).await?;
+    if !fetched.gating_unplanned {
+        // A Pod a going Policy left at the gate is let go before the Policy lets go of it.
+        finalizers(ctx, &policies, &records, leader).await?;
+    }
     ctx.metrics.failed_writes.inc_by(failures.len() as u64);
     if let Some(first) = failures.first() {
         return Err(CallsError::Writes {
@@ -220,21 +224,18 @@ async fn send_all(
         })
         .map(|(send, route, sender)| async move {
             let answer = sender.send(outgoing(&send, &route)).await;
-            Sent {
-                send,
-                route,
-                answer,
-            }
+            Sent { send, answer }
         })
         .buffer_unordered(SENDS_PER_PASS)
         .collect()
         .await;
-    let now = Instant::now();
     for s in &sent {
-        state.receivers.record(&s.route.receiver, &s.answer, now);
         ctx.metrics.count(s.send.action, &s.answer);
     }
-    Ok(sent)
+    Ok(sent
+        .into_iter()
+        .filter(|s| s.answer != Answer::Skipped)
+        .collect())
 }
 
 /// The request of one call.
@@ -294,6 +295,7 @@ async fn record_answer(
     let attempts = record.map_or(0, |r| r.attempts);
     let url = &send.url;
     match (send.action, answer) {
+        (_, Answer::Skipped) => Ok(Ok(())),
         (Action::Release, Answer::Done { .. }) => {
             info!(key = %send.key, "released");
             writes::delete_record(ctx, &name, record.map(|r| r.uid.as_str()), leader).await

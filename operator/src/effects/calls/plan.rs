@@ -46,6 +46,12 @@ pub struct World<'a> {
     /// be planned (a kind not discovered, a watch not listed, a receiver not usable).
     pub unplanned: &'a BTreeSet<String>,
     pub now: DateTime<Utc>,
+    /// The Pods of Policies that gated Pods and are going (deleted, or without gating calls
+    /// now): a Pod they left at the gate that no live Policy gates is let go.
+    pub left_gated: &'a [TriggerObjects],
+    /// Whether a Policy that gates Pods could not be planned: then no Pod is let go for want
+    /// of a live Policy gating it.
+    pub gating_unplanned: bool,
 }
 
 /// One call to send.
@@ -186,6 +192,22 @@ pub fn plan(policies: &[LivePolicy], world: &World<'_>) -> Plan {
             }
         }
         plan.counts.insert(policy.name.clone(), counts);
+    }
+    if !world.gating_unplanned {
+        for triggers in world.left_gated {
+            for text in &triggers.objects {
+                let Ok(value) = serde_json::from_str::<Value>(text) else {
+                    continue;
+                };
+                let pod = gated_pod(&triggers.kind, &value).filter(|(uid, _)| {
+                    value["metadata"]["deletionTimestamp"].is_null() && !gating.contains_key(uid)
+                });
+                if let Some((uid, pod)) = pod {
+                    gating.insert(uid.clone(), true);
+                    gated.push((uid, pod));
+                }
+            }
+        }
     }
     plan.ungate = gated
         .into_iter()

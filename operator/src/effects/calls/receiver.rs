@@ -4,7 +4,7 @@
 //! costs a few calls a minute, however many calls wait for it.
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -47,14 +47,51 @@ pub enum Answer {
     Retry(String),
     /// Another 4xx: never tried again in a loop.
     Refused(String),
+    /// Not sent: the receiver started resting while the call waited for a slot. Its record
+    /// stays as it was.
+    Skipped,
 }
+
+/// The receiver's client, shared by the calls of a pass.
+type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// One receiver.
 struct Receiver {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: HttpsClient,
     slots: Arc<Semaphore>,
+    health: Arc<Mutex<Health>>,
+}
+
+/// How a receiver has been answering: failures in a row, and until when it rests.
+#[derive(Debug, Default)]
+struct Health {
     failures: u32,
     resting_until: Option<Instant>,
+}
+
+impl Health {
+    fn resting(&self, now: Instant) -> bool {
+        self.failures >= FAILURES_TO_REST && self.resting_until.is_some_and(|until| until > now)
+    }
+
+    /// Counts `answer`; a failure that makes the receiver rest (or keeps it resting) sets when
+    /// it may be tried again.
+    fn count(&mut self, answer: &Answer, salt: &str, now: Instant) {
+        match answer {
+            Answer::Retry(_) => {
+                self.failures += 1;
+                if self.failures >= FAILURES_TO_REST {
+                    let rest = backoff(self.failures - FAILURES_TO_REST, salt);
+                    self.resting_until = Some(now + rest);
+                }
+            }
+            Answer::Done { .. } | Answer::Refused(_) => {
+                self.failures = 0;
+                self.resting_until = None;
+            }
+            Answer::Skipped => {}
+        }
+    }
 }
 
 /// Why a receiver's client could not be made.
@@ -99,8 +136,7 @@ impl Receivers {
             Receiver {
                 client,
                 slots: Arc::new(Semaphore::new(self.per_receiver)),
-                failures: 0,
-                resting_until: None,
+                health: Arc::default(),
             },
         );
         Ok(())
@@ -109,11 +145,16 @@ impl Receivers {
     /// How many calls `id` takes this pass: none while it rests, one to find out whether it is
     /// back, otherwise `wanted`.
     pub fn admits(&self, id: &ReceiverId, wanted: usize, now: Instant) -> usize {
-        match self.by_id.get(id) {
-            None => 0,
-            Some(r) if r.failures < FAILURES_TO_REST => wanted,
-            Some(r) if r.resting_until.is_some_and(|until| until > now) => 0,
-            Some(_) => wanted.min(1),
+        let Some(receiver) = self.by_id.get(id) else {
+            return 0;
+        };
+        let health = lock(&receiver.health);
+        if health.failures < FAILURES_TO_REST {
+            wanted
+        } else if health.resting(now) {
+            0
+        } else {
+            wanted.min(1)
         }
     }
 
@@ -121,37 +162,23 @@ impl Receivers {
     pub fn next_wake(&self) -> Option<Instant> {
         self.by_id
             .values()
-            .filter(|r| r.failures >= FAILURES_TO_REST)
-            .filter_map(|r| r.resting_until)
+            .filter_map(|r| {
+                let health = lock(&r.health);
+                (health.failures >= FAILURES_TO_REST)
+                    .then_some(health.resting_until)
+                    .flatten()
+            })
             .min()
     }
 
-    /// What sending needs of `id`: its client and its slots.
+    /// What sending needs of `id`: its client, its slots, its health.
     pub fn sender(&self, id: &ReceiverId) -> Option<Sender> {
         self.by_id.get(id).map(|r| Sender {
             client: r.client.clone(),
             slots: r.slots.clone(),
+            health: r.health.clone(),
+            origin: id.origin.clone(),
         })
-    }
-
-    /// Counts `answer` against `id`'s health.
-    pub fn record(&mut self, id: &ReceiverId, answer: &Answer, now: Instant) {
-        let Some(receiver) = self.by_id.get_mut(id) else {
-            return;
-        };
-        match answer {
-            Answer::Retry(_) => {
-                receiver.failures += 1;
-                if receiver.failures >= FAILURES_TO_REST {
-                    let rest = backoff(receiver.failures - FAILURES_TO_REST, &id.origin);
-                    receiver.resting_until = Some(now + rest);
-                }
-            }
-            Answer::Done { .. } | Answer::Refused(_) => {
-                receiver.failures = 0;
-                receiver.resting_until = None;
-            }
-        }
     }
 
     /// Forgets the receivers no Policy names any more.
@@ -160,19 +187,31 @@ impl Receivers {
     }
 }
 
-/// A receiver's client and its slots, to send from a task of its own.
+/// A receiver's client, slots and health, to send from a task of its own.
 #[derive(Clone)]
 pub struct Sender {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: HttpsClient,
     slots: Arc<Semaphore>,
+    health: Arc<Mutex<Health>>,
+    origin: String,
 }
 
 impl Sender {
-    /// Sends one call, waiting for a slot first.
+    /// Sends one call once a slot is free, unless the receiver started resting meanwhile;
+    /// counts the answer against the receiver's health.
     pub async fn send(&self, call: Outgoing) -> Answer {
         let Ok(_slot) = self.slots.acquire().await else {
-            return Answer::Retry("the receiver's client was dropped".into());
+            return Answer::Skipped;
         };
+        if lock(&self.health).resting(Instant::now()) {
+            return Answer::Skipped;
+        }
+        let answer = self.exchange(call).await;
+        lock(&self.health).count(&answer, &self.origin, Instant::now());
+        answer
+    }
+
+    async fn exchange(&self, call: Outgoing) -> Answer {
         let mut request = http::Request::post(call.url.as_str())
             .header(http::header::CONTENT_TYPE, "application/json")
             .header(http::header::USER_AGENT, "gatehouse");
@@ -202,6 +241,11 @@ impl Sender {
             Ok(Ok((status, body))) => classify(status, &body),
         }
     }
+}
+
+/// The health behind `mutex`, even if a holder panicked.
+fn lock(mutex: &Mutex<Health>) -> std::sync::MutexGuard<'_, Health> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// What an HTTP answer means.
@@ -237,9 +281,7 @@ pub fn backoff(failures: u32, salt: &str) -> Duration {
 }
 
 /// An HTTPS-only client trusting `ca_pem`'s certificates, or the system's roots.
-fn client_for(
-    ca_pem: Option<&[u8]>,
-) -> Result<Client<HttpsConnector<HttpConnector>, Full<Bytes>>, ReceiverError> {
+fn client_for(ca_pem: Option<&[u8]>) -> Result<HttpsClient, ReceiverError> {
     let mut roots = RootCertStore::empty();
     match ca_pem {
         Some(pem) => {
@@ -323,13 +365,15 @@ mod tests {
         receivers.prepare(&id).expect("client");
         let now = Instant::now();
         assert_eq!(receivers.admits(&id, 100, now), 100);
+        let health = receivers.by_id[&id].health.clone();
         for _ in 0..FAILURES_TO_REST {
-            receivers.record(&id, &Answer::Retry("down".into()), now);
+            lock(&health).count(&Answer::Retry("down".into()), "r", now);
         }
         assert_eq!(receivers.admits(&id, 100, now), 0, "resting");
+        assert!(lock(&health).resting(now));
         let wake = receivers.next_wake().expect("a wake");
         assert_eq!(receivers.admits(&id, 100, wake), 1, "one probe");
-        receivers.record(&id, &Answer::Done { result: None }, wake);
+        lock(&health).count(&Answer::Done { result: None }, "r", wake);
         assert_eq!(receivers.admits(&id, 100, wake), 100, "back");
     }
 }

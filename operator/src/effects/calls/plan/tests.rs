@@ -110,6 +110,8 @@ fn plan_with(policies: &[LivePolicy], records: &[Arc<Record>]) -> Plan {
             records,
             unplanned: &unplanned,
             now: now(),
+            left_gated: &[],
+            gating_unplanned: false,
         },
     )
 }
@@ -191,4 +193,39 @@ fn a_pass_sends_at_most_its_share() {
     let plan = plan_with(&[live(false, &pods)], &[]);
     assert_eq!(plan.send.len(), SENDS_PER_PASS);
     assert!(plan.more);
+}
+
+#[test]
+fn a_pod_a_going_policy_left_at_the_gate_is_let_go_unless_a_live_one_gates_it() {
+    let left = TriggerObjects {
+        kind: pod_kind(),
+        objects: vec![
+            Arc::from(pod("orphan", true).to_string()),
+            Arc::from(pod("held", true).to_string()),
+        ],
+    };
+    let labels = |_: &str| Some(std::collections::BTreeMap::new());
+    let unplanned = BTreeSet::new();
+    let live_policy = live(true, &[pod("held", true)]);
+    let records = [record("held", CallState::Pending, 1)];
+    let world = |gating_unplanned| World {
+        namespaces: &labels,
+        records: &records,
+        unplanned: &unplanned,
+        now: now(),
+        left_gated: std::slice::from_ref(&left),
+        gating_unplanned,
+    };
+    let plan_of =
+        |gating_unplanned| plan(std::slice::from_ref(&live_policy), &world(gating_unplanned));
+    let opened: Vec<String> = plan_of(false)
+        .ungate
+        .iter()
+        .map(|p| p.uid.clone())
+        .collect();
+    assert_eq!(opened, ["orphan"]);
+    assert!(
+        plan_of(true).ungate.is_empty(),
+        "a gating Policy unplanned: nobody leaves"
+    );
 }
