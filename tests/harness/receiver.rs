@@ -25,6 +25,8 @@ use crate::install_crypto_provider;
 pub enum Behaviour {
     /// 200 with `{"result": "r-<key>"}`.
     Accept,
+    /// As [`Behaviour::Accept`], after this long (a receiver's own work).
+    AcceptAfter(Duration),
     /// A 503 for this share of calls (0.0–1.0), picked at random; 200 for the others.
     FailShare(f64),
     /// This status for every call (e.g. 403: refused for good).
@@ -198,6 +200,10 @@ async fn answer(
     let key = body["key"].as_str().unwrap_or_default().to_string();
     let (status, text) = match behaviour {
         Behaviour::Accept => (200, json!({"result": format!("r-{key}")}).to_string()),
+        Behaviour::AcceptAfter(work) => {
+            tokio::time::sleep(work).await;
+            (200, json!({"result": format!("r-{key}")}).to_string())
+        }
         Behaviour::FailShare(share) if random_share() < share => (503, "busy".to_string()),
         Behaviour::FailShare(_) => (200, json!({"result": format!("r-{key}")}).to_string()),
         Behaviour::Status(status) => (status, "no".to_string()),

@@ -27,6 +27,7 @@ pub struct LeaderState {
     pub(super) kinds: Kinds,
     pub(super) watches: Watches,
     pub(super) receivers: Receivers,
+    pub(super) written: super::written::Written,
 }
 
 impl LeaderState {
@@ -35,6 +36,7 @@ impl LeaderState {
             kinds: Kinds::new(client.clone()),
             watches: Watches::new(client, trigger),
             receivers: Receivers::new(per_receiver),
+            written: super::written::Written::default(),
         }
     }
 }

@@ -38,6 +38,7 @@ pub mod plan;
 pub mod receiver;
 pub mod records;
 mod writes;
+mod written;
 
 /// A burst of triggers is one pass, not a thousand.
 const COALESCE: Window = Window {

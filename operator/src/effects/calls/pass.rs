@@ -15,13 +15,17 @@ use tracing::{info, warn};
 use super::fetch::{Fetched, LeaderState, Route, fetch};
 use super::plan::{Plan, SENDS_PER_PASS, Send, World, plan};
 use super::receiver::{Answer, Outgoing, ReceiverId, backoff};
+use super::records::Record;
 use super::writes;
+use super::written::{Change, Written};
 use super::{Caches, CallsContext, CallsError, has_calls};
 use crate::effects::resource_of;
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::Next;
 use crate::runtime::table::ObjectName;
-use gatehouse_api::v1alpha1::{CALLS_FINALIZER, CallState, Policy, call_record_name};
+use gatehouse_api::v1alpha1::{
+    CALLS_FINALIZER, CallState, ExternalCallStatus, Policy, call_record_name,
+};
 use gatehouse_engine::call::{Action, CalledObject, body};
 
 /// How many writes a pass has in flight at once.
@@ -42,7 +46,9 @@ pub(super) async fn run_pass(
     let policies = caches.policies.state();
     let fetched = fetch(ctx, &policies, state).await;
     ctx.blocked.replace("calls", fetched.problems.clone());
-    let records = caches.records.values();
+    let records = state
+        .written
+        .overlay(caches.records.values(), Instant::now());
     let labels = |name: &str| {
         let found = caches.namespaces.get(&ObjectName::cluster(name));
         found.map(|labels| labels.to_map())
@@ -61,7 +67,16 @@ pub(super) async fn run_pass(
     let generations = generations(&policies);
     let sent = send_all(ctx, state, &fetched, plan.send.clone(), leader).await?;
     let mut failures = Vec::new();
-    record_answers(ctx, &sent, &resources, &generations, leader, &mut failures).await?;
+    record_answers(
+        ctx,
+        &sent,
+        &resources,
+        &generations,
+        leader,
+        &mut state.written,
+        &mut failures,
+    )
+    .await?;
     for record in &plan.drop {
         if let Err(why) =
             writes::delete_record(ctx, &record.name, Some(&record.uid), leader).await?
@@ -267,6 +282,7 @@ async fn record_answers(
     resources: &HashMap<(String, String), ApiResource>,
     generations: &HashMap<String, (i64, BTreeMap<usize, String>)>,
     leader: &watch::Receiver<Leadership>,
+    written: &mut Written,
     failures: &mut Vec<String>,
 ) -> Result<(), CallsError> {
     let outcomes = stream::iter(sent)
@@ -274,9 +290,12 @@ async fn record_answers(
         .buffer_unordered(WRITES_IN_FLIGHT)
         .collect::<Vec<_>>()
         .await;
+    let now = Instant::now();
     for outcome in outcomes {
-        if let Err(why) = outcome? {
-            failures.push(why);
+        match outcome? {
+            Ok(Some(change)) => written.note(change, now),
+            Ok(None) => {}
+            Err(why) => failures.push(why),
         }
     }
     Ok(())
@@ -288,34 +307,31 @@ async fn record_answer(
     resources: &HashMap<(String, String), ApiResource>,
     generations: &HashMap<String, (i64, BTreeMap<usize, String>)>,
     leader: &watch::Receiver<Leadership>,
-) -> Result<Result<(), String>, CallsError> {
+) -> Result<Result<Option<Change>, String>, CallsError> {
     let Sent { send, answer, .. } = sent;
     let name = call_record_name(&send.key);
     let record = send.record.as_deref();
+    let record_uid = record.map(|r| r.uid.as_str()).filter(|uid| !uid.is_empty());
     let attempts = record.map_or(0, |r| r.attempts);
     let url = &send.url;
-    match (send.action, answer) {
-        (_, Answer::Skipped) => Ok(Ok(())),
-        (Action::Release, Answer::Done { .. }) => {
-            info!(key = %send.key, "released");
-            writes::delete_record(ctx, &name, record.map(|r| r.uid.as_str()), leader).await
-        }
-        (Action::Release, Answer::Refused(why)) => {
-            warn!(key = %send.key, %why, "release refused for good; the record goes");
-            writes::publish_refused(ctx, send, why).await;
-            writes::delete_record(ctx, &name, record.map(|r| r.uid.as_str()), leader).await
+    let status = match (send.action, answer) {
+        (_, Answer::Skipped) => return Ok(Ok(None)),
+        (Action::Release, Answer::Done { .. } | Answer::Refused(_)) => {
+            if let Answer::Refused(why) = answer {
+                warn!(key = %send.key, %why, "release refused for good; the record goes");
+                writes::publish_refused(ctx, send, why).await;
+            } else {
+                info!(key = %send.key, "released");
+            }
+            let deleted = writes::delete_record(ctx, &name, record_uid, leader).await?;
+            return Ok(deleted.map(|()| Some(Change::Deleted(send.key.clone()))));
         }
         (Action::Release, Answer::Retry(why)) => {
             let releasing = record.is_some_and(|r| r.state == CallState::Releasing);
             let attempts = if releasing { attempts + 1 } else { 1 };
-            let status = retry_status(CallState::Releasing, attempts, why, &send.key, url);
-            writes::write_status(ctx, &name, status, leader).await
+            retry_status(CallState::Releasing, attempts, why, &send.key, url)
         }
         (Action::Apply, Answer::Done { result }) => {
-            let status = json!({
-                "state": CallState::Applied, "attempts": attempts + 1, "lastError": null,
-                "result": result, "nextAttempt": null, "url": url,
-            });
             let annotation = generations
                 .get(&send.policy_uid)
                 .and_then(|(_, a)| a.get(&send.effect));
@@ -327,23 +343,57 @@ async fn record_answer(
             {
                 return Ok(Err(why));
             }
-            writes::write_status(ctx, &name, status, leader).await
+            json!({
+                "state": CallState::Applied, "attempts": attempts + 1, "lastError": null,
+                "result": result, "nextAttempt": null, "url": url,
+            })
         }
         (Action::Apply, Answer::Retry(why)) => {
-            let status = retry_status(CallState::Pending, attempts + 1, why, &send.key, url);
-            writes::write_status(ctx, &name, status, leader).await
+            retry_status(CallState::Pending, attempts + 1, why, &send.key, url)
         }
         (Action::Apply, Answer::Refused(why)) => {
             warn!(key = %send.key, %why, "apply refused for good");
             writes::publish_refused(ctx, send, why).await;
             let generation = generations.get(&send.policy_uid).map(|(g, _)| *g);
-            let status = json!({
+            json!({
                 "state": CallState::Failed, "attempts": attempts + 1, "lastError": why,
                 "nextAttempt": null, "failedGeneration": generation, "url": url,
-            });
-            writes::write_status(ctx, &name, status, leader).await
+            })
         }
-    }
+    };
+    let written = writes::write_status(ctx, &name, status.clone(), leader).await?;
+    Ok(written.map(|()| Some(Change::Wrote(Arc::new(record_after(send, &status))))))
+}
+
+/// The record of `send` once `status` is written.
+fn record_after(send: &Send, status: &Value) -> Record {
+    let mut record = send.record.as_deref().cloned().unwrap_or_else(|| Record {
+        name: call_record_name(&send.key),
+        uid: String::new(),
+        key: send.key.clone(),
+        policy: send.policy.clone(),
+        policy_uid: send.policy_uid.clone(),
+        effect: send.effect,
+        url: send.url.clone(),
+        object: send.object.clone(),
+        state: CallState::Pending,
+        attempts: 0,
+        next_attempt: None,
+        failed_generation: None,
+        result: None,
+    });
+    let written: ExternalCallStatus = serde_json::from_value(status.clone()).unwrap_or_default();
+    record.state = written.state;
+    record.attempts = written.attempts;
+    record.next_attempt = written
+        .next_attempt
+        .as_deref()
+        .and_then(|at| DateTime::parse_from_rfc3339(at).ok())
+        .map(|at| at.with_timezone(&Utc));
+    record.result = written.result;
+    record.failed_generation = written.failed_generation;
+    record.url = send.url.clone();
+    record
 }
 
 /// The status of a call to try again after a backoff.
