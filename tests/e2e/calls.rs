@@ -110,6 +110,19 @@ async fn calls_apply_once_retry_and_release_every_key_of_gone_pods() {
             Ok(all.then_some(found))
         })
         .await?;
+        await_condition("status.calls 200/200 and CallsApplied", WAIT, || async {
+            let p = get_json(cluster, &["policy", &name])
+                .await?
+                .context("policy")?;
+            let applied = p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "CallsApplied" && c["status"] == "True");
+            let counts = json!({"wanted": 200, "applied": 200, "failed": 0});
+            Ok((applied && p["status"]["calls"] == counts).then_some(()))
+        })
+        .await?;
         let (uid, record) = done.iter().next().context("a record")?;
         let key = format!("{uid}/{policy_uid}/0");
         ensure!(record["spec"]["key"] == key.as_str(), "{record:#}");
@@ -229,6 +242,23 @@ async fn a_gated_pod_waits_for_its_call_and_a_refusal_keeps_it_gated() {
         .await?;
         let error = failed["status"]["lastError"].as_str().unwrap_or_default();
         ensure!(error.contains("403"), "{failed:#}");
+        await_condition("CallsApplied=False naming the refusal", WAIT, || async {
+            let p = get_json(cluster, &["policy", &name])
+                .await?
+                .context("policy")?;
+            let refused = p["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == "CallsApplied" && c["reason"] == "Refused")
+                .cloned();
+            Ok(refused.filter(|c| {
+                c["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("no-000") && m.contains("403"))
+            }))
+        })
+        .await?;
         await_condition("an Event on the Pod", WAIT, || async {
             let events = get_json(
                 cluster,

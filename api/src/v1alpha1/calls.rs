@@ -12,6 +12,8 @@ use super::Owner;
 pub const CALLS_GATE: &str = "gatehouse.dev/calls";
 /// Finalizer that holds a deleted Policy until the calls it applied are released.
 pub const CALLS_FINALIZER: &str = "gatehouse.dev/calls";
+/// Condition type on a Policy with call effects: whether every call was applied.
+pub const CALLS_CONDITION: &str = "CallsApplied";
 /// Label on every ExternalCall: the UID of its Policy.
 pub const CALL_POLICY_LABEL: &str = "gatehouse.dev/call-of-policy";
 /// Label on every ExternalCall: the UID of the object it calls for.
@@ -147,4 +149,18 @@ pub fn call_key(object_uid: &str, policy_uid: &str, index: usize) -> String {
 /// The ExternalCall name of a key: its `/` as `.` (UIDs are DNS labels).
 pub fn call_record_name(key: &str) -> String {
     key.replace('/', ".")
+}
+
+/// How many calls a Policy's call effects want, how many were applied, how many were refused
+/// for good.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CallCounts {
+    /// Calls the stored objects the Policy selects call for.
+    pub wanted: i64,
+    /// Of those, the ones the receiver accepted.
+    pub applied: i64,
+    /// Of those, the ones the receiver refused for good (the `CallsApplied` condition says
+    /// why).
+    pub failed: i64,
 }

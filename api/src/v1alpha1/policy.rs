@@ -433,6 +433,10 @@ pub struct PolicyStatus {
     /// place (the `CompanionsInPlace` condition names one that cannot be written, and why).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub companions: Option<super::CompanionCounts>,
+    /// Calls of the Policy's call effects: how many are wanted, applied and refused for good
+    /// (the `CallsApplied` condition says which were refused, and why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calls: Option<super::CallCounts>,
 }
 
 fn preserved_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {

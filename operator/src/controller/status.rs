@@ -181,6 +181,7 @@ pub fn desired_status(policy: &Policy, outcome: &Verdict, now: Time) -> Option<P
         enforcement,
         last_audit_time: None,
         companions: None,
+        calls: None,
     })
 }
 

@@ -12,7 +12,10 @@
 pub mod allocator;
 pub mod calls;
 pub mod companions;
+pub(crate) mod condition;
 pub mod effect_loop;
+pub(crate) mod finalizers;
+pub(crate) mod gates;
 pub mod index;
 pub mod ipam;
 pub(crate) mod kinds;

@@ -8,11 +8,17 @@ use serde_json::Value;
 
 use super::kinds::Kinds;
 use super::resource_of;
-use super::watches::WatchKey;
+use super::watches::{StoredJson, WatchKey, Watches};
 use crate::audit::judge::{AuditedKind, audit_request};
 use gatehouse_api::v1alpha1::Policy;
 use gatehouse_engine::matcher::{self, Namespace};
 use gatehouse_engine::policy::CompiledPolicy;
+
+/// The stored objects of one trigger kind.
+pub struct TriggerObjects {
+    pub kind: AuditedKind,
+    pub objects: Vec<StoredJson>,
+}
 
 /// One trigger kind and its watch.
 pub struct TriggerWatch {
@@ -84,4 +90,38 @@ async fn trigger_watch(
     let key = WatchKey::all(&ar, None);
     wanted.insert(key.clone(), ar);
     Ok(TriggerWatch { kind, key })
+}
+
+/// The Pods a Policy that no longer gates (deleted, or its gating effects gone) may have left
+/// at a gate: the stored Pods of its Pod rules, once their watch has listed; `Err(())` while
+/// one has not (a later pass looks again).
+pub async fn left_gated_pods(
+    policy: &Policy,
+    kinds: &mut Kinds,
+    watches: &Watches,
+    wanted: &mut BTreeMap<WatchKey, ApiResource>,
+) -> Result<Vec<TriggerObjects>, ()> {
+    let names_pods = policy.spec.match_.rules.iter().any(|rule| {
+        rule.api_groups.iter().any(String::is_empty) && rule.resources.iter().any(|r| r == "pods")
+    });
+    if !names_pods {
+        return Ok(Vec::new());
+    }
+    let mut pods = Vec::new();
+    let mut listed = true;
+    for trigger in trigger_watches(policy, kinds, wanted)
+        .await
+        .into_iter()
+        .flatten()
+    {
+        let TriggerWatch { kind, key } = trigger;
+        if !(kind.group.is_empty() && kind.kind == "Pod") {
+            continue;
+        }
+        match watches.objects(&key) {
+            Some(objects) => pods.push(TriggerObjects { kind, objects }),
+            None => listed = false,
+        }
+    }
+    if listed { Ok(pods) } else { Err(()) }
 }

@@ -14,9 +14,8 @@ use super::plan::{LiveCall, LivePolicy};
 use super::receiver::{ReceiverId, Receivers};
 use super::{CallsContext, has_calls, holds_finalizer};
 use crate::audit::judge::audit_copy;
-use crate::effects::companions::plan::TriggerObjects;
 use crate::effects::kinds::Kinds;
-use crate::effects::triggers::trigger_watches;
+use crate::effects::triggers::{TriggerObjects, left_gated_pods, trigger_watches};
 use crate::effects::watches::{WatchKey, Watches};
 use gatehouse_api::v1alpha1::{CallEffect, Policy};
 use gatehouse_engine::call::ca_pem;
@@ -227,27 +226,9 @@ async fn watch_left_gated(
     wanted: &mut BTreeMap<WatchKey, ApiResource>,
     fetched: &mut Fetched,
 ) {
-    let names_pods = policy.spec.match_.rules.iter().any(|rule| {
-        rule.api_groups.iter().any(String::is_empty) && rule.resources.iter().any(|r| r == "pods")
-    });
-    if !names_pods {
-        return;
-    }
-    for trigger in trigger_watches(policy, &mut state.kinds, wanted)
-        .await
-        .into_iter()
-        .flatten()
-    {
-        if !(trigger.kind.group.is_empty() && trigger.kind.kind == "Pod") {
-            continue;
-        }
-        match state.watches.objects(&trigger.key) {
-            Some(objects) => fetched.left_gated.push(TriggerObjects {
-                kind: trigger.kind,
-                objects,
-            }),
-            None => fetched.gating_unplanned = true,
-        }
+    match left_gated_pods(policy, &mut state.kinds, &state.watches, wanted).await {
+        Ok(pods) => fetched.left_gated.extend(pods),
+        Err(()) => fetched.gating_unplanned = true,
     }
 }
 

@@ -37,6 +37,7 @@ mod pass;
 pub mod plan;
 pub mod receiver;
 pub mod records;
+mod status;
 mod writes;
 mod written;
 
@@ -122,6 +123,8 @@ impl CallsMetrics {
 pub enum CallsError {
     #[error("writing the calls finalizer of Policy {policy}: {why}")]
     Finalize { policy: String, why: String },
+    #[error("writing the calls status of Policy {policy}: {why}")]
+    WriteStatus { policy: String, why: String },
     #[error("{count} writes failed, the first: {first}")]
     Writes { count: usize, first: String },
     #[error(transparent)]
@@ -132,6 +135,7 @@ impl Failure for CallsError {
     fn step(&self) -> &'static str {
         match self {
             CallsError::Finalize { .. } => "Finalize",
+            CallsError::WriteStatus { .. } => "WriteStatus",
             CallsError::Writes { .. } => "Writes",
             CallsError::NotLeading(_) => "NotLeading",
         }

@@ -16,6 +16,7 @@ use super::fetch::{Fetched, LeaderState, Route, fetch};
 use super::plan::{Plan, SENDS_PER_PASS, Send, World, plan};
 use super::receiver::{Answer, Outgoing, ReceiverId, backoff};
 use super::records::Record;
+use super::status;
 use super::writes;
 use super::written::{Change, Written};
 use super::{Caches, CallsContext, CallsError, has_calls};
@@ -89,6 +90,7 @@ pub(super) async fn run_pass(
             failures.push(why);
         }
     }
+    status::write_all(ctx, &policies, &plan, leader).await?;
     if !fetched.gating_unplanned {
         // A Pod a going Policy left at the gate is let go before the Policy lets go of it.
         finalizers(ctx, &policies, &records, leader).await?;
@@ -381,6 +383,7 @@ fn record_after(send: &Send, status: &Value) -> Record {
         next_attempt: None,
         failed_generation: None,
         result: None,
+        last_error: None,
     });
     let written: ExternalCallStatus = serde_json::from_value(status.clone()).unwrap_or_default();
     record.state = written.state;
@@ -392,6 +395,7 @@ fn record_after(send: &Send, status: &Value) -> Record {
         .map(|at| at.with_timezone(&Utc));
     record.result = written.result;
     record.failed_generation = written.failed_generation;
+    record.last_error = written.last_error;
     record.url = send.url.clone();
     record
 }

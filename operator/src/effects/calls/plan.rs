@@ -8,10 +8,10 @@ use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::records::Record;
-use crate::effects::companions::plan::{StoredMetadata, TriggerObjects};
-use crate::effects::triggers::{LabelsOf, matches_stored};
+use crate::effects::companions::plan::StoredMetadata;
+use crate::effects::triggers::{LabelsOf, TriggerObjects, matches_stored};
 use crate::effects::watches::StoredJson;
-use gatehouse_api::v1alpha1::{CALLS_GATE, CallState, Owner, call_key};
+use gatehouse_api::v1alpha1::{CALLS_GATE, CallCounts, CallState, Owner, call_key};
 use gatehouse_engine::call::Action;
 use gatehouse_engine::policy::CompiledPolicy;
 
@@ -81,14 +81,6 @@ pub struct GatedPod {
     pub gate_index: usize,
 }
 
-/// By Policy: calls wanted, applied and refused for good.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CallCounts {
-    pub wanted: i64,
-    pub applied: i64,
-    pub failed: i64,
-}
-
 /// What one pass does.
 #[derive(Debug, Default)]
 pub struct Plan {
@@ -100,6 +92,8 @@ pub struct Plan {
     pub counts: BTreeMap<String, CallCounts>,
     /// By Policy name: why a trigger could not be judged.
     pub problems: BTreeMap<String, Vec<String>>,
+    /// By Policy name: the calls refused for good, and why.
+    pub refused: BTreeMap<String, Vec<String>>,
     /// When the first call that is not due yet is.
     pub next: Option<DateTime<Utc>>,
     /// Whether calls beyond [`SENDS_PER_PASS`] wait for the next pass.
@@ -194,20 +188,7 @@ pub fn plan(policies: &[LivePolicy], world: &World<'_>) -> Plan {
         plan.counts.insert(policy.name.clone(), counts);
     }
     if !world.gating_unplanned {
-        for triggers in world.left_gated {
-            for text in &triggers.objects {
-                let Ok(value) = serde_json::from_str::<Value>(text) else {
-                    continue;
-                };
-                let pod = gated_pod(&triggers.kind, &value).filter(|(uid, _)| {
-                    value["metadata"]["deletionTimestamp"].is_null() && !gating.contains_key(uid)
-                });
-                if let Some((uid, pod)) = pod {
-                    gating.insert(uid.clone(), true);
-                    gated.push((uid, pod));
-                }
-            }
-        }
+        left_gated(world.left_gated, &mut gating, &mut gated);
     }
     plan.ungate = gated
         .into_iter()
@@ -217,6 +198,30 @@ pub fn plan(policies: &[LivePolicy], world: &World<'_>) -> Plan {
         .collect();
     release_step(world, &wanted, &stored, &mut plan);
     plan
+}
+
+/// Adds the Pods going Policies left at the gate that no live Policy gates, as free to go.
+fn left_gated(
+    left: &[TriggerObjects],
+    gating: &mut HashMap<String, bool>,
+    gated: &mut Vec<(String, GatedPod)>,
+) {
+    for triggers in left {
+        for text in &triggers.objects {
+            let Ok(value) = serde_json::from_str::<Value>(text) else {
+                continue;
+            };
+            if !value["metadata"]["deletionTimestamp"].is_null() {
+                continue;
+            }
+            let pod =
+                gated_pod(&triggers.kind, &value).filter(|(uid, _)| !gating.contains_key(uid));
+            if let Some((uid, pod)) = pod {
+                gating.insert(uid.clone(), true);
+                gated.push((uid, pod));
+            }
+        }
+    }
 }
 
 /// What a wanted call needs: Apply when it has no record, its record is pending and due, or
@@ -237,6 +242,13 @@ fn apply_step(
         CallState::Applied => counts.applied += 1,
         CallState::Failed if record.failed_generation == Some(policy.generation) => {
             counts.failed += 1;
+            let object = &record.object;
+            let why = record.last_error.as_deref().unwrap_or("refused");
+            let refused = plan.refused.entry(policy.name.clone()).or_default();
+            refused.push(format!(
+                "{} {}/{}: {why}",
+                object.kind, object.namespace, object.name
+            ));
         }
         // Released first; the next pass applies again.
         CallState::Releasing => {

@@ -28,6 +28,7 @@ pub struct Record {
     pub next_attempt: Option<DateTime<Utc>>,
     pub failed_generation: Option<i64>,
     pub result: Option<String>,
+    pub last_error: Option<String>,
 }
 
 /// The records, by name.
@@ -73,5 +74,6 @@ pub fn record_of(call: ExternalCall) -> Arc<Record> {
         next_attempt,
         failed_generation: status.failed_generation,
         result: status.result,
+        last_error: status.last_error,
     })
 }

@@ -11,6 +11,8 @@ use tracing::warn;
 
 use super::plan::{GatedPod, Send};
 use super::{CallsContext, CallsError};
+use crate::effects::finalizers;
+use crate::effects::gates::{self, AtGate};
 use crate::runtime::error_chain::chain;
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::fenced;
@@ -18,7 +20,7 @@ use gatehouse_api::v1alpha1::{
     CALL_OBJECT_LABEL, CALL_POLICY_LABEL, CALLS_FINALIZER, CALLS_GATE, ExternalCall, Policy,
     call_record_name,
 };
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::ObjectReference;
 
 /// A write's outcome as the pass counts it: done (or settled by one of `settled_by`), or the
 /// API server's reason.
@@ -136,67 +138,35 @@ pub async fn annotate(
     Ok(settled(written, &[404, 409]))
 }
 
-/// Removes the calls gate from a Pod whose gating calls were applied, only while it is the
-/// same Pod and the gate is where it was.
+/// Removes the gate from a Pod whose effects are in place.
 pub async fn ungate(
     ctx: &CallsContext,
     pod: &GatedPod,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<Result<(), String>, CallsError> {
-    let at = format!("/spec/schedulingGates/{}", pod.gate_index);
-    let patch: json_patch::Patch = serde_json::from_value(json!([
-        {"op": "test", "path": "/metadata/uid", "value": pod.uid},
-        {"op": "test", "path": format!("{at}/name"), "value": CALLS_GATE},
-        {"op": "remove", "path": at},
-    ]))
-    .map_err(|e| CallsError::Writes {
-        count: 1,
-        first: e.to_string(),
-    })?;
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace);
-    let written = fenced(
-        leader,
-        || {
-            format!(
-                "opening the calls gate of Pod {}/{}",
-                pod.namespace, pod.name
-            )
-        },
-        pods.patch(
-            &pod.name,
-            &PatchParams::default(),
-            &Patch::Json::<()>(patch),
-        ),
-    )
-    .await?;
-    Ok(settled(written, &[404, 409, 422]))
+    let at_gate = AtGate {
+        namespace: &pod.namespace,
+        name: &pod.name,
+        uid: &pod.uid,
+        index: pod.gate_index,
+        gate: CALLS_GATE,
+    };
+    Ok(gates::open(&ctx.client, at_gate, leader).await?)
 }
 
-/// Adds (`hold`) or removes the calls finalizer of `policy`, under its resourceVersion.
+/// Adds (`hold`) or removes the calls finalizer of `policy`.
 pub async fn set_finalizer(
     ctx: &CallsContext,
     policy: &Policy,
     hold: bool,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<(), CallsError> {
-    let mut finalizers = policy.finalizers().to_vec();
-    finalizers.retain(|f| f != CALLS_FINALIZER);
-    if hold {
-        finalizers.push(CALLS_FINALIZER.to_string());
-    }
-    let name = policy.name_any();
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": policy.resource_version(),
-    }});
-    let api: Api<Policy> = Api::all(ctx.client.clone());
-    let written = fenced(
-        leader,
-        || format!("calls finalizer of Policy {name}"),
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
-    )
-    .await?;
-    settled(written, &[404, 409]).map_err(|why| CallsError::Finalize { policy: name, why })
+    finalizers::set(&ctx.client, policy, CALLS_FINALIZER, hold, leader)
+        .await?
+        .map_err(|e| CallsError::Finalize {
+            policy: policy.name_any(),
+            why: e.to_string(),
+        })
 }
 
 /// A Warning Event on the object a call is for, and on its Policy, saying the receiver

@@ -101,6 +101,7 @@ mod tests {
             next_attempt: None,
             failed_generation: None,
             result: None,
+            last_error: None,
         }
     }
 

@@ -13,7 +13,7 @@ use super::plan::{LivePolicy, PreparedEffect, TriggerObjects};
 use super::{has_companions, holds_finalizer};
 use crate::audit::judge::audit_copy;
 use crate::effects::kinds::Kinds;
-use crate::effects::triggers::{TriggerWatch, trigger_watches};
+use crate::effects::triggers::{TriggerWatch, left_gated_pods, trigger_watches};
 use crate::effects::watches::{WatchKey, Watches};
 use gatehouse_api::v1alpha1::{COMPANION_POLICY_LABEL, ObjectEffect, Policy, parse_companion_kind};
 use gatehouse_engine::companion;
@@ -272,25 +272,9 @@ async fn watch_left_gated(
     wanted: &mut BTreeMap<WatchKey, ApiResource>,
     fetched: &mut Fetched,
 ) {
-    let names_pods = policy.spec.match_.rules.iter().any(|rule| {
-        rule.api_groups.iter().any(String::is_empty) && rule.resources.iter().any(|r| r == "pods")
-    });
-    if !names_pods {
-        return;
-    }
-    for trigger in trigger_watches(policy, &mut state.kinds, wanted)
-        .await
-        .into_iter()
-        .flatten()
-    {
-        let TriggerWatch { kind, key } = trigger;
-        if !(kind.group.is_empty() && kind.kind == "Pod") {
-            continue;
-        }
-        match state.watches.objects(&key) {
-            Some(objects) => fetched.left_gated.push(TriggerObjects { kind, objects }),
-            None => fetched.waiting = true,
-        }
+    match left_gated_pods(policy, &mut state.kinds, &state.watches, wanted).await {
+        Ok(pods) => fetched.left_gated.extend(pods),
+        Err(()) => fetched.waiting = true,
     }
 }
 

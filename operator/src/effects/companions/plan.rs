@@ -6,7 +6,6 @@ use serde_json::Value;
 
 use crate::effects::watches::StoredJson;
 
-use crate::audit::judge::AuditedKind;
 use crate::effects::triggers::matches_stored;
 use gatehouse_api::v1alpha1::{COMPANION_POLICY_LABEL, COMPANION_TRIGGER_LABEL, COMPANIONS_GATE};
 use gatehouse_engine::companion::{self, CompiledObjectEffect, RenderInput, Trigger};
@@ -52,12 +51,6 @@ pub struct PreparedEffect {
     pub namespaced: bool,
     /// The clone source as stored, for an effect with `cloneFrom`.
     pub clone_source: Option<Value>,
-}
-
-/// The stored objects of one trigger kind.
-pub struct TriggerObjects {
-    pub kind: AuditedKind,
-    pub objects: Vec<StoredJson>,
 }
 
 /// A live Policy with object effects, ready to plan.
@@ -133,7 +126,7 @@ struct Labelled {
     metadata: StoredMetadata,
 }
 
-pub use crate::effects::triggers::LabelsOf;
+pub use crate::effects::triggers::{LabelsOf, TriggerObjects};
 
 /// What the loop knows besides the live Policies.
 pub struct World<'a> {

@@ -10,6 +10,9 @@ use tracing::warn;
 
 use super::plan::{Collected, CompanionKey, GatedPod};
 use super::{CompanionsContext, CompanionsError};
+use crate::effects::condition::{Said, first_five, replaced};
+use crate::effects::finalizers;
+use crate::effects::gates::{self, AtGate};
 use crate::runtime::error_chain::chain;
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::{FIELD_MANAGER, fenced};
@@ -17,7 +20,6 @@ use gatehouse_api::v1alpha1::{
     COMPANION_POLICY_LABEL, COMPANION_TRIGGER_LABEL, COMPANIONS_CONDITION, COMPANIONS_FINALIZER,
     COMPANIONS_GATE, CompanionCounts, Policy,
 };
-use k8s_openapi::api::core::v1::Pod;
 use kube::core::ApiResource;
 
 fn api(
@@ -106,36 +108,20 @@ pub async fn release(
     Ok(settled(released, &[404, 409]))
 }
 
-/// Removes the companions gate from a Pod whose companions all exist, only if it is still the
-/// Pod with that UID and the gate is still where it was.
+/// Removes the gate from a Pod whose effects are in place.
 pub async fn ungate(
     ctx: &CompanionsContext,
     pod: &GatedPod,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<Result<(), String>, CompanionsError> {
-    let at = format!("/spec/schedulingGates/{}", pod.gate_index);
-    let patch: json_patch::Patch = serde_json::from_value(json!([
-        {"op": "test", "path": "/metadata/uid", "value": pod.uid},
-        {"op": "test", "path": format!("{at}/name"), "value": COMPANIONS_GATE},
-        {"op": "remove", "path": at},
-    ]))
-    .map_err(|e| CompanionsError::Writes {
-        count: 1,
-        first: e.to_string(),
-    })?;
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &pod.namespace);
-    let written = fenced(
-        leader,
-        || format!("opening the gate of Pod {}/{}", pod.namespace, pod.name),
-        pods.patch(
-            &pod.name,
-            &PatchParams::default(),
-            &Patch::Json::<()>(patch),
-        ),
-    )
-    .await?;
-    // Gone, another Pod, or the gate moved: the next pass sees it as it is now.
-    Ok(settled(written, &[404, 409, 422]))
+    let at_gate = AtGate {
+        namespace: &pod.namespace,
+        name: &pod.name,
+        uid: &pod.uid,
+        index: pod.gate_index,
+        gate: COMPANIONS_GATE,
+    };
+    Ok(gates::open(&ctx.client, at_gate, leader).await?)
 }
 
 /// A write's outcome as the pass counts it: done, or done already when the API server answers
@@ -157,39 +143,19 @@ fn reason(e: &kube::Error) -> String {
     }
 }
 
-/// Adds (`hold`) or removes the companions finalizer of `policy`, under its resourceVersion.
+/// Adds (`hold`) or removes the companions finalizer of `policy`.
 pub async fn set_finalizer(
     ctx: &CompanionsContext,
     policy: &Policy,
     hold: bool,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<(), CompanionsError> {
-    let mut finalizers = policy.finalizers().to_vec();
-    finalizers.retain(|f| f != COMPANIONS_FINALIZER);
-    if hold {
-        finalizers.push(COMPANIONS_FINALIZER.to_string());
-    }
-    let name = policy.name_any();
-    let patch = json!({"metadata": {
-        "finalizers": finalizers,
-        "resourceVersion": policy.resource_version(),
-    }});
-    let api: Api<Policy> = Api::all(ctx.client.clone());
-    let written = fenced(
-        leader,
-        || format!("finalizer of Policy {name}"),
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
-    )
-    .await?;
-    match written {
-        Ok(_) => Ok(()),
-        // Changed or gone meanwhile: the next pass sees it as it is now.
-        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(()),
-        Err(source) => Err(CompanionsError::Finalize {
-            policy: name,
+    finalizers::set(&ctx.client, policy, COMPANIONS_FINALIZER, hold, leader)
+        .await?
+        .map_err(|source| CompanionsError::Finalize {
+            policy: policy.name_any(),
             source,
-        }),
-    }
+        })
 }
 
 /// What a pass found of one Policy's companions.
@@ -248,50 +214,33 @@ pub async fn write_status(
 /// `lastTransitionTime` moves only when the condition's status flips.
 fn companions_conditions(policy: &Policy, outcome: &Outcome, now: Time) -> Option<Vec<Condition>> {
     let status = policy.status.clone().unwrap_or_default();
-    let (state, reason, message) = if outcome.problems.is_empty() {
+    let said = if outcome.problems.is_empty() {
         let counts = &outcome.counts;
-        let message = format!(
-            "{} of {} companions in place",
-            counts.in_place, counts.wanted
-        );
-        ("True", "InPlace", message)
+        Said {
+            type_: COMPANIONS_CONDITION,
+            status: "True",
+            reason: "InPlace",
+            message: format!(
+                "{} of {} companions in place",
+                counts.in_place, counts.wanted
+            ),
+        }
     } else {
-        let shown = outcome.problems.iter().take(5).cloned();
-        let more = outcome.problems.len().saturating_sub(5);
-        let tail = (more > 0).then(|| format!("and {more} more"));
-        let message = shown.chain(tail).collect::<Vec<_>>().join("; ");
-        ("False", "NotWritten", message)
+        Said {
+            type_: COMPANIONS_CONDITION,
+            status: "False",
+            reason: "NotWritten",
+            message: first_five(&outcome.problems),
+        }
     };
-    let previous = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == COMPANIONS_CONDITION);
-    let same = previous.is_some_and(|c| {
-        c.status == state
-            && c.message == message
-            && c.observed_generation == policy.meta().generation
-    }) && status.companions.as_ref() == Some(&outcome.counts);
-    if same {
-        return None;
-    }
-    let mut conditions: Vec<Condition> = status
-        .conditions
-        .iter()
-        .filter(|c| c.type_ != COMPANIONS_CONDITION)
-        .cloned()
-        .collect();
-    conditions.push(Condition {
-        type_: COMPANIONS_CONDITION.to_string(),
-        status: state.to_string(),
-        reason: reason.to_string(),
-        message,
-        observed_generation: policy.meta().generation,
-        last_transition_time: match previous {
-            Some(p) if p.status == state => p.last_transition_time.clone(),
-            _ => now,
-        },
-    });
-    Some(conditions)
+    let unchanged = status.companions.as_ref() == Some(&outcome.counts);
+    replaced(
+        &status.conditions,
+        said,
+        policy.meta().generation,
+        unchanged,
+        now,
+    )
 }
 
 /// A Warning Event on `policy` naming what cannot be written, when its condition turns or

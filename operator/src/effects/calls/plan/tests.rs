@@ -91,6 +91,7 @@ fn record(object_uid: &str, state: CallState, attempts: i64) -> Arc<Record> {
         next_attempt: None,
         failed_generation: None,
         result: None,
+        last_error: None,
     })
 }
 

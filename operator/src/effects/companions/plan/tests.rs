@@ -4,7 +4,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::*;
-use crate::audit::judge::audit_copy;
+use crate::audit::judge::{AuditedKind, audit_copy};
 use gatehouse_api::v1alpha1::Policy;
 
 const POLICY_UID: &str = "uid-policy";
