@@ -724,7 +724,7 @@ fn ipam_effects_are_validated() {
         "spec.effects[0].ipam.pool: \"Bad_Pool\" is not an IPPool name",
         "spec.effects[0].ipam.annotation: \"has space\" is not a valid qualified name",
         "spec.effects[0].ipam: allocates to Pods on CREATE, but no rule",
-        "spec.effects[1]: must set exactly one effect (ipam or object)",
+        "spec.effects[1]: must set exactly one effect (ipam, object or call)",
         "spec.effects[2].ipam: a Policy allocates at most one address",
         "spec.effects[2].ipam.annotation: \"gatehouse.dev/ipam-address\" is Gatehouse's own",
     ] {

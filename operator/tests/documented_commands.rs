@@ -150,7 +150,8 @@ fn every_documented_crds_command_writes_what_is_committed() {
 /// Where the commands that need a cluster, a node or a container tool are run, by the file that
 /// runs them: that file must still name the command exactly as documented (it takes it from the
 /// document, see `tests/harness/documented.rs`, or runs the script).
-const RUN_ELSEWHERE: [(&str, &str); 14] = [
+const RUN_ELSEWHERE: [(&str, &str); 15] = [
+    ("kubectl get externalcalls", "tests/e2e/calls.rs"),
     ("kubectl apply -k config/default", "tests/node/main.rs"),
     (
         "kubectl apply -f config/default/namespace.yaml",

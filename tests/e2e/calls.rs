@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use anyhow::{Context, ensure};
+use gatehouse_e2e::documented::documented;
 use gatehouse_e2e::instance::Options;
 use gatehouse_e2e::receiver::{Behaviour, Call, Receiver};
 use gatehouse_e2e::{Cluster, await_condition};
@@ -123,6 +124,13 @@ async fn calls_apply_once_retry_and_release_every_key_of_gone_pods() {
             Ok((applied && p["status"]["calls"] == counts).then_some(()))
         })
         .await?;
+        // As the docs show them: the state of each call.
+        let shown = documented("docs/concepts/calls.md", "kubectl get externalcalls")?;
+        let listed = cluster.kubectl_ok(&shown[1..], None).await?;
+        ensure!(
+            listed.contains("STATE") && listed.contains("Applied"),
+            "{listed}"
+        );
         let (uid, record) = done.iter().next().context("a record")?;
         let key = format!("{uid}/{policy_uid}/0");
         ensure!(record["spec"]["key"] == key.as_str(), "{record:#}");
@@ -406,9 +414,9 @@ async fn bad_receivers_are_refused_or_named_and_bad_answers_recorded() {
             "{:?}",
             call.authorization
         );
-        // Garbage with 200 is done (no result to read); the record says Applied.
+        // Garbage with 200 is done; the record says Applied and that the answer was unreadable.
         receiver.behave(Behaviour::Garbage);
-        await_condition("the call applied after garbage", WAIT * 2, || async {
+        let applied = await_condition("the call applied after garbage", WAIT * 2, || async {
             let found = records(cluster, &policy_uid).await?;
             Ok(found
                 .get(&uid)
@@ -416,6 +424,8 @@ async fn bad_receivers_are_refused_or_named_and_bad_answers_recorded() {
                 .cloned())
         })
         .await?;
+        let noted = applied["status"]["lastError"].as_str().unwrap_or_default();
+        ensure!(noted.contains("not JSON"), "{applied:#}");
         // A Secret's snapshot carries no data.
         receiver.behave(Behaviour::Accept);
         let secrets = scene.policy("secrets");

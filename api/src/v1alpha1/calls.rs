@@ -124,7 +124,7 @@ pub struct ExternalCallStatus {
     /// Calls made for the current state.
     #[serde(default)]
     pub attempts: i64,
-    /// Why the last call failed.
+    /// Why the last call failed; on an Applied call, why its answer had no readable result.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     /// The receiver's `result` to Apply.

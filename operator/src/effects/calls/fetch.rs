@@ -206,7 +206,14 @@ async fn read_token(ctx: &CallsContext, name: &str) -> Result<String, String> {
     let secret = secrets
         .get_opt(name)
         .await
-        .map_err(|e| format!("reading Secret {}/{name}: {e}", ctx.namespace))?
+        .map_err(|e| match e {
+            kube::Error::Api(status) if status.code == 403 => format!(
+                "Gatehouse may not get Secret {}/{name}: grant it by name (a Role with \
+                 resourceNames, bound to Gatehouse's ServiceAccount)",
+                ctx.namespace
+            ),
+            other => format!("reading Secret {}/{name}: {other}", ctx.namespace),
+        })?
         .ok_or_else(|| format!("Secret {}/{name} does not exist", ctx.namespace))?;
     let token = secret
         .data

@@ -333,7 +333,7 @@ async fn record_answer(
             let attempts = if releasing { attempts + 1 } else { 1 };
             retry_status(CallState::Releasing, attempts, why, &send.key, url)
         }
-        (Action::Apply, Answer::Done { result }) => {
+        (Action::Apply, Answer::Done { result, unreadable }) => {
             let annotation = generations
                 .get(&send.policy_uid)
                 .and_then(|(_, a)| a.get(&send.effect));
@@ -345,8 +345,9 @@ async fn record_answer(
             {
                 return Ok(Err(why));
             }
+            // Done all the same (2xx); an answer that says nothing readable is noted.
             json!({
-                "state": CallState::Applied, "attempts": attempts + 1, "lastError": null,
+                "state": CallState::Applied, "attempts": attempts + 1, "lastError": unreadable,
                 "result": result, "nextAttempt": null, "url": url,
             })
         }

@@ -41,8 +41,12 @@ pub struct ReceiverId {
 /// The outcome of one call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Answer {
-    /// 2xx: done; the `result` string of a JSON answer, if any.
-    Done { result: Option<String> },
+    /// 2xx: done; the `result` string of a JSON answer, if any, else why there is none (a body
+    /// that is not JSON, or a `result` that is not a string).
+    Done {
+        result: Option<String>,
+        unreadable: Option<String>,
+    },
     /// 408, 429, 5xx, no answer in time, no connection: tried again later.
     Retry(String),
     /// Another 4xx: never tried again in a loop.
@@ -251,10 +255,35 @@ fn lock(mutex: &Mutex<Health>) -> std::sync::MutexGuard<'_, Health> {
 /// What an HTTP answer means.
 pub fn classify(status: http::StatusCode, body: &[u8]) -> Answer {
     if status.is_success() {
-        let result = serde_json::from_slice::<Value>(body)
-            .ok()
-            .and_then(|v| v.get("result").and_then(Value::as_str).map(str::to_string));
-        return Answer::Done { result };
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Answer::Done {
+                result: None,
+                unreadable: None,
+            };
+        }
+        return match serde_json::from_slice::<Value>(body) {
+            Err(e) => Answer::Done {
+                result: None,
+                unreadable: Some(format!(
+                    "HTTP {}, the answer is not JSON: {e}",
+                    status.as_u16()
+                )),
+            },
+            Ok(answer) => match answer.get("result") {
+                None | Some(Value::Null) => Answer::Done {
+                    result: None,
+                    unreadable: None,
+                },
+                Some(Value::String(result)) => Answer::Done {
+                    result: Some(result.clone()),
+                    unreadable: None,
+                },
+                Some(other) => Answer::Done {
+                    result: None,
+                    unreadable: Some(format!("the answer's `result` is not a string: {other}")),
+                },
+            },
+        };
     }
     let said = String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned();
     let why = format!("HTTP {}: {}", status.as_u16(), said.trim());
@@ -325,11 +354,28 @@ mod tests {
         assert_eq!(
             ok,
             Answer::Done {
-                result: Some("ticket-7".into())
+                result: Some("ticket-7".into()),
+                unreadable: None
+            }
+        );
+        let empty = classify(http::StatusCode::NO_CONTENT, b"");
+        assert_eq!(
+            empty,
+            Answer::Done {
+                result: None,
+                unreadable: None
             }
         );
         let garbage = classify(http::StatusCode::CREATED, b"\x00\xffnot json");
-        assert_eq!(garbage, Answer::Done { result: None });
+        assert!(
+            matches!(&garbage, Answer::Done { result: None, unreadable: Some(why) } if why.contains("not JSON")),
+            "{garbage:?}"
+        );
+        let number = classify(http::StatusCode::OK, br#"{"result": 7}"#);
+        assert!(
+            matches!(&number, Answer::Done { result: None, unreadable: Some(why) } if why.contains("not a string")),
+            "{number:?}"
+        );
         for retried in [408, 429, 500, 503] {
             let status = http::StatusCode::from_u16(retried).expect("status");
             assert!(
@@ -373,7 +419,14 @@ mod tests {
         assert!(lock(&health).resting(now));
         let wake = receivers.next_wake().expect("a wake");
         assert_eq!(receivers.admits(&id, 100, wake), 1, "one probe");
-        lock(&health).count(&Answer::Done { result: None }, "r", wake);
+        lock(&health).count(
+            &Answer::Done {
+                result: None,
+                unreadable: None,
+            },
+            "r",
+            wake,
+        );
         assert_eq!(receivers.admits(&id, 100, wake), 100, "back");
     }
 }
