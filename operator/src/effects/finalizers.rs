@@ -10,6 +10,11 @@ use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::{NotLeading, fenced};
 use gatehouse_api::v1alpha1::Policy;
 
+/// Whether `policy` holds `finalizer`.
+pub fn holds(policy: &Policy, finalizer: &str) -> bool {
+    policy.finalizers().iter().any(|f| f == finalizer)
+}
+
 /// Adds (`hold`) or removes `finalizer` on `policy`; a Policy gone or changed meanwhile counts
 /// as done. `Ok(Err)` with the API server's refusal.
 pub async fn set(

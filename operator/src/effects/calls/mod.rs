@@ -14,7 +14,7 @@ use std::time::Duration;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
+use kube::Client;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -238,8 +238,5 @@ fn has_calls(policy: &Policy) -> bool {
 
 /// Whether `policy` holds the calls finalizer.
 fn holds_finalizer(policy: &Policy) -> bool {
-    policy
-        .finalizers()
-        .iter()
-        .any(|f| f == gatehouse_api::v1alpha1::CALLS_FINALIZER)
+    super::finalizers::holds(policy, gatehouse_api::v1alpha1::CALLS_FINALIZER)
 }

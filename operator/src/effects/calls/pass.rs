@@ -19,14 +19,12 @@ use super::records::Record;
 use super::status;
 use super::writes;
 use super::written::{Change, Written};
-use super::{Caches, CallsContext, CallsError, has_calls};
+use super::{Caches, CallsContext, CallsError, has_calls, holds_finalizer};
 use crate::effects::resource_of;
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::Next;
 use crate::runtime::table::ObjectName;
-use gatehouse_api::v1alpha1::{
-    CALLS_FINALIZER, CallState, ExternalCallStatus, Policy, call_record_name,
-};
+use gatehouse_api::v1alpha1::{CallState, ExternalCallStatus, Policy, call_record_name};
 use gatehouse_engine::call::{Action, CalledObject, body};
 
 /// How many writes a pass has in flight at once.
@@ -421,7 +419,7 @@ async fn finalizers(
     leader: &watch::Receiver<Leadership>,
 ) -> Result<(), CallsError> {
     for policy in policies {
-        let holds = policy.finalizers().iter().any(|f| f == CALLS_FINALIZER);
+        let holds = holds_finalizer(policy);
         let live = has_calls(policy) && policy.metadata.deletion_timestamp.is_none();
         if live && !holds {
             writes::set_finalizer(ctx, policy, true, leader).await?;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use kube::runtime::events::Recorder;
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
-use kube::{Client, ResourceExt};
+use kube::Client;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use tokio::sync::{Notify, watch};
@@ -205,8 +205,5 @@ fn has_companions(policy: &Policy) -> bool {
 
 /// Whether `policy` holds the companions finalizer.
 fn holds_finalizer(policy: &Policy) -> bool {
-    policy
-        .finalizers()
-        .iter()
-        .any(|f| f == COMPANIONS_FINALIZER)
+    super::finalizers::holds(policy, COMPANIONS_FINALIZER)
 }
