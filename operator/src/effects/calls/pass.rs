@@ -77,10 +77,13 @@ pub(super) async fn run_pass(
     )
     .await?;
     for record in &plan.drop {
-        if let Err(why) =
-            writes::delete_record(ctx, &record.name, Some(&record.uid), leader).await?
-        {
-            failures.push(why);
+        // A record this term made and its watch has not shown has no UID yet: no precondition.
+        let uid = Some(record.uid.as_str()).filter(|uid| !uid.is_empty());
+        match writes::delete_record(ctx, &record.name, uid, leader).await? {
+            Ok(()) => state
+                .written
+                .note(Change::Deleted(record.key.clone()), Instant::now()),
+            Err(why) => failures.push(why),
         }
     }
     for pod in &plan.ungate {
