@@ -389,6 +389,25 @@ pub fn admit<'p>(
     policies: &[&'p CompiledPolicy],
     namespace: Namespace<'_>,
 ) -> Outcome<'p> {
+    admit_judged(req, policies, namespace).outcome
+}
+
+/// The admission chain's outcome and what the validating Policies judged.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Judged<'p> {
+    pub outcome: Outcome<'p>,
+    /// The request with every mutation applied, as the validating Policies judged it; `None`
+    /// when a mutating entry denied and nothing was judged.
+    pub judged: Option<Request>,
+}
+
+/// [`admit`], also returning the request the validating Policies judged: `gatehouse test` asks
+/// each Policy alone what it says of that object.
+pub fn admit_judged<'p>(
+    req: &Request,
+    policies: &[&'p CompiledPolicy],
+    namespace: Namespace<'_>,
+) -> Judged<'p> {
     let groups = super::group::groups(policies);
     let by_name: std::collections::HashMap<&str, &CompiledPolicy> =
         policies.iter().map(|p| (p.name(), *p)).collect();
@@ -420,7 +439,7 @@ pub fn admit<'p>(
         );
         let entry = match admission.entry(out) {
             Ok(entry) => entry,
-            Err(denial) => return admission.outcome(req, Some(denial)),
+            Err(denial) => return admission.unjudged(req, denial),
         };
         if entry.changed {
             for &j in &invoked {
@@ -439,7 +458,7 @@ pub fn admit<'p>(
             matching,
         );
         if let Err(denial) = admission.entry(out) {
-            return admission.outcome(req, Some(denial));
+            return admission.unjudged(req, denial);
         }
     }
     let mut denials = Vec::new();
@@ -453,7 +472,11 @@ pub fn admit<'p>(
             denials.push(out.response);
         }
     }
-    admission.outcome(req, combine(denials))
+    let judged = admission.current.clone();
+    Judged {
+        outcome: admission.outcome(req, combine(denials)),
+        judged: Some(judged),
+    }
 }
 
 /// The request as the entries so far left it, in [`admit`].
@@ -490,6 +513,14 @@ impl<'p> AdmitState<'p> {
             })?;
         }
         Ok(EntryRun { ran, changed })
+    }
+
+    /// A mutating entry's denial: nothing was judged.
+    fn unjudged(self, original: &Request, denial: Response) -> Judged<'p> {
+        Judged {
+            outcome: self.outcome(original, Some(denial)),
+            judged: None,
+        }
     }
 
     /// The answer: `denial`, or the patch from `original`'s object to the final one.

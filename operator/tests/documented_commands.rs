@@ -44,11 +44,11 @@ fn all_commands(root: &Path) -> Vec<(PathBuf, String)> {
         .collect()
 }
 
-/// The `gatehouse eval …` commands.
-fn eval_commands(root: &Path) -> Vec<(PathBuf, String)> {
+/// The `gatehouse <sub> …` commands, for `prefix` = `gatehouse <sub> `.
+fn gatehouse_commands(root: &Path, prefix: &str) -> Vec<(PathBuf, String)> {
     all_commands(root)
         .into_iter()
-        .filter(|(_, c)| c.starts_with("gatehouse eval "))
+        .filter(|(_, c)| c.starts_with(prefix))
         .collect()
 }
 
@@ -74,12 +74,27 @@ fn run_gatehouse(doc: &Path, command: &str, dir: &Path) {
 fn every_documented_eval_command_runs_as_written() {
     let root = repo_root();
     let mut ran = 0;
-    for (doc, command) in eval_commands(&root) {
+    for (doc, command) in gatehouse_commands(&root, "gatehouse eval ") {
         run_gatehouse(&doc, &command, &root);
         ran += 1;
     }
     // The README's two and the reference's one at least: a parser that finds none proves nothing.
     assert!(ran >= 3, "only {ran} documented eval commands found");
+}
+
+/// `gatehouse test …` as documented passes: the README's on the samples, the reference's on
+/// the test cases of every outcome kind.
+#[test]
+fn every_documented_test_command_runs_as_written() {
+    let root = repo_root();
+    let commands = gatehouse_commands(&root, "gatehouse test ");
+    assert!(
+        commands.len() >= 2,
+        "documented test commands: {commands:?}"
+    );
+    for (doc, command) in commands {
+        run_gatehouse(&doc, &command, &root);
+    }
 }
 
 /// Every file under `dir`, by its path relative to `dir`.
@@ -225,7 +240,8 @@ fn every_documented_command_is_run_by_a_test() {
             .unwrap_or(&doc)
             .display()
             .to_string();
-        if command.starts_with("gatehouse eval ") || command.starts_with("gatehouse crds ") {
+        let run_here = ["gatehouse eval ", "gatehouse crds ", "gatehouse test "];
+        if run_here.iter().any(|p| command.starts_with(p)) {
             continue;
         }
         if let Some(exists) = benchmark_exists(&root, &command) {

@@ -454,7 +454,7 @@ spec:
 
 #[test]
 fn plural_guesses() {
-    use gatehouse::cli::eval::plural;
+    use gatehouse::cli::synthetic::plural;
     for (kind, want) in [
         ("Pod", "pods"),
         ("Ingress", "ingresses"),

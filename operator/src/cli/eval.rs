@@ -13,13 +13,14 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use super::synthetic::{RequestDetails, synthesized};
 use crate::controller::wiring::admission_policy::Placement;
 use crate::controller::wiring::placement;
 use crate::controller::wiring::{Endpoint, Wiring};
 use crate::runtime::error_chain::chain;
 use gatehouse_api::v1alpha1::{Operation, Policy};
 use gatehouse_engine as engine;
-use gatehouse_engine::admission::{GroupVersionKind, GroupVersionResource, UserInfo, review_value};
+use gatehouse_engine::admission::review_value;
 use gatehouse_engine::chain;
 use gatehouse_engine::{CompiledPolicy, Namespace, Request, Response, ReviewError, parse_request};
 
@@ -29,11 +30,6 @@ pub const ADMITTED: i32 = 0;
 pub const DENIED: i32 = 1;
 /// Exit status for unreadable files, invalid Policies and malformed reviews.
 pub const BAD_INPUT: i32 = 2;
-
-/// The uid of a synthesised request: fixed so that output is reproducible.
-pub const SYNTHETIC_UID: &str = "00000000-0000-0000-0000-000000000000";
-/// The user of a synthesised request.
-pub const SYNTHETIC_USER: &str = "gatehouse-eval";
 
 /// Arguments of `gatehouse eval`.
 #[derive(clap::Args, Debug, Clone, PartialEq)]
@@ -277,7 +273,7 @@ pub fn load(args: &EvalArgs) -> Result<(Request, Vec<CompiledPolicy>), EvalError
     Ok((request, policies))
 }
 
-fn read(path: &Path) -> Result<Vec<u8>, EvalError> {
+pub(crate) fn read(path: &Path) -> Result<Vec<u8>, EvalError> {
     std::fs::read(path).map_err(|source| EvalError::Read {
         path: path.to_path_buf(),
         source,
@@ -285,7 +281,7 @@ fn read(path: &Path) -> Result<Vec<u8>, EvalError> {
 }
 
 /// Every non-empty YAML document of a file, as JSON values (JSON is YAML).
-fn yaml_documents(path: &Path, bytes: &[u8]) -> Result<Vec<Value>, EvalError> {
+pub(crate) fn yaml_documents(path: &Path, bytes: &[u8]) -> Result<Vec<Value>, EvalError> {
     // Empty and null documents are skipped.
     serde_saphyr::from_slice_multiple::<Value>(bytes).map_err(|source| EvalError::Parse {
         path: path.to_path_buf(),
@@ -358,91 +354,19 @@ pub fn synthesize(args: &EvalArgs) -> Result<Request, EvalError> {
     };
     let object = read_object(path)?;
     let old_object = args.old_object.as_deref().map(read_object).transpose()?;
-    let bad = |message: String| EvalError::BadObject {
+    let details = RequestDetails {
+        operation: args.operation,
+        namespace: args.namespace.clone(),
+        resource: args.resource.clone(),
+        user_info: None,
+    };
+    synthesized(object, old_object, &details).map_err(|message| EvalError::BadObject {
         path: path.clone(),
         message,
-    };
-    let api_version = object
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .ok_or_else(|| bad("apiVersion: must be set".to_string()))?;
-    let kind = object
-        .get("kind")
-        .and_then(Value::as_str)
-        .filter(|k| !k.is_empty())
-        .ok_or_else(|| bad("kind: must be set".to_string()))?
-        .to_string();
-    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    let (group, version) = (group.to_string(), version.to_string());
-    let (resource, sub_resource) = match &args.resource {
-        Some(r) => match r.split_once('/') {
-            Some((res, sub)) => (res.to_string(), Some(sub.to_string())),
-            None => (r.clone(), None),
-        },
-        None => (plural(&kind), None),
-    };
-    let namespace = namespace_of(args, &object, &kind);
-    let name = metadata_field(&object, "name").unwrap_or_default();
-    let (object, old_object) = match args.operation {
-        // The API server sends the object being deleted as oldObject.
-        Operation::Delete => (None, Some(old_object.unwrap_or(object))),
-        _ => (Some(object), old_object),
-    };
-    Ok(Request {
-        uid: SYNTHETIC_UID.to_string(),
-        kind: GroupVersionKind {
-            group: group.clone(),
-            version: version.clone(),
-            kind,
-        },
-        resource: GroupVersionResource {
-            group,
-            version,
-            resource,
-        },
-        sub_resource,
-        request_kind: None,
-        request_resource: None,
-        request_sub_resource: None,
-        name,
-        namespace,
-        operation: args.operation,
-        user_info: UserInfo {
-            username: SYNTHETIC_USER.to_string(),
-            groups: vec!["system:authenticated".to_string()],
-            ..UserInfo::default()
-        },
-        object,
-        old_object,
-        dry_run: false,
-        options: None,
     })
 }
 
-/// `field` of `object`'s metadata, when it is a string.
-fn metadata_field(object: &Value, field: &str) -> Option<String> {
-    object
-        .pointer(&format!("/metadata/{field}"))
-        .and_then(Value::as_str)
-        .map(str::to_string)
-}
-
-/// The request's namespace: `--namespace`, else the object's, else `default` for a namespaced
-/// kind (as `kubectl create` does) and none for a cluster-scoped one.
-fn namespace_of(args: &EvalArgs, object: &Value, kind: &str) -> String {
-    args.namespace
-        .clone()
-        .or_else(|| metadata_field(object, "namespace"))
-        .unwrap_or_else(|| {
-            if CLUSTER_SCOPED.contains(&kind) {
-                String::new()
-            } else {
-                "default".to_string()
-            }
-        })
-}
-
-fn read_object(path: &Path) -> Result<Value, EvalError> {
+pub(crate) fn read_object(path: &Path) -> Result<Value, EvalError> {
     let bytes = read(path)?;
     let mut docs = yaml_documents(path, &bytes)?;
     match docs.len() {
@@ -455,55 +379,6 @@ fn read_object(path: &Path) -> Result<Value, EvalError> {
             path: path.to_path_buf(),
             message: format!("want exactly one object, found {n} documents"),
         }),
-    }
-}
-
-/// Kinds of the built-in cluster-scoped resources, for the default namespace.
-const CLUSTER_SCOPED: &[&str] = &[
-    "Namespace",
-    "Node",
-    "PersistentVolume",
-    "ClusterRole",
-    "ClusterRoleBinding",
-    "StorageClass",
-    "PriorityClass",
-    "RuntimeClass",
-    "IngressClass",
-    "CustomResourceDefinition",
-    "MutatingWebhookConfiguration",
-    "ValidatingWebhookConfiguration",
-    "ValidatingAdmissionPolicy",
-    "ValidatingAdmissionPolicyBinding",
-    "APIService",
-    "CertificateSigningRequest",
-    "CSIDriver",
-    "CSINode",
-    "VolumeAttachment",
-    "Policy",
-];
-
-/// The resource name for a kind: the lowercase plural, with English spelling rules and a table
-/// of the irregular built-ins. Use `--resource` for anything it gets wrong.
-pub fn plural(kind: &str) -> String {
-    let lower = kind.to_lowercase();
-    const IRREGULAR: &[(&str, &str)] = &[("endpoints", "endpoints")];
-    if let Some((_, p)) = IRREGULAR.iter().find(|(k, _)| *k == lower) {
-        return (*p).to_string();
-    }
-    let consonant_y = lower.ends_with('y')
-        && !lower.ends_with("ay")
-        && !lower.ends_with("ey")
-        && !lower.ends_with("oy")
-        && !lower.ends_with("uy");
-    if consonant_y {
-        format!("{}ies", &lower[..lower.len() - 1])
-    } else if ["s", "x", "z", "ch", "sh"]
-        .iter()
-        .any(|s| lower.ends_with(s))
-    {
-        format!("{lower}es")
-    } else {
-        format!("{lower}s")
     }
 }
 

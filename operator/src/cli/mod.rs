@@ -1,8 +1,10 @@
-//! Command-line interface: `gatehouse run`, `gatehouse eval`, `gatehouse crds`.
+//! Command-line interface: `gatehouse run`, `gatehouse eval`, `gatehouse test`, `gatehouse crds`.
 pub mod crds;
 pub mod duration;
 pub mod eval;
 pub mod run;
+pub mod synthetic;
+pub mod test;
 
 use crate::runtime::error_chain::chain;
 use clap::{Parser, Subcommand};
@@ -30,6 +32,8 @@ pub enum Command {
     Run(Box<run::RunArgs>),
     /// Evaluate Policies against an object or AdmissionReview offline, as the API server would.
     Eval(eval::EvalArgs),
+    /// Run Policy tests (gatehouse-test.yaml files) without a cluster.
+    Test(test::TestArgs),
     /// Print (or write) the CRD YAML generated from the Rust types.
     Crds(crds::CrdsArgs),
 }
@@ -47,6 +51,10 @@ pub async fn main(cli: Cli) -> i32 {
         Command::Eval(args) => {
             let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
             eval::run(&args, &mut out, &mut err)
+        }
+        Command::Test(args) => {
+            let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
+            test::run(&args, &mut out, &mut err)
         }
         Command::Crds(args) => match crds::run(&args, &mut std::io::stdout().lock()) {
             Ok(()) => 0,
