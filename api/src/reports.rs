@@ -1,10 +1,12 @@
-//! `wgpolicyk8s.io/v1alpha2` PolicyReport and ClusterPolicyReport: the report format of the
-//! Kubernetes Policy working group, which Kyverno, Kubewarden and Policy Reporter read. Gatehouse
-//! writes them (the audit of stored objects) and can generate their CRDs for clusters that have
-//! none (`gatehouse crds --reports`, the opt-in `config/reports` component).
+//! Policy reports in the two formats policy engines write and Policy Reporter reads: the
+//! Kubernetes Policy working group's `wgpolicyk8s.io/v1alpha2` PolicyReport and
+//! ClusterPolicyReport, and their successor `openreports.io/v1alpha1` Report and ClusterReport
+//! (Kyverno and Kubewarden have moved to it). Gatehouse writes them (the audit of stored
+//! objects) and can generate their CRDs for clusters that have none (`gatehouse crds --reports`
+//! and `--openreports`, the opt-in `config/reports` and `config/openreports` components).
 //!
-//! The report's fields sit at the top level of the object, beside `metadata`, not under a
-//! `spec`; so these are plain types and the CRDs are built here rather than derived.
+//! Both formats have the same fields at the top level of the object, beside `metadata`, not
+//! under a `spec`; so these are plain types and the CRDs are built here rather than derived.
 use std::collections::BTreeMap;
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
@@ -16,10 +18,66 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// The reports' API group.
-pub const GROUP: &str = "wgpolicyk8s.io";
-/// The reports' version.
-pub const VERSION: &str = "v1alpha2";
+/// The API a report is written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ReportApi {
+    /// `wgpolicyk8s.io/v1alpha2`: PolicyReport, ClusterPolicyReport.
+    Wgpolicyk8s,
+    /// `openreports.io/v1alpha1`: Report, ClusterReport.
+    Openreports,
+}
+
+impl ReportApi {
+    pub const ALL: [ReportApi; 2] = [ReportApi::Wgpolicyk8s, ReportApi::Openreports];
+
+    pub fn group(self) -> &'static str {
+        match self {
+            ReportApi::Wgpolicyk8s => "wgpolicyk8s.io",
+            ReportApi::Openreports => "openreports.io",
+        }
+    }
+
+    pub fn version(self) -> &'static str {
+        match self {
+            ReportApi::Wgpolicyk8s => "v1alpha2",
+            ReportApi::Openreports => "v1alpha1",
+        }
+    }
+
+    /// `group/version`.
+    pub fn api_version(self) -> String {
+        format!("{}/{}", self.group(), self.version())
+    }
+
+    /// The kind of `kind`'s reports in this API.
+    pub fn kind(self, kind: ReportKind) -> &'static str {
+        match (self, kind) {
+            (ReportApi::Wgpolicyk8s, ReportKind::Namespaced) => "PolicyReport",
+            (ReportApi::Wgpolicyk8s, ReportKind::Cluster) => "ClusterPolicyReport",
+            (ReportApi::Openreports, ReportKind::Namespaced) => "Report",
+            (ReportApi::Openreports, ReportKind::Cluster) => "ClusterReport",
+        }
+    }
+
+    /// The resource (plural) of `kind`'s reports in this API.
+    pub fn plural(self, kind: ReportKind) -> &'static str {
+        match (self, kind) {
+            (ReportApi::Wgpolicyk8s, ReportKind::Namespaced) => "policyreports",
+            (ReportApi::Wgpolicyk8s, ReportKind::Cluster) => "clusterpolicyreports",
+            (ReportApi::Openreports, ReportKind::Namespaced) => "reports",
+            (ReportApi::Openreports, ReportKind::Cluster) => "clusterreports",
+        }
+    }
+
+    fn short_name(self, kind: ReportKind) -> &'static str {
+        match (self, kind) {
+            (ReportApi::Wgpolicyk8s, ReportKind::Namespaced) => "polr",
+            (ReportApi::Wgpolicyk8s, ReportKind::Cluster) => "cpolr",
+            (ReportApi::Openreports, ReportKind::Namespaced) => "reps",
+            (ReportApi::Openreports, ReportKind::Cluster) => "creps",
+        }
+    }
+}
 
 /// A reference to the object a result is about.
 #[derive(Serialize, Deserialize, JsonSchema, Clone, Debug, Default, PartialEq, Eq)]
@@ -115,31 +173,8 @@ pub enum ReportKind {
     Cluster,
 }
 
-impl ReportKind {
-    pub fn kind(self) -> &'static str {
-        match self {
-            ReportKind::Namespaced => "PolicyReport",
-            ReportKind::Cluster => "ClusterPolicyReport",
-        }
-    }
-
-    pub fn plural(self) -> &'static str {
-        match self {
-            ReportKind::Namespaced => "policyreports",
-            ReportKind::Cluster => "clusterpolicyreports",
-        }
-    }
-
-    fn short_name(self) -> &'static str {
-        match self {
-            ReportKind::Namespaced => "polr",
-            ReportKind::Cluster => "cpolr",
-        }
-    }
-}
-
-/// The CRD of `kind`, with the summary counts as printer columns.
-pub fn report_crd(kind: ReportKind) -> CustomResourceDefinition {
+/// The CRD of `kind`'s reports in `api`, with the summary counts as printer columns.
+pub fn report_crd(api: ReportApi, kind: ReportKind) -> CustomResourceDefinition {
     let body = serde_json::to_value(schemars::schema_for!(ReportBody)).unwrap_or_default();
     let mut schema = inline_definitions(&body);
     if let Some(fields) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
@@ -150,13 +185,14 @@ pub fn report_crd(kind: ReportKind) -> CustomResourceDefinition {
     if let Some(o) = schema.as_object_mut() {
         let description = match kind {
             ReportKind::Namespaced => {
-                "The results of policy checks on the objects of one namespace (wgpolicyk8s.io)."
+                "The results of policy checks on the objects of one namespace"
             }
-            ReportKind::Cluster => {
-                "The results of policy checks on cluster-scoped objects (wgpolicyk8s.io)."
-            }
+            ReportKind::Cluster => "The results of policy checks on cluster-scoped objects",
         };
-        o.insert("description".into(), description.into());
+        o.insert(
+            "description".into(),
+            format!("{description} ({}).", api.group()).into(),
+        );
         o.remove("$schema");
         o.remove("title");
         o.remove("required");
@@ -171,17 +207,17 @@ pub fn report_crd(kind: ReportKind) -> CustomResourceDefinition {
     };
     CustomResourceDefinition {
         metadata: ObjectMeta {
-            name: Some(format!("{}.{GROUP}", kind.plural())),
+            name: Some(format!("{}.{}", api.plural(kind), api.group())),
             ..Default::default()
         },
         spec: CustomResourceDefinitionSpec {
-            group: GROUP.into(),
+            group: api.group().into(),
             names: CustomResourceDefinitionNames {
-                kind: kind.kind().into(),
-                plural: kind.plural().into(),
-                singular: Some(kind.kind().to_lowercase()),
-                short_names: Some(vec![kind.short_name().into()]),
-                list_kind: Some(format!("{}List", kind.kind())),
+                kind: api.kind(kind).into(),
+                plural: api.plural(kind).into(),
+                singular: Some(api.kind(kind).to_lowercase()),
+                short_names: Some(vec![api.short_name(kind).into()]),
+                list_kind: Some(format!("{}List", api.kind(kind))),
                 ..Default::default()
             },
             scope: match kind {
@@ -189,7 +225,7 @@ pub fn report_crd(kind: ReportKind) -> CustomResourceDefinition {
                 ReportKind::Cluster => "Cluster".into(),
             },
             versions: vec![CustomResourceDefinitionVersion {
-                name: VERSION.into(),
+                name: api.version().into(),
                 served: true,
                 storage: true,
                 schema: Some(CustomResourceValidation {
@@ -269,11 +305,18 @@ mod tests {
 
     #[test]
     fn the_crds_are_structural_with_the_counts_as_columns() {
-        let crd = report_crd(ReportKind::Namespaced);
+        let crd = report_crd(ReportApi::Wgpolicyk8s, ReportKind::Namespaced);
         assert_eq!(
             crd.metadata.name.as_deref(),
             Some("policyreports.wgpolicyk8s.io")
         );
+        let open = report_crd(ReportApi::Openreports, ReportKind::Cluster);
+        assert_eq!(
+            open.metadata.name.as_deref(),
+            Some("clusterreports.openreports.io")
+        );
+        assert_eq!(open.spec.names.kind, "ClusterReport");
+        assert_eq!(open.spec.versions[0].name, "v1alpha1");
         let yaml = serde_json::to_string(&crd).unwrap();
         assert!(!yaml.contains("$ref") && !yaml.contains("$defs"), "{yaml}");
         let version = &crd.spec.versions[0];
@@ -301,7 +344,9 @@ mod tests {
             serde_json::json!(["pass", "fail", "warn", "error", "skip"])
         );
         assert_eq!(
-            report_crd(ReportKind::Cluster).spec.scope,
+            report_crd(ReportApi::Wgpolicyk8s, ReportKind::Cluster)
+                .spec
+                .scope,
             "Cluster".to_string()
         );
     }

@@ -269,7 +269,7 @@ async fn values_reach_the_objects() {
             "certificates.certValidity=7d",
             "logFormat=json",
             "logLevel=debug",
-            "audit.interval=6h,audit.qps=2.5,audit.pageSize=200,audit.maxResults=50",
+            "audit.interval=6h,audit.qps=2.5,audit.pageSize=200,audit.maxResults=50,audit.reportApi=openreports",
             "nodeSelector.kubernetes\\.io/os=linux",
             "tolerations[0].key=dedicated,tolerations[0].operator=Exists",
             "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=pool",
@@ -303,6 +303,7 @@ async fn values_reach_the_objects() {
             ("--audit-qps", "2.5"),
             ("--audit-page-size", "200"),
             ("--audit-max-results", "50"),
+            ("--report-api", "openreports"),
         ] {
             ensure!(flag(d, name) == Some(want), "{name}: {:?}, want {want}", flag(d, name));
         }
@@ -445,6 +446,7 @@ async fn a_wrong_value_is_refused_by_the_schema_with_the_field_name() {
             ("leaseDuration=0s", "/leaseDuration"),
             ("audit.qps=0", "/audit/qps"),
             ("audit.pageSize=0", "/audit/pageSize"),
+            ("audit.reportApi=policyreports", "/audit/reportApi"),
             ("leaseDuration=null", "leaseDuration"),
             ("replicas=3", "'replicas'"),
         ] {

@@ -22,6 +22,7 @@ mod ordering;
 mod outage;
 mod previews;
 mod refusals;
+mod report_apis;
 mod scene;
 mod shared;
 mod smoke;

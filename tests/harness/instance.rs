@@ -11,6 +11,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
 use crate::{Cluster, await_condition};
+use gatehouse_api::reports::{ReportApi, ReportKind};
 
 /// Environment variable naming the `gatehouse` binary under test.
 pub const BIN_ENV: &str = "GATEHOUSE_BIN";
@@ -167,38 +168,68 @@ pub async fn ensure_crds(cluster: &Cluster) -> anyhow::Result<()> {
 pub async fn ensure_report_crds(cluster: &Cluster) -> anyhow::Result<()> {
     static INSTALLED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     INSTALLED
-        .get_or_try_init(|| async {
-            // A kustomize Component is no root of its own: its files, one by one.
-            let dir = cluster.repo_root().join("config/reports");
-            for file in [
-                "wgpolicyk8s.io_policyreports.yaml",
-                "wgpolicyk8s.io_clusterpolicyreports.yaml",
-            ] {
-                let path = dir.join(file);
-                cluster
-                    .kubectl_ok(
-                        [
-                            "apply",
-                            "--server-side",
-                            "--force-conflicts",
-                            "-f",
-                            &path.to_string_lossy(),
-                        ],
-                        None,
-                    )
-                    .await?;
-            }
-            await_established(
-                cluster,
-                &[
-                    "policyreports.wgpolicyk8s.io",
-                    "clusterpolicyreports.wgpolicyk8s.io",
-                ],
-            )
-            .await
-        })
+        .get_or_try_init(|| install_report_crds(cluster, ReportApi::Wgpolicyk8s))
         .await?;
     Ok(())
+}
+
+/// The CRD names of `api`'s two report kinds.
+fn report_crd_names(api: ReportApi) -> Vec<String> {
+    [ReportKind::Namespaced, ReportKind::Cluster]
+        .iter()
+        .map(|k| format!("{}.{}", api.plural(*k), api.group()))
+        .collect()
+}
+
+/// Installs `api`'s report CRDs from their opt-in component (`config/reports`,
+/// `config/openreports`) and waits until they are established.
+pub async fn install_report_crds(cluster: &Cluster, api: ReportApi) -> anyhow::Result<()> {
+    let component = match api {
+        ReportApi::Wgpolicyk8s => "config/reports",
+        ReportApi::Openreports => "config/openreports",
+    };
+    // A kustomize Component is no root of its own: its files, one by one.
+    let dir = cluster.repo_root().join(component);
+    let names = report_crd_names(api);
+    for name in &names {
+        let (plural, group) = name.split_once('.').unwrap_or((name, ""));
+        let path = dir.join(format!("{group}_{plural}.yaml"));
+        cluster
+            .kubectl_ok(
+                [
+                    "apply",
+                    "--server-side",
+                    "--force-conflicts",
+                    "-f",
+                    &path.to_string_lossy(),
+                ],
+                None,
+            )
+            .await?;
+    }
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    await_established(cluster, &names).await
+}
+
+/// Deletes `api`'s report CRDs (and so every report in them) and waits until the API server
+/// no longer serves the API.
+pub async fn remove_report_crds(cluster: &Cluster, api: ReportApi) -> anyhow::Result<()> {
+    let mut args = vec!["delete".to_string(), "crd".to_string()];
+    args.extend(report_crd_names(api));
+    args.extend(["--ignore-not-found".to_string(), "--wait=true".to_string()]);
+    cluster.kubectl_ok(&args, None).await?;
+    let path = format!("/apis/{}", api.api_version());
+    await_condition(
+        &format!("{} no longer served", api.api_version()),
+        Duration::from_secs(60),
+        || async {
+            let out = cluster
+                .kubectl_output(["get", "--raw", &path], None)
+                .await?;
+            Ok((!out.status.success()).then_some(()))
+        },
+    )
+    .await
 }
 
 /// Waits until every CRD of `crds` is Established. Polled rather than `kubectl wait`: that

@@ -1,7 +1,8 @@
 //! The background audit: the leader judges the stored objects every validating Policy names
 //! (webhook or in-process alike, Deny and Warn rules) with the admission engine, and writes the
-//! results as `wgpolicyk8s.io` PolicyReports (per namespace) and ClusterPolicyReports (for
-//! cluster-scoped objects), one report per Policy and scope, replaced whole by every pass.
+//! results as reports (per namespace, and for cluster-scoped objects) in `wgpolicyk8s.io` or
+//! `openreports.io` (`--report-api`), one report per Policy and scope, replaced whole by every
+//! pass.
 //!
 //! A pass runs every `--audit-interval`, and soon after a Policy's generation changes. Objects
 //! are read with paginated LISTs of just the kinds the Policies name, at most `--audit-qps`
@@ -12,6 +13,7 @@ mod audited;
 pub(crate) mod judge;
 mod pass;
 mod report;
+pub mod report_api;
 pub(crate) mod source;
 mod writes;
 
@@ -64,6 +66,8 @@ pub struct AuditConfig {
     pub max_results: usize,
     /// Namespaces admission never touches: not audited either.
     pub excluded_namespaces: Vec<String>,
+    /// The report API written in.
+    pub report_api: report_api::ReportApiChoice,
 }
 
 /// Labels of `gatehouse_audit_objects_total`.

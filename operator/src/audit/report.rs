@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::controller::wiring::MANAGED_BY_LABEL;
 use gatehouse_api::reports::{
-    GROUP, ReportBody, ReportKind, ReportResult, ReportSummary, ResultKind, VERSION,
+    ReportApi, ReportBody, ReportKind, ReportResult, ReportSummary, ResultKind,
 };
 
 /// Label holding the UID of the Policy a report is about (a name may be longer than a label
@@ -85,8 +85,15 @@ pub fn report_name(policy: &str) -> String {
     }
 }
 
-/// The report object (for server-side apply) of Policy `policy` (with `uid`) in `scope`.
-pub fn report_object(policy: &str, uid: &str, scope: &ReportLocation, tally: &Tally) -> Value {
+/// The report object (for server-side apply), in `api`, of Policy `policy` (with `uid`) in
+/// `scope`.
+pub fn report_object(
+    api: ReportApi,
+    policy: &str,
+    uid: &str,
+    scope: &ReportLocation,
+    tally: &Tally,
+) -> Value {
     let kind = match scope {
         ReportLocation::Namespace(_) => ReportKind::Namespaced,
         ReportLocation::Cluster => ReportKind::Cluster,
@@ -113,8 +120,8 @@ pub fn report_object(policy: &str, uid: &str, scope: &ReportLocation, tally: &Ta
         results: tally.results.clone(),
     };
     let mut object = serde_json::to_value(body).unwrap_or_else(|_| json!({}));
-    object["apiVersion"] = json!(format!("{GROUP}/{VERSION}"));
-    object["kind"] = json!(kind.kind());
+    object["apiVersion"] = json!(api.api_version());
+    object["kind"] = json!(api.kind(kind));
     object["metadata"] = metadata;
     object
 }
@@ -172,11 +179,13 @@ mod tests {
         assert_eq!(tally.results.len(), 2);
         assert_eq!(tally.left_out, 2);
         let report = report_object(
+            ReportApi::Wgpolicyk8s,
             "p",
             "uid-1",
             &ReportLocation::Namespace("ns".into()),
             &tally,
         );
+        assert_eq!(report["apiVersion"], "wgpolicyk8s.io/v1alpha2");
         assert_eq!(report["kind"], "PolicyReport");
         assert_eq!(report["metadata"]["namespace"], "ns");
         assert_eq!(report["metadata"]["name"], "gatehouse-p");
@@ -187,8 +196,15 @@ mod tests {
         assert_eq!(report["metadata"]["ownerReferences"][0]["uid"], "uid-1");
         assert_eq!(report["summary"]["warn"], 2);
         assert_eq!(report["results"][1]["resources"][0]["name"], "b");
-        let cluster = report_object("p", "uid-1", &ReportLocation::Cluster, &Tally::default());
-        assert_eq!(cluster["kind"], "ClusterPolicyReport");
+        let cluster = report_object(
+            ReportApi::Openreports,
+            "p",
+            "uid-1",
+            &ReportLocation::Cluster,
+            &Tally::default(),
+        );
+        assert_eq!(cluster["apiVersion"], "openreports.io/v1alpha1");
+        assert_eq!(cluster["kind"], "ClusterReport");
         assert!(cluster["metadata"].get("namespace").is_none());
         assert_eq!(cluster["metadata"]["annotations"][POLICY_ANNOTATION], "p");
         assert!(

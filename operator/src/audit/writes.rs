@@ -1,5 +1,6 @@
-//! What a pass writes: every Policy's reports (server-side apply, replaced whole), the deletion
-//! of reports no Policy has any more, and each Policy's `Audited` condition and last pass time,
+//! What a pass writes: every Policy's reports (server-side apply, replaced whole) in the report
+//! API `--report-api` chooses, the deletion of reports no Policy has any more (and of every
+//! Gatehouse report in the other API, so a switch leaves none behind), and each Policy's `Audited` condition and last pass time,
 //! at the pace of the LISTs (a server-side apply of a report is costly for the API server: the
 //! larger the report, the more; see `--audit-max-results`).
 use std::collections::BTreeSet;
@@ -12,35 +13,37 @@ use tracing::warn;
 
 use super::audited::AuditedPolicy;
 use super::report::{POLICY_UID_LABEL, ReportLocation, Tallies, report_name, report_object};
+use super::report_api::{chosen, served};
 use super::source::Pace;
 use super::{AUDITED, AuditContext, AuditError};
 use crate::controller::wiring::MANAGED_BY_LABEL;
 use crate::runtime::error_chain::chain;
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::{FIELD_MANAGER, fenced};
-use gatehouse_api::reports::{GROUP, ReportKind, VERSION};
+use gatehouse_api::reports::{ReportApi, ReportKind};
 use gatehouse_api::v1alpha1::Policy;
 
-fn report_resource(kind: ReportKind) -> ApiResource {
+fn report_resource(api: ReportApi, kind: ReportKind) -> ApiResource {
     ApiResource {
-        group: GROUP.into(),
-        version: VERSION.into(),
-        api_version: format!("{GROUP}/{VERSION}"),
-        kind: kind.kind().into(),
-        plural: kind.plural().into(),
+        group: api.group().into(),
+        version: api.version().into(),
+        api_version: api.api_version(),
+        kind: api.kind(kind).into(),
+        plural: api.plural(kind).into(),
     }
 }
 
-fn api(ctx: &AuditContext, scope: &ReportLocation) -> Api<DynamicObject> {
+fn reports_api(ctx: &AuditContext, api: ReportApi, scope: &ReportLocation) -> Api<DynamicObject> {
     match scope {
         ReportLocation::Namespace(ns) => Api::namespaced_with(
             ctx.client.clone(),
             ns,
-            &report_resource(ReportKind::Namespaced),
+            &report_resource(api, ReportKind::Namespaced),
         ),
-        ReportLocation::Cluster => {
-            Api::all_with(ctx.client.clone(), &report_resource(ReportKind::Cluster))
-        }
+        ReportLocation::Cluster => Api::all_with(
+            ctx.client.clone(),
+            &report_resource(api, ReportKind::Cluster),
+        ),
     }
 }
 
@@ -53,14 +56,23 @@ pub async fn write_reports(
     leader: &watch::Receiver<Leadership>,
     pace: &mut Pace,
 ) -> Result<usize, AuditError> {
-    let written = apply_reports(ctx, audited, tallies, leader, pace).await?;
-    delete_unwritten(ctx, audited, &written, leader, pace).await?;
+    let served = served(&ctx.client).await;
+    let api = chosen(ctx.config.report_api, served);
+    let written = apply_reports(ctx, api, audited, tallies, leader, pace).await?;
+    delete_unwritten(ctx, api, audited, &written, leader, pace).await?;
+    for other in ReportApi::ALL.into_iter().filter(|a| *a != api) {
+        if served.serves(other) {
+            // Nothing is written or kept there: every Gatehouse report in it goes.
+            delete_unwritten(ctx, other, &[], &BTreeSet::new(), leader, pace).await?;
+        }
+    }
     Ok(written.len())
 }
 
 /// Applies every Policy's reports; the ones written, by scope and name.
 async fn apply_reports(
     ctx: &AuditContext,
+    api: ReportApi,
     audited: &mut [AuditedPolicy],
     tallies: &Tallies,
     leader: &watch::Receiver<Leadership>,
@@ -72,13 +84,13 @@ async fn apply_reports(
         let name = entry.name().to_string();
         let uid = entry.policy.metadata.uid.clone().unwrap_or_default();
         for (scope, tally) in tallies.get(&name).into_iter().flatten() {
-            let report = report_object(&name, &uid, scope, tally);
+            let report = report_object(api, &name, &uid, scope, tally);
             let report_name = report_name(&name);
             pace.wait().await;
             let applied = fenced(
                 leader,
                 || format!("report {report_name}"),
-                api(ctx, scope).patch(&report_name, &params, &Patch::Apply(&report)),
+                reports_api(ctx, api, scope).patch(&report_name, &params, &Patch::Apply(&report)),
             )
             .await
             .map_err(|_| AuditError::NotLeading)?;
@@ -105,6 +117,7 @@ async fn apply_reports(
 /// succeeds).
 async fn delete_unwritten(
     ctx: &AuditContext,
+    api: ReportApi,
     audited: &[AuditedPolicy],
     written: &BTreeSet<(ReportLocation, String)>,
     leader: &watch::Receiver<Leadership>,
@@ -120,7 +133,8 @@ async fn delete_unwritten(
         MANAGED_BY_LABEL.0, MANAGED_BY_LABEL.1
     );
     for kind in [ReportKind::Namespaced, ReportKind::Cluster] {
-        let all: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &report_resource(kind));
+        let all: Api<DynamicObject> =
+            Api::all_with(ctx.client.clone(), &report_resource(api, kind));
         let existing = match all
             .list_metadata(&ListParams::default().labels(&selector))
             .await
@@ -128,7 +142,7 @@ async fn delete_unwritten(
             Ok(list) => list.items,
             // The report CRDs may not be installed: nothing to delete.
             Err(e) => {
-                warn!(error = %chain(&e), kind = kind.kind(), "listing reports");
+                warn!(error = %chain(&e), kind = api.kind(kind), "listing reports");
                 continue;
             }
         };
@@ -152,7 +166,7 @@ async fn delete_unwritten(
             let deleted = fenced(
                 leader,
                 || format!("report {name}"),
-                api(ctx, &scope).delete(&name, &DeleteParams::default()),
+                reports_api(ctx, api, &scope).delete(&name, &DeleteParams::default()),
             )
             .await
             .map_err(|_| AuditError::NotLeading)?;

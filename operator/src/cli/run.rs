@@ -12,6 +12,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::{Notify, watch};
 use tracing::{error, info};
 
+use crate::audit::report_api::ReportApiChoice;
 use crate::audit::{self, AuditConfig, AuditContext, AuditMetrics};
 use crate::controller::wiring::{CONFIGURATION_NAME, Endpoint, Wiring};
 use crate::controller::{self, ControllerContext};
@@ -139,6 +140,12 @@ pub struct RunArgs {
     #[arg(long, env = "GATEHOUSE_AUDIT_MAX_RESULTS", default_value_t = 100)]
     pub audit_max_results: usize,
 
+    /// The API the audit writes its reports in: wgpolicyk8s (PolicyReport,
+    /// ClusterPolicyReport), openreports (Report, ClusterReport), or auto: whichever the API
+    /// server serves, openreports when both. Gatehouse's reports in the other API are deleted.
+    #[arg(long, env = "GATEHOUSE_REPORT_API", value_enum, default_value_t = ReportApiChoice::Auto)]
+    pub report_api: ReportApiChoice,
+
     /// Log format: `plain` text or `json` lines. The level comes from RUST_LOG (default info).
     #[arg(long, env = "GATEHOUSE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,
@@ -264,6 +271,7 @@ impl RunArgs {
             page_size: self.audit_page_size.max(1),
             max_results: self.audit_max_results,
             excluded_namespaces: self.excluded_namespaces(),
+            report_api: self.report_api,
         }
     }
 
