@@ -20,6 +20,7 @@ pub mod index;
 pub mod ipam;
 pub(crate) mod kinds;
 pub mod network;
+pub(crate) mod settled;
 pub(crate) mod triggers;
 pub(crate) mod watches;
 

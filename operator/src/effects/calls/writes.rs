@@ -13,7 +13,7 @@ use super::plan::{GatedPod, Send};
 use super::{CallsContext, CallsError};
 use crate::effects::finalizers;
 use crate::effects::gates::{self, AtGate};
-use crate::runtime::error_chain::chain;
+use crate::effects::settled::settled;
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::fenced;
 use gatehouse_api::v1alpha1::{
@@ -21,17 +21,6 @@ use gatehouse_api::v1alpha1::{
     call_record_name,
 };
 use k8s_openapi::api::core::v1::ObjectReference;
-
-/// A write's outcome as the pass counts it: done (or settled by one of `settled_by`), or the
-/// API server's reason.
-fn settled<T>(written: Result<T, kube::Error>, settled_by: &[u16]) -> Result<(), String> {
-    match written {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if settled_by.contains(&e.code) => Ok(()),
-        Err(kube::Error::Api(e)) => Err(format!("{} ({})", e.message, e.reason)),
-        Err(other) => Err(chain(&other).to_string()),
-    }
-}
 
 /// Makes the record of `send` before its first Apply; one that exists already is fine.
 pub async fn create_record(

@@ -13,7 +13,7 @@ use super::{CompanionsContext, CompanionsError};
 use crate::effects::condition::{Said, first_five, replaced};
 use crate::effects::finalizers;
 use crate::effects::gates::{self, AtGate};
-use crate::runtime::error_chain::chain;
+use crate::effects::settled::{reason, settled};
 use crate::runtime::lease::Leadership;
 use crate::runtime::reconcile::{FIELD_MANAGER, fenced};
 use gatehouse_api::v1alpha1::{
@@ -122,25 +122,6 @@ pub async fn ungate(
         gate: COMPANIONS_GATE,
     };
     Ok(gates::open(&ctx.client, at_gate, leader).await?)
-}
-
-/// A write's outcome as the pass counts it: done, or done already when the API server answers
-/// one of `settled_by` (the object gone, or changed so that the write no longer applies), or the
-/// API server's reason.
-fn settled<T>(written: Result<T, kube::Error>, settled_by: &[u16]) -> Result<(), String> {
-    match written {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(e)) if settled_by.contains(&e.code) => Ok(()),
-        Err(e) => Err(reason(&e)),
-    }
-}
-
-/// The API server's message, or the error's chain.
-fn reason(e: &kube::Error) -> String {
-    match e {
-        kube::Error::Api(status) => format!("{} ({})", status.message, status.reason),
-        other => chain(other).to_string(),
-    }
 }
 
 /// Adds (`hold`) or removes the companions finalizer of `policy`.
