@@ -379,8 +379,29 @@ async fn place_and_release(
     } = plan(&pods, &policies, &judged, &deleting, index, memory);
     let ValidatedPools { valid, invalid, .. } = judged;
 
-    // Record, many writes at a time.
-    let released: Vec<Result<bool, IpamError>> = futures::stream::iter(&releases)
+    let written_allocations = write_allocations(ctx, index, &releases, places, leader).await;
+    memory.pods = seen;
+    // Pool status reflects the index whatever a single write did; Events go with it.
+    let (written, ()) = tokio::join!(
+        write_pools(ctx, &pools, &valid, &invalid, index, &waiting, leader),
+        publish(ctx, tells),
+    );
+    let again = written_allocations?;
+    written?;
+    Ok(again)
+}
+
+/// Releases and records allocations, many writes at a time, keeping `index` in step with what
+/// was written: whether an address was taken (the pass looks again), or the first error (after
+/// every write was tried).
+async fn write_allocations(
+    ctx: &IpamContext,
+    index: &mut Index,
+    releases: &[Held],
+    places: Vec<Assignment>,
+    leader: &watch::Receiver<Leadership>,
+) -> Result<bool, IpamError> {
+    let released: Vec<Result<bool, IpamError>> = futures::stream::iter(releases)
         .map(|h| delete_allocation(ctx, &h.name, &h.uid, leader))
         .buffer_unordered(WRITES_IN_FLIGHT)
         .collect()
@@ -414,15 +435,8 @@ async fn place_and_release(
             }
         }
     }
-    memory.pods = seen;
-    // Pool status reflects the index whatever a single write did; Events go with it.
-    let (written, ()) = tokio::join!(
-        write_pools(ctx, &pools, &valid, &invalid, index, &waiting, leader),
-        publish(ctx, tells),
-    );
-    if let Some(e) = first_error {
-        return Err(e);
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(again),
     }
-    written?;
-    Ok(again)
 }
