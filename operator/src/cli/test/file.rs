@@ -221,3 +221,76 @@ fn check(test: &TestFile) -> Result<(), (String, String)> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `read` of `text` written to a scratch file: the error's text, or the test.
+    fn read_text(tag: &str, text: &str) -> Result<TestFile, String> {
+        let path = std::env::temp_dir().join(format!(
+            "gatehouse-test-file-{tag}-{}.yaml",
+            std::process::id()
+        ));
+        std::fs::write(&path, text).map_err(|e| e.to_string())?;
+        let read = read(&path).map_err(|e| e.to_string());
+        let _ = std::fs::remove_file(&path);
+        read
+    }
+
+    const HEAD: &str = "apiVersion: cli.gatehouse.dev/v1alpha1\nkind: Test\npolicies: [p.yaml]\nresources: [r.yaml]\n";
+
+    #[test]
+    fn a_good_file_reads() {
+        let test = read_text(
+            "good",
+            &format!("{HEAD}results:\n- {{policy: p, resources: [a, ns/b], result: denied, message: forbidden}}\n"),
+        )
+        .expect("reads");
+        assert_eq!(test.results[0].result, Expected::Denied);
+        assert_eq!(test.results[0].resources, ["a", "ns/b"]);
+        assert_eq!(test.request, RequestSpec::default());
+    }
+
+    #[test]
+    fn every_mistake_names_its_field() {
+        let cases = [
+            // A typo is an unknown field, not a silently empty list.
+            (format!("{HEAD}result: []\n"), "result"),
+            (
+                format!("{HEAD}results:\n- {{policy: p, resources: [a], result: allowed}}\n"),
+                "results[0].result: unknown variant `allowed`",
+            ),
+            (
+                format!(
+                    "{HEAD}results:\n- {{policy: p, resources: [a], result: denied, patches: []}}\n"
+                ),
+                "results[0].result: patchedResource and patches need",
+            ),
+            (
+                format!(
+                    "{HEAD}results:\n- {{policy: p, resources: [a], result: admitted, message: x}}\n"
+                ),
+                "results[0].message: only a denied or warned result",
+            ),
+            (
+                format!("{HEAD}results:\n- {{policy: p, resources: [], result: admitted}}\n"),
+                "results[0].resources: must not be empty",
+            ),
+            (format!("{HEAD}results: []\n"), "results: must not be empty"),
+            (
+                format!("{HEAD}request: {{operation: PATCH}}\nresults: []\n"),
+                "request.operation",
+            ),
+            (
+                "apiVersion: v1\nkind: Test\npolicies: [p]\nresources: [r]\nresults: []\n"
+                    .to_string(),
+                "apiVersion: \"v1\"/\"Test\" is not a cli.gatehouse.dev/v1alpha1 Test",
+            ),
+        ];
+        for (i, (text, want)) in cases.iter().enumerate() {
+            let err = read_text(&format!("bad{i}"), text).expect_err(text);
+            assert!(err.contains(want), "{text}\n=> {err}\nwant {want}");
+        }
+    }
+}
