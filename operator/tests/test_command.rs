@@ -60,7 +60,7 @@ fn every_outcome_kind_is_checked_and_effects_are_listed() {
     let run = test(&[&cases("passing"), "--output", "json"]);
     assert_eq!(run.code, PASSED, "{}{}", run.out, run.err);
     let outcome: Value = serde_json::from_str(&run.out).unwrap();
-    assert_eq!(outcome["passed"], 7, "{outcome:#}");
+    assert_eq!(outcome["passed"], 9, "{outcome:#}");
     assert_eq!(outcome["failed"], 0);
     let mutated = row(&outcome, "team-label", "tenant-a/owned");
     assert_eq!(mutated["got"], "admitted");
@@ -90,6 +90,19 @@ fn every_outcome_kind_is_checked_and_effects_are_listed() {
         .map(|c| &c["got"])
         .collect();
     assert_eq!(unowned, ["denied", "skipped"]);
+
+    // A Policy the chain never reached says so.
+    let guard = row(&outcome, "secret-guard", "plain/token");
+    assert_eq!(guard["got"], "denied");
+    let unreached = row(&outcome, "secret-type", "plain/token");
+    assert_eq!(unreached["got"], "skipped");
+    assert!(
+        unreached["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("not reached: a mutating Policy denied the request first"),
+        "{unreached}"
+    );
 
     let effects = outcome["files"][0]["effects"].as_array().unwrap();
     let companion = effects

@@ -161,9 +161,17 @@ async fn phases(scene: &mut Scene) -> anyhow::Result<()> {
 async fn reports_follow_the_served_api_and_a_switch_leaves_none_behind() {
     run_test(async |cluster| {
         let stage = Stage::open(cluster, "gh-report-api").await?;
-        remove_report_crds(cluster, ReportApi::Wgpolicyk8s).await?;
-        install_report_crds(cluster, ReportApi::Openreports).await?;
-        let scene = match stage.start(options(None)).await {
+        // Only openreports.io served, before Gatehouse starts; the CRDs are put back on every
+        // way out.
+        let only_openreports = async {
+            remove_report_crds(cluster, ReportApi::Wgpolicyk8s).await?;
+            install_report_crds(cluster, ReportApi::Openreports).await
+        };
+        let started = match only_openreports.await {
+            Ok(()) => stage.start(options(None)).await,
+            Err(e) => Err(e),
+        };
+        let scene = match started {
             Ok(scene) => scene,
             Err(e) => {
                 restore(cluster).await?;

@@ -141,6 +141,8 @@ pub enum AuditError {
         #[source]
         source: kube::Error,
     },
+    #[error("asking discovery which report APIs are served")]
+    Discovery(#[source] kube::Error),
     #[error("leadership ended during the pass")]
     NotLeading,
 }
@@ -154,6 +156,7 @@ impl Failure for AuditError {
             AuditError::List { .. } => "List",
             AuditError::WriteReport { .. } => "WriteReport",
             AuditError::DeleteReport { .. } => "DeleteReport",
+            AuditError::Discovery(_) => "Discovery",
             AuditError::NotLeading => "NotLeading",
         }
     }

@@ -2,9 +2,7 @@
 //! server serves (openreports.io, the newer, when both are). Asked of discovery every pass, so
 //! CRDs installed or removed later are followed without a restart.
 use kube::Client;
-use tracing::debug;
 
-use crate::runtime::error_chain::chain;
 use gatehouse_api::reports::{ReportApi, ReportKind};
 
 /// `--report-api`.
@@ -46,25 +44,25 @@ pub fn chosen(choice: ReportApiChoice, served: Served) -> ReportApi {
     }
 }
 
-/// What discovery says is served; an API discovery cannot be asked about counts as not served.
-pub async fn served(client: &Client) -> Served {
+/// What discovery says is served: an API the API server answers 404 for is not. Any other
+/// error fails the pass (retried with backoff): written to the wrong API, reports would move
+/// back and forth with every failed lookup.
+pub async fn served(client: &Client) -> Result<Served, kube::Error> {
     let mut served = Served::default();
     for api in ReportApi::ALL {
         let both = match client.list_api_group_resources(&api.api_version()).await {
             Ok(list) => [ReportKind::Namespaced, ReportKind::Cluster]
                 .iter()
                 .all(|k| list.resources.iter().any(|r| r.name == api.plural(*k))),
-            Err(e) => {
-                debug!(api = %api.api_version(), error = %chain(&e), "report API not served");
-                false
-            }
+            Err(kube::Error::Api(status)) if status.code == 404 => false,
+            Err(e) => return Err(e),
         };
         match api {
             ReportApi::Wgpolicyk8s => served.wgpolicyk8s = both,
             ReportApi::Openreports => served.openreports = both,
         }
     }
-    served
+    Ok(served)
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! What a pass writes: every Policy's reports (server-side apply, replaced whole) in the report
-//! API `--report-api` chooses, the deletion of reports no Policy has any more (and of every
-//! Gatehouse report in the other API, so a switch leaves none behind), and each Policy's `Audited` condition and last pass time,
+//! API `--report-api` chooses, the deletion of reports no Policy has any more (in the other API
+//! too, so a switch leaves none behind), and each Policy's `Audited` condition and last pass time,
 //! at the pace of the LISTs (a server-side apply of a report is costly for the API server: the
 //! larger the report, the more; see `--audit-max-results`).
 use std::collections::BTreeSet;
@@ -56,15 +56,22 @@ pub async fn write_reports(
     leader: &watch::Receiver<Leadership>,
     pace: &mut Pace,
 ) -> Result<usize, AuditError> {
-    let served = served(&ctx.client).await;
+    let served = served(&ctx.client).await.map_err(AuditError::Discovery)?;
     let api = chosen(ctx.config.report_api, served);
+    if !served.serves(api) {
+        warn!(
+            api = %api.api_version(),
+            "the API server does not serve the reports' API: install its CRDs (config/reports, config/openreports)"
+        );
+    }
     let written = apply_reports(ctx, api, audited, tallies, leader, pace).await?;
     delete_unwritten(ctx, api, audited, &written, leader, pace).await?;
-    for other in ReportApi::ALL.into_iter().filter(|a| *a != api) {
-        if served.serves(other) {
-            // Nothing is written or kept there: every Gatehouse report in it goes.
-            delete_unwritten(ctx, other, &[], &BTreeSet::new(), leader, pace).await?;
-        }
+    // The other API holds reports of an earlier choice: they go as they would in the chosen
+    // one (a Policy whose write or LIST failed this pass keeps them), and only once the chosen
+    // API is served, so that a pass that could write nothing removes nothing.
+    let others = ReportApi::ALL.into_iter().filter(|a| *a != api);
+    for other in others.filter(|o| served.serves(api) && served.serves(*o)) {
+        delete_unwritten(ctx, other, audited, &BTreeSet::new(), leader, pace).await?;
     }
     Ok(written.len())
 }

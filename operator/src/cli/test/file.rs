@@ -67,10 +67,18 @@ pub struct RequestSpec {
     /// CREATE (the default), UPDATE, DELETE or CONNECT.
     #[serde(default)]
     pub operation: Option<Operation>,
+    /// The request's namespace: the resource's (`default` for a namespaced one without) when
+    /// absent.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// The request's `resource` (or `resource/subresource`): guessed from the kind when absent.
+    #[serde(default)]
+    pub resource: Option<String>,
     /// Who asks, for match conditions reading `request.userInfo`.
     #[serde(default)]
     pub user_info: Option<UserInfo>,
-    /// The stored object an UPDATE replaces (a file, relative to the test file).
+    /// The stored object an UPDATE replaces (a file, relative to the test file); the resource
+    /// itself when absent (an UPDATE that changes nothing).
     #[serde(default)]
     pub old_resource: Option<PathBuf>,
 }
@@ -211,6 +219,15 @@ fn check(test: &TestFile) -> Result<(), (String, String)> {
                     .to_string(),
             ));
         }
+        let request = result.request.as_ref().unwrap_or(&test.request);
+        if let Some(at_request) = request_problem(request, mutation) {
+            let prefix = if result.request.is_some() {
+                format!("results[{i}].request")
+            } else {
+                "request".to_string()
+            };
+            return Err((format!("{prefix}.{}", at_request.0), at_request.1));
+        }
         if result.message.is_some() && !matches!(result.result, Expected::Denied | Expected::Warned)
         {
             return Err((
@@ -220,6 +237,27 @@ fn check(test: &TestFile) -> Result<(), (String, String)> {
         }
     }
     Ok(())
+}
+
+/// What a request's details cannot mean, by field: a DELETE's object is the resource itself (it
+/// has no `oldResource`, and nothing of it is stored).
+fn request_problem(request: &RequestSpec, mutation: bool) -> Option<(&'static str, String)> {
+    if request.operation != Some(Operation::Delete) {
+        return None;
+    }
+    if request.old_resource.is_some() {
+        return Some((
+            "oldResource",
+            "a DELETE reviews the resource itself: oldResource is for UPDATE".to_string(),
+        ));
+    }
+    mutation.then(|| {
+        (
+            "operation",
+            "a DELETE stores nothing: patchedResource and patches are for CREATE and UPDATE"
+                .to_string(),
+        )
+    })
 }
 
 #[cfg(test)]
@@ -278,6 +316,18 @@ mod tests {
                 "results[0].resources: must not be empty",
             ),
             (format!("{HEAD}results: []\n"), "results: must not be empty"),
+            (
+                format!(
+                    "{HEAD}request: {{operation: DELETE, oldResource: o.yaml}}\nresults:\n- {{policy: p, resources: [a], result: denied}}\n"
+                ),
+                "request.oldResource: a DELETE reviews the resource itself",
+            ),
+            (
+                format!(
+                    "{HEAD}results:\n- {{policy: p, resources: [a], result: admitted, patches: [], request: {{operation: DELETE}}}}\n"
+                ),
+                "results[0].request.operation: a DELETE stores nothing",
+            ),
             (
                 format!("{HEAD}request: {{operation: PATCH}}\nresults: []\n"),
                 "request.operation",

@@ -18,7 +18,7 @@ pub const POLICY_UID: &str = "policy-uid";
 pub struct Listed {
     pub policy: String,
     pub resource: String,
-    /// `ipam`, `object` or `call`.
+    /// `ipam`, `object` or `call`; `unknown` when the Policy's match could not be decided.
     pub effect: String,
     /// One line: what would be done.
     pub summary: String,
@@ -48,10 +48,22 @@ pub fn listed_effects(
     request.object = Some(stored.clone());
     let mut listed = Vec::new();
     for policy in policies {
-        if policy.spec().effects.is_empty()
-            || !matches(&request, policy, namespace).unwrap_or(false)
-        {
+        if policy.spec().effects.is_empty() {
             continue;
+        }
+        match matches(&request, policy, namespace) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                listed.push(Listed {
+                    policy: policy.name().to_string(),
+                    resource: resource.to_string(),
+                    effect: "unknown".to_string(),
+                    summary: format!("cannot tell whether it selects the object: {e}"),
+                    detail: Value::Null,
+                });
+                continue;
+            }
         }
         for (index, effect) in policy.spec().effects.iter().enumerate() {
             let (kind, summary, detail) = describe(index, effect, &request, &stored);

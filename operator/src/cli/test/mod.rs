@@ -117,7 +117,9 @@ fn find(path: &Path, found: &mut Vec<PathBuf>) -> Result<(), TestError> {
     entries.sort();
     for entry in entries {
         let name = entry.file_name().unwrap_or_default().to_string_lossy();
-        if entry.is_dir() {
+        // Not followed through a symbolic link: a link to a parent would never end.
+        let is_dir = std::fs::symlink_metadata(&entry).is_ok_and(|m| m.is_dir());
+        if is_dir {
             if !name.starts_with('.') && name != "target" {
                 find(&entry, found)?;
             }

@@ -147,11 +147,7 @@ pub fn junit(outcome: &Outcome) -> String {
             let _ = writeln!(
                 out,
                 ">\n      <failure message=\"{}\">{}</failure>\n    </testcase>",
-                escape(&format!(
-                    "expected {}, got {}",
-                    c.expected.as_str(),
-                    c.got.as_str()
-                )),
+                escape(c.failures.first().map_or("", String::as_str)),
                 escape(&c.failures.join("\n"))
             );
         }

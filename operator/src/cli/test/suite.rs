@@ -10,6 +10,8 @@ use gatehouse_api::v1alpha1::{Operation, Policy};
 use gatehouse_engine::admission::UserInfo;
 use gatehouse_engine::{CompiledPolicy, compile};
 
+use crate::cli::synthetic::CLUSTER_SCOPED;
+
 /// A test file, read.
 #[derive(Debug)]
 pub struct Suite {
@@ -50,6 +52,8 @@ pub struct Case {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CaseRequest {
     pub operation: Option<Operation>,
+    pub namespace: Option<String>,
+    pub resource: Option<String>,
     pub user_info: Option<UserInfo>,
     pub old_object: Option<Value>,
 }
@@ -81,7 +85,7 @@ pub fn load(path: &Path) -> Result<Suite, SuiteError> {
         .collect();
     let cases = expand(path, base, &test, &policies, &resources)?;
     let name = if test.metadata.name.is_empty() {
-        base.display().to_string()
+        path.display().to_string()
     } else {
         test.metadata.name.clone()
     };
@@ -108,8 +112,15 @@ fn files(base: &Path, paths: &[PathBuf]) -> Result<Vec<PathBuf>, SuiteError> {
             path: path.clone(),
             source,
         })?;
+        let entries: Vec<PathBuf> = entries
+            .map(|e| e.map(|e| e.path()))
+            .collect::<Result<_, _>>()
+            .map_err(|source| FileError::Read {
+                path: path.clone(),
+                source,
+            })?;
         let mut inside: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
+            .into_iter()
             .filter(|p| {
                 p.is_file()
                     && p.extension()
@@ -206,9 +217,13 @@ fn load_resources(base: &Path, paths: &[PathBuf]) -> Result<Vec<Resource>, Suite
                     ),
                 });
             }
+            // As the request will have it: a namespaced object without a namespace is in
+            // `default`, as `kubectl create` puts it.
+            let kind = object["kind"].as_str().unwrap_or_default();
             let key = match object["metadata"]["namespace"].as_str() {
                 Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
-                _ => name.to_string(),
+                _ if CLUSTER_SCOPED.contains(&kind) => name.to_string(),
+                _ => format!("default/{name}"),
             };
             resources.push(Resource { key, object });
         }
@@ -220,28 +235,47 @@ fn load_resources(base: &Path, paths: &[PathBuf]) -> Result<Vec<Resource>, Suite
 fn object_file(base: &Path, path: &Path) -> Result<Value, SuiteError> {
     let path = base.join(path);
     let mut docs = documents(&path)?;
-    if docs.len() != 1 || !docs[0].is_object() {
-        return Err(SuiteError::Content {
+    match docs.len() {
+        1 if docs[0].is_object() => Ok(docs.remove(0)),
+        1 => Err(SuiteError::Content {
             path,
-            message: format!("want one object, found {} documents", docs.len()),
-        });
+            message: "not an object (a mapping with apiVersion and kind)".to_string(),
+        }),
+        n => Err(SuiteError::Content {
+            path,
+            message: format!("want one object, found {n} documents"),
+        }),
     }
-    Ok(docs.remove(0))
 }
 
-/// The index of the resource `reference` (`name` or `namespace/name`) names.
+/// The index of the resource `reference` names: its key (`namespace/name`, or `name` for a
+/// cluster-scoped one), else a name that is the only one of its kind, else `Kind/key` where
+/// kinds share a key.
 fn resolve(resources: &[Resource], reference: &str) -> Result<usize, String> {
-    let hits: Vec<usize> = (0..resources.len())
-        .filter(|&i| {
-            let key = &resources[i].key;
-            key == reference || key.rsplit('/').next() == Some(reference)
-        })
-        .collect();
+    let by = |matches: &dyn Fn(&Resource) -> bool| -> Vec<usize> {
+        (0..resources.len())
+            .filter(|&i| matches(&resources[i]))
+            .collect()
+    };
+    let kind_and_key = |r: &Resource| {
+        format!(
+            "{}/{}",
+            r.object["kind"].as_str().unwrap_or_default(),
+            r.key
+        )
+    };
+    let mut hits = by(&|r| r.key == reference);
+    if hits.is_empty() {
+        hits = by(&|r| kind_and_key(r) == reference);
+    }
+    if hits.is_empty() {
+        hits = by(&|r| r.key.rsplit('/').next() == Some(reference));
+    }
     match hits.as_slice() {
         [one] => Ok(*one),
         [] => Err(format!("no resource {reference:?} in the resources named")),
         _ => Err(format!(
-            "{reference:?} names {} resources: write namespace/name",
+            "{reference:?} names {} resources: write namespace/name, or Kind/namespace/name",
             hits.len()
         )),
     }
@@ -305,6 +339,8 @@ fn case(
 fn request(base: &Path, spec: &RequestSpec) -> Result<CaseRequest, SuiteError> {
     Ok(CaseRequest {
         operation: spec.operation,
+        namespace: spec.namespace.clone(),
+        resource: spec.resource.clone(),
         user_info: spec.user_info.clone(),
         old_object: spec
             .old_resource
@@ -312,4 +348,39 @@ fn request(base: &Path, spec: &RequestSpec) -> Result<CaseRequest, SuiteError> {
             .map(|p| object_file(base, p))
             .transpose()?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn resource(kind: &str, key: &str) -> Resource {
+        Resource {
+            key: key.to_string(),
+            object: json!({"kind": kind}),
+        }
+    }
+
+    #[test]
+    fn a_reference_takes_the_key_then_kind_and_key_then_a_lone_name() {
+        let resources = [
+            resource("Namespace", "web"),
+            resource("Pod", "web/web"),
+            resource("Pod", "shop/cart"),
+            resource("Service", "shop/cart"),
+            resource("Pod", "shop/db"),
+        ];
+        assert_eq!(
+            resolve(&resources, "web"),
+            Ok(0),
+            "the key wins over a name"
+        );
+        assert_eq!(resolve(&resources, "web/web"), Ok(1));
+        assert_eq!(resolve(&resources, "db"), Ok(4), "a lone name");
+        assert_eq!(resolve(&resources, "Service/shop/cart"), Ok(3));
+        let both = resolve(&resources, "shop/cart").unwrap_err();
+        assert!(both.contains("Kind/namespace/name"), "{both}");
+        assert!(resolve(&resources, "nothing").is_err());
+    }
 }

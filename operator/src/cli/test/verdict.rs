@@ -123,14 +123,20 @@ fn run<'p>(
     policies: &[&'p CompiledPolicy],
     no_labels: &BTreeMap<String, String>,
 ) -> Result<Run<'p>, String> {
+    let operation = case.request.operation.unwrap_or(Operation::Create);
     let details = RequestDetails {
-        operation: case.request.operation.unwrap_or(Operation::Create),
-        namespace: None,
-        resource: None,
+        operation,
+        namespace: case.request.namespace.clone(),
+        resource: case.request.resource.clone(),
         user_info: case.request.user_info.clone(),
     };
     let object = suite.resources[case.resource].object.clone();
-    let request = synthesized(object, case.request.old_object.clone(), &details)?;
+    // The API server always sends the stored object with an UPDATE.
+    let old_object = match (&case.request.old_object, operation) {
+        (None, Operation::Update) => Some(object.clone()),
+        (old, _) => old.clone(),
+    };
+    let request = synthesized(object, old_object, &details)?;
     let labels = suite
         .namespaces
         .get(&request.namespace)
@@ -190,26 +196,19 @@ fn judge(
     if denied && message.is_none() {
         message = run.judged.outcome.response.message().map(str::to_string);
     }
-    if decisions.contains(&Decision::Ignored) {
-        let named = format!("{:?}", policy.name());
-        warnings.extend(
-            run.judged
-                .outcome
-                .response
-                .warnings
-                .iter()
-                .filter(|w| w.contains(&named) || w.contains(policy.name()))
-                .cloned(),
-        );
+    // The chain's warnings that are this Policy's own (an ignored error, a mutation's), each
+    // prefixed with its name as the webhook words them.
+    let own_prefix = format!("policy {:?}:", policy.name());
+    let chain_warnings = &run.judged.outcome.response.warnings;
+    for warning in chain_warnings.iter().filter(|w| w.starts_with(&own_prefix)) {
+        if !warnings.contains(warning) {
+            warnings.push(warning.clone());
+        }
     }
-    // A Policy of companion objects only is not in the chain: it is admitted when it selects
-    // the object (its effects are listed).
-    let effects_only = !gatehouse_engine::policy::admits(policy.spec());
-    let skipped = if effects_only {
-        !gatehouse_engine::matches(&run.request, policy, matching.namespace).unwrap_or(false)
-    } else {
-        decisions.iter().all(|d| *d == Decision::Skipped)
-    };
+    let (skipped, why_skipped) = skipped(run, policy, &decisions, matching);
+    if message.is_none() {
+        message = why_skipped;
+    }
     let got = if denied {
         Expected::Denied
     } else if skipped {
@@ -219,8 +218,8 @@ fn judge(
     } else {
         Expected::Admitted
     };
-    let patches = if policy.has_mutations() && matches!(got, Expected::Admitted | Expected::Warned)
-    {
+    let marks = gatehouse_engine::policy::is_mutating(policy.spec());
+    let patches = if marks && matches!(got, Expected::Admitted | Expected::Warned) {
         own_patch(&run.request, policy, matching)
     } else {
         Vec::new()
@@ -237,6 +236,39 @@ fn judge(
     };
     checked.failures = failures(case, &checked, run.stored.as_ref());
     checked
+}
+
+/// Whether `policy` took no part in the run, and why when that is not plain "it does not
+/// match": not reached (a mutating Policy denied first), or its match could not be decided.
+fn skipped(
+    run: &Run<'_>,
+    policy: &CompiledPolicy,
+    decisions: &[Decision],
+    matching: Matching<'_>,
+) -> (bool, Option<String>) {
+    // A Policy of companion objects only is not in the chain: it takes part when it selects
+    // the object (its effects are listed).
+    if !gatehouse_engine::policy::admits(policy.spec()) {
+        return match gatehouse_engine::matches(&run.request, policy, matching.namespace) {
+            Ok(selects) => (!selects, None),
+            Err(e) => (true, Some(format!("its match could not be decided: {e}"))),
+        };
+    }
+    if !decisions.iter().all(|d| *d == Decision::Skipped) {
+        return (false, None);
+    }
+    let not_reached = decisions.is_empty() && run.judged.judged.is_none();
+    let why = not_reached.then(|| {
+        format!(
+            "not reached: a mutating Policy denied the request first ({})",
+            run.judged
+                .outcome
+                .response
+                .message()
+                .unwrap_or("no reason given")
+        )
+    });
+    (true, why)
 }
 
 /// The JSON Patch `policy` alone makes of the request's object.

@@ -401,8 +401,9 @@ async fn write_allocations(
     places: Vec<Assignment>,
     leader: &watch::Receiver<Leadership>,
 ) -> Result<bool, IpamError> {
-    let released: Vec<Result<bool, IpamError>> = futures::stream::iter(releases)
-        .map(|h| delete_allocation(ctx, &h.name, &h.uid, leader))
+    // Each outcome with its allocation: the writes finish in any order.
+    let released: Vec<(&Held, Result<bool, IpamError>)> = futures::stream::iter(releases)
+        .map(|h| async move { (h, delete_allocation(ctx, &h.name, &h.uid, leader).await) })
         .buffer_unordered(WRITES_IN_FLIGHT)
         .collect()
         .await;
@@ -413,7 +414,7 @@ async fn write_allocations(
         .await;
     let mut again = false;
     let mut first_error = None;
-    for (h, outcome) in releases.iter().zip(released) {
+    for (h, outcome) in released {
         match outcome {
             // Gone now (or already): its address is free for the Pods waiting.
             Ok(_) => index.forget(&h.name, &h.uid),
