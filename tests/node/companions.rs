@@ -169,6 +169,10 @@ fn gated_pod(name: &str, namespace: &str) -> String {
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "terminationGracePeriodSeconds": 0,
+            // The config volume is the only one, so that any FailedMount is about the
+            // companion: the service-account volume's own ConfigMap (kube-root-ca.crt) can
+            // fail to sync once on a loaded kubelet, which says nothing of the gate.
+            "automountServiceAccountToken": false,
             "containers": [{
                 "name": "app", "image": BUSYBOX, "imagePullPolicy": "Never",
                 "command": ["sh", "-c", "cat /config/greeting; echo; sleep 3600"],
