@@ -5,15 +5,11 @@ use std::path::PathBuf;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use clap::Parser;
 use gatehouse::cli::eval::{EvalArgs, run};
 use serde_json::{Value, json};
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: EvalArgs,
-}
+mod offline;
+use offline::{Run, run_command};
 
 fn data(rel: &str) -> String {
     format!("{}/testdata/{rel}", env!("CARGO_MANIFEST_DIR"))
@@ -25,12 +21,6 @@ fn review(name: &str) -> String {
         "{}/../engine/testdata/reviews/{name}",
         env!("CARGO_MANIFEST_DIR")
     )
-}
-
-struct Run {
-    code: i32,
-    out: String,
-    err: String,
 }
 
 impl Run {
@@ -49,15 +39,7 @@ impl Run {
 }
 
 fn eval(args: &[&str]) -> Run {
-    let argv = std::iter::once("gatehouse-eval").chain(args.iter().copied());
-    let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}"));
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = run(&cli.args, &mut out, &mut err);
-    Run {
-        code,
-        out: String::from_utf8(out).unwrap(),
-        err: String::from_utf8(err).unwrap(),
-    }
+    run_command::<EvalArgs>("gatehouse-eval", args, run)
 }
 
 /// A scratch file unique to the test, removed when dropped.

@@ -6,21 +6,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use clap::Parser;
 use gatehouse::cli::test::{BAD_INPUT, FAILED, PASSED, TestArgs, run};
 use serde_json::Value;
 
-#[derive(Parser)]
-struct Cli {
-    #[command(flatten)]
-    args: TestArgs,
-}
-
-struct Run {
-    code: i32,
-    out: String,
-    err: String,
-}
+mod offline;
+use offline::{Run, run_command};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -34,15 +24,7 @@ fn cases(dir: &str) -> String {
 }
 
 fn test(args: &[&str]) -> Run {
-    let argv = std::iter::once("gatehouse-test").chain(args.iter().copied());
-    let cli = Cli::try_parse_from(argv).unwrap_or_else(|e| panic!("{e}"));
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let code = run(&cli.args, &mut out, &mut err);
-    Run {
-        code,
-        out: String::from_utf8(out).unwrap(),
-        err: String::from_utf8(err).unwrap(),
-    }
+    run_command::<TestArgs>("gatehouse-test", args, run)
 }
 
 /// The row of `policy` on `resource` (the first, when a pair is tested twice).

@@ -9,10 +9,11 @@
 //! offline), and `authorizer` is unavailable to match conditions.
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::Value;
 
+use super::documents::{self, DocumentsError};
 use super::synthetic::{RequestDetails, synthesized};
 use crate::controller::wiring::admission_policy::Placement;
 use crate::controller::wiring::placement;
@@ -105,19 +106,9 @@ fn parse_operation(s: &str) -> Result<Operation, String> {
 /// Why `eval` could not evaluate: all exit with [`BAD_INPUT`].
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
-    /// A file could not be read.
-    #[error("{}", .path.display())]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    /// A file is not YAML/JSON.
-    #[error("{}: not YAML or JSON", .path.display())]
-    Parse {
-        path: PathBuf,
-        // Boxed: the parser's error carries a snippet of the document and is large.
-        source: Box<serde_saphyr::Error>,
-    },
+    /// A file could not be read, is not YAML/JSON, or is not one object.
+    #[error(transparent)]
+    Documents(#[from] DocumentsError),
     /// A policy document is not a Policy, or does not decode as one.
     #[error("{}: document {index}: {message}", .path.display())]
     NotAPolicy {
@@ -254,11 +245,11 @@ pub fn load(args: &EvalArgs) -> Result<(Request, Vec<CompiledPolicy>), EvalError
     let policies = load_policies(&args.policies)?;
     let request = match &args.request {
         Some(path) => {
-            let body = read(path)?;
+            let body = documents::read(path)?;
             // A YAML review is accepted too: parse_request wants JSON bytes.
             let body = match serde_json::from_slice::<Value>(&body) {
                 Ok(_) => body,
-                Err(_) => match yaml_documents(path, &body)?.into_iter().next() {
+                Err(_) => match documents::parse(path, &body)?.into_iter().next() {
                     Some(v) => v.to_string().into_bytes(),
                     None => body,
                 },
@@ -273,22 +264,6 @@ pub fn load(args: &EvalArgs) -> Result<(Request, Vec<CompiledPolicy>), EvalError
     Ok((request, policies))
 }
 
-pub(crate) fn read(path: &Path) -> Result<Vec<u8>, EvalError> {
-    std::fs::read(path).map_err(|source| EvalError::Read {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-/// Every non-empty YAML document of a file, as JSON values (JSON is YAML).
-pub(crate) fn yaml_documents(path: &Path, bytes: &[u8]) -> Result<Vec<Value>, EvalError> {
-    // Empty and null documents are skipped.
-    serde_saphyr::from_slice_multiple::<Value>(bytes).map_err(|source| EvalError::Parse {
-        path: path.to_path_buf(),
-        source: Box::new(source),
-    })
-}
-
 /// Reads every Policy of every file and compiles them, reporting every problem of every Policy
 /// (prefixed with its file and name) rather than stopping at the first.
 pub fn load_policies(paths: &[PathBuf]) -> Result<Vec<CompiledPolicy>, EvalError> {
@@ -296,8 +271,7 @@ pub fn load_policies(paths: &[PathBuf]) -> Result<Vec<CompiledPolicy>, EvalError
     let mut invalid = Vec::new();
     let mut seen: BTreeMap<String, PathBuf> = BTreeMap::new();
     for path in paths {
-        let bytes = read(path)?;
-        for (index, doc) in yaml_documents(path, &bytes)?.into_iter().enumerate() {
+        for (index, doc) in documents::documents(path)?.into_iter().enumerate() {
             let not_a_policy = |message: String| EvalError::NotAPolicy {
                 path: path.clone(),
                 index,
@@ -352,8 +326,12 @@ pub fn synthesize(args: &EvalArgs) -> Result<Request, EvalError> {
             message: "either --request or --object is required".to_string(),
         });
     };
-    let object = read_object(path)?;
-    let old_object = args.old_object.as_deref().map(read_object).transpose()?;
+    let object = documents::one_object(path)?;
+    let old_object = args
+        .old_object
+        .as_deref()
+        .map(documents::one_object)
+        .transpose()?;
     let details = RequestDetails {
         operation: args.operation,
         namespace: args.namespace.clone(),
@@ -364,22 +342,6 @@ pub fn synthesize(args: &EvalArgs) -> Result<Request, EvalError> {
         path: path.clone(),
         message,
     })
-}
-
-pub(crate) fn read_object(path: &Path) -> Result<Value, EvalError> {
-    let bytes = read(path)?;
-    let mut docs = yaml_documents(path, &bytes)?;
-    match docs.len() {
-        1 if docs[0].is_object() => Ok(docs.remove(0)),
-        1 => Err(EvalError::BadObject {
-            path: path.to_path_buf(),
-            message: "not a Kubernetes object (a mapping with apiVersion and kind)".to_string(),
-        }),
-        n => Err(EvalError::BadObject {
-            path: path.to_path_buf(),
-            message: format!("want exactly one object, found {n} documents"),
-        }),
-    }
 }
 
 /// Plays the admission chain for `request` with the engine's own [`chain::admit`]: the code the

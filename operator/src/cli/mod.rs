@@ -1,5 +1,6 @@
 //! Command-line interface: `gatehouse run`, `gatehouse eval`, `gatehouse test`, `gatehouse crds`.
 pub mod crds;
+pub mod documents;
 pub mod duration;
 pub mod eval;
 pub mod run;

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::cli::documents::DocumentsError;
 use gatehouse_api::v1alpha1::Operation;
 use gatehouse_engine::admission::UserInfo;
 
@@ -135,13 +136,8 @@ impl Expected {
 /// Why a test file could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum FileError {
-    #[error("{}: {source}", .path.display())]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("{}: not YAML or JSON: {message}", .path.display())]
-    Parse { path: PathBuf, message: String },
+    #[error(transparent)]
+    Documents(#[from] DocumentsError),
     #[error("{}: {field}: {message}", .path.display())]
     Field {
         path: PathBuf,
@@ -152,15 +148,7 @@ pub enum FileError {
 
 /// Reads and checks the test file at `path`.
 pub fn read(path: &Path) -> Result<TestFile, FileError> {
-    let bytes = std::fs::read(path).map_err(|source| FileError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    let mut documents =
-        serde_saphyr::from_slice_multiple::<Value>(&bytes).map_err(|e| FileError::Parse {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+    let mut documents = crate::cli::documents::documents(path)?;
     let field = |field: &str, message: String| FileError::Field {
         path: path.to_path_buf(),
         field: field.to_string(),

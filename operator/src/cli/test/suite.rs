@@ -10,6 +10,7 @@ use gatehouse_api::v1alpha1::{Operation, Policy};
 use gatehouse_engine::admission::UserInfo;
 use gatehouse_engine::{CompiledPolicy, compile};
 
+use crate::cli::documents::{self, DocumentsError};
 use crate::cli::synthetic::CLUSTER_SCOPED;
 
 /// A test file, read.
@@ -63,6 +64,8 @@ pub struct CaseRequest {
 pub enum SuiteError {
     #[error(transparent)]
     File(#[from] FileError),
+    #[error(transparent)]
+    Documents(#[from] DocumentsError),
     #[error("{}: {message}", .path.display())]
     Content { path: PathBuf, message: String },
     #[error("{}: invalid Policies:\n{}", .path.display(), .problems.join("\n"))]
@@ -108,17 +111,15 @@ fn files(base: &Path, paths: &[PathBuf]) -> Result<Vec<PathBuf>, SuiteError> {
             found.push(path);
             continue;
         }
-        let entries = std::fs::read_dir(&path).map_err(|source| FileError::Read {
+        let folder = |source| DocumentsError::Read {
             path: path.clone(),
             source,
-        })?;
-        let entries: Vec<PathBuf> = entries
+        };
+        let entries: Vec<PathBuf> = std::fs::read_dir(&path)
+            .map_err(folder)?
             .map(|e| e.map(|e| e.path()))
             .collect::<Result<_, _>>()
-            .map_err(|source| FileError::Read {
-                path: path.clone(),
-                source,
-            })?;
+            .map_err(folder)?;
         let mut inside: Vec<PathBuf> = entries
             .into_iter()
             .filter(|p| {
@@ -135,21 +136,6 @@ fn files(base: &Path, paths: &[PathBuf]) -> Result<Vec<PathBuf>, SuiteError> {
     Ok(found)
 }
 
-/// Every document of a file.
-fn documents(path: &Path) -> Result<Vec<Value>, SuiteError> {
-    let bytes = std::fs::read(path).map_err(|source| FileError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    serde_saphyr::from_slice_multiple::<Value>(&bytes).map_err(|e| {
-        FileError::Parse {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        }
-        .into()
-    })
-}
-
 /// Whether a document is a Gatehouse Policy.
 fn is_policy(document: &Value) -> bool {
     document["apiVersion"] == "gatehouse.dev/v1alpha1" && document["kind"] == "Policy"
@@ -164,7 +150,7 @@ fn load_policies(
     let (mut compiled, mut problems) = (Vec::new(), Vec::new());
     let mut seen = BTreeMap::new();
     for file in files(base, paths)? {
-        for document in documents(&file)?.into_iter().filter(is_policy) {
+        for document in documents::documents(&file)?.into_iter().filter(is_policy) {
             let content = |message: String| SuiteError::Content {
                 path: file.clone(),
                 message,
@@ -207,7 +193,7 @@ fn load_policies(
 fn load_resources(base: &Path, paths: &[PathBuf]) -> Result<Vec<Resource>, SuiteError> {
     let mut resources = Vec::new();
     for file in files(base, paths)? {
-        for (index, object) in documents(&file)?.into_iter().enumerate() {
+        for (index, object) in documents::documents(&file)?.into_iter().enumerate() {
             let name = object["metadata"]["name"].as_str().unwrap_or_default();
             if name.is_empty() || !object["apiVersion"].is_string() || !object["kind"].is_string() {
                 return Err(SuiteError::Content {
@@ -231,21 +217,9 @@ fn load_resources(base: &Path, paths: &[PathBuf]) -> Result<Vec<Resource>, Suite
     Ok(resources)
 }
 
-/// One object file (an expected object, an old resource).
+/// One object file (an expected object, an old resource), relative to the test file.
 fn object_file(base: &Path, path: &Path) -> Result<Value, SuiteError> {
-    let path = base.join(path);
-    let mut docs = documents(&path)?;
-    match docs.len() {
-        1 if docs[0].is_object() => Ok(docs.remove(0)),
-        1 => Err(SuiteError::Content {
-            path,
-            message: "not an object (a mapping with apiVersion and kind)".to_string(),
-        }),
-        n => Err(SuiteError::Content {
-            path,
-            message: format!("want one object, found {n} documents"),
-        }),
-    }
+    Ok(documents::one_object(&base.join(path))?)
 }
 
 /// The index of the resource `reference` names: its key (`namespace/name`, or `name` for a

@@ -56,11 +56,30 @@ struct Run<'p> {
     judged: Judged<'p>,
     /// The object as it would be stored: `None` when denied.
     stored: Option<Value>,
+    /// The labels of the request's Namespace, as the test gives them.
+    labels: &'p BTreeMap<String, String>,
 }
+
+impl Run<'_> {
+    /// What the test says of the request's Namespace.
+    fn labels_namespace(&self) -> Namespace<'_> {
+        Namespace::Labels(self.labels)
+    }
+
+    /// How the Policies are offered the run's request.
+    fn matching(&self) -> Matching<'_> {
+        Matching {
+            namespace: self.labels_namespace(),
+            matched: false,
+        }
+    }
+}
+
+/// The labels of a Namespace the test does not list.
+static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
 
 /// Checks every case of `suite`; a resource that cannot become a request fails its cases.
 pub fn check(suite: &Suite) -> Checks {
-    let no_labels = BTreeMap::new();
     let policies: Vec<&CompiledPolicy> = suite.policies.iter().collect();
     let mut runs: Vec<Run<'_>> = Vec::new();
     let mut checked = Vec::new();
@@ -71,7 +90,7 @@ pub fn check(suite: &Suite) -> Checks {
             .position(|r| r.resource == case.resource && r.request_spec == case.request);
         let run = match found {
             Some(i) => &runs[i],
-            None => match run(suite, case, &policies, &no_labels) {
+            None => match run(suite, case, &policies) {
                 Ok(run) => {
                     runs.push(run);
                     &runs[runs.len() - 1]
@@ -82,26 +101,14 @@ pub fn check(suite: &Suite) -> Checks {
                 }
             },
         };
-        let labels = suite
-            .namespaces
-            .get(&run.request.namespace)
-            .unwrap_or(&no_labels);
-        let matching = Matching {
-            namespace: Namespace::Labels(labels),
-            matched: false,
-        };
         let Some(policy) = suite.policies.iter().find(|p| p.name() == case.policy) else {
             checked.push(unrunnable(case, resource, "no such Policy".to_string()));
             continue;
         };
-        checked.push(judge(case, resource, run, policy, matching));
+        checked.push(judge(case, resource, run, policy));
     }
     let mut effects = Vec::new();
     for run in &runs {
-        let labels = suite
-            .namespaces
-            .get(&run.request.namespace)
-            .unwrap_or(&no_labels);
         if let Some(stored) = &run.stored {
             let resource = &suite.resources[run.resource].key;
             effects.extend(listed_effects(
@@ -109,7 +116,7 @@ pub fn check(suite: &Suite) -> Checks {
                 &run.request,
                 stored,
                 resource,
-                Namespace::Labels(labels),
+                run.labels_namespace(),
             ));
         }
     }
@@ -118,10 +125,9 @@ pub fn check(suite: &Suite) -> Checks {
 
 /// The chain run for `case`'s resource and request.
 fn run<'p>(
-    suite: &Suite,
+    suite: &'p Suite,
     case: &Case,
     policies: &[&'p CompiledPolicy],
-    no_labels: &BTreeMap<String, String>,
 ) -> Result<Run<'p>, String> {
     let operation = case.request.operation.unwrap_or(Operation::Create);
     let details = RequestDetails {
@@ -140,7 +146,7 @@ fn run<'p>(
     let labels = suite
         .namespaces
         .get(&request.namespace)
-        .unwrap_or(no_labels);
+        .unwrap_or(&NO_LABELS);
     let judged = chain::admit_judged(&request, policies, Namespace::Labels(labels));
     let stored = if judged.outcome.response.allowed() {
         judged.outcome.object(&request)
@@ -153,6 +159,7 @@ fn run<'p>(
         request,
         judged,
         stored,
+        labels,
     })
 }
 
@@ -170,13 +177,8 @@ fn unrunnable(case: &Case, resource: String, why: String) -> Checked {
 }
 
 /// What `policy` made of the run, against the case.
-fn judge(
-    case: &Case,
-    resource: String,
-    run: &Run<'_>,
-    policy: &CompiledPolicy,
-    matching: Matching<'_>,
-) -> Checked {
+fn judge(case: &Case, resource: String, run: &Run<'_>, policy: &CompiledPolicy) -> Checked {
+    let matching = run.matching();
     let decisions: Vec<Decision> = run
         .judged
         .outcome
@@ -205,7 +207,7 @@ fn judge(
             warnings.push(warning.clone());
         }
     }
-    let (skipped, why_skipped) = skipped(run, policy, &decisions, matching);
+    let (skipped, why_skipped) = skipped(run, policy, &decisions);
     if message.is_none() {
         message = why_skipped;
     }
@@ -244,12 +246,11 @@ fn skipped(
     run: &Run<'_>,
     policy: &CompiledPolicy,
     decisions: &[Decision],
-    matching: Matching<'_>,
 ) -> (bool, Option<String>) {
     // A Policy of companion objects only is not in the chain: it takes part when it selects
     // the object (its effects are listed).
     if !gatehouse_engine::policy::admits(policy.spec()) {
-        return match gatehouse_engine::matches(&run.request, policy, matching.namespace) {
+        return match gatehouse_engine::matches(&run.request, policy, run.labels_namespace()) {
             Ok(selects) => (!selects, None),
             Err(e) => (true, Some(format!("its match could not be decided: {e}"))),
         };
