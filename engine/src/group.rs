@@ -103,11 +103,25 @@ impl Groups {
     }
 }
 
-/// `members` sorted by `(priority, name)`.
+/// Where a Policy named `name` runs among the others: NamespacedPolicies before every Policy (the
+/// platform's mutations come last and win), then by `priority`, then by name.
+pub fn order_key(name: &str, priority: i32) -> (bool, i32, &str) {
+    (
+        !gatehouse_api::v1alpha1::is_namespaced_stem(name),
+        priority,
+        name,
+    )
+}
+
+/// `members` in [`order_key`] order.
 pub fn in_order<M: Member>(members: &[M]) -> Vec<&M> {
     let mut sorted: Vec<&M> = members.iter().collect();
-    sorted.sort_by(|a, b| (a.spec().priority, a.name()).cmp(&(b.spec().priority, b.name())));
+    sorted.sort_by(member_order);
     sorted
+}
+
+fn member_order<M: Member>(a: &M, b: &M) -> std::cmp::Ordering {
+    order_key(a.name(), a.spec().priority).cmp(&order_key(b.name(), b.spec().priority))
 }
 
 /// Groups `members`; see the module documentation.
@@ -235,8 +249,7 @@ fn validating_sets<'m, M: Member>(members: impl Iterator<Item = &'m M>) -> Vec<F
         let later = sets.remove(j);
         let set = &mut sets[i];
         set.members.extend(later.members);
-        set.members
-            .sort_by(|a, b| (a.spec().priority, a.name()).cmp(&(b.spec().priority, b.name())));
+        set.members.sort_by(member_order);
         set.coverage = Some(union);
     }
     sets
@@ -381,6 +394,32 @@ mod tests {
         };
         assert_eq!(by_member("warns"), Some(FailurePolicy::Ignore));
         assert_eq!(by_member("denies"), Some(FailurePolicy::Fail));
+    }
+
+    #[test]
+    fn namespaced_policies_mutate_before_every_policy_whatever_their_priority() {
+        let all = vec![
+            p("platform", -100, true, true, false),
+            p("late.team-a.namespaced", 1000, true, true, false),
+            p("early.team-b.namespaced", 1, true, true, false),
+        ];
+        let order: Vec<&str> = in_order(&all).into_iter().map(|m| m.name()).collect();
+        assert_eq!(
+            order,
+            [
+                "early.team-b.namespaced",
+                "late.team-a.namespaced",
+                "platform"
+            ]
+        );
+        assert_eq!(
+            members(&groups(&all).mutating),
+            [vec![
+                "early.team-b.namespaced",
+                "late.team-a.namespaced",
+                "platform"
+            ]]
+        );
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod audit;
 pub mod cli;
 pub mod controller;
 pub mod effects;
+pub mod policies;
 pub mod runtime;
 pub mod tls;
 pub mod webhook;

@@ -209,30 +209,35 @@ pub(crate) async fn create_pod_until<F>(
 where
     F: FnMut(&std::process::Output) -> bool,
 {
+    create_until(cluster, &pod(name, ns), extra_args, done).await
+}
+
+/// [`create_pod_until`] of any namespaced `object` (YAML or JSON text).
+pub(crate) async fn create_until<F>(
+    cluster: &Cluster,
+    object: &str,
+    extra_args: &[&str],
+    done: F,
+) -> anyhow::Result<std::process::Output>
+where
+    F: FnMut(&std::process::Output) -> bool,
+{
     let mut args = vec!["create", "-f", "-"];
     args.extend_from_slice(extra_args);
     let dry_run = extra_args.contains(&"--dry-run=server");
-    let (pod, done) = (pod(name, ns), RefCell::new(done));
-    let (args, pod, done) = (&args, &pod, &done);
-    let what = format!("the outcome wanted of creating pod {name}");
-    await_condition(&what, WAIT, move || async move {
-        let out = cluster.kubectl_output(args, Some(pod)).await?;
+    let done = RefCell::new(done);
+    let (args, done) = (&args, &done);
+    let what = "the outcome wanted of a create";
+    await_condition(what, WAIT, move || async move {
+        let out = cluster.kubectl_output(args, Some(object)).await?;
         if (done.borrow_mut())(&out) {
             return Ok(Some(out));
         }
         if out.status.success() && !dry_run {
             cluster
                 .kubectl_ok(
-                    [
-                        "delete",
-                        "pod",
-                        name,
-                        "-n",
-                        ns,
-                        "--wait=true",
-                        "--grace-period=0",
-                    ],
-                    None,
+                    ["delete", "-f", "-", "--wait=true", "--grace-period=0"],
+                    Some(object),
                 )
                 .await?;
         }

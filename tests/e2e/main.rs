@@ -18,6 +18,7 @@ mod install;
 mod ipam;
 mod lockout;
 mod mutation_translation;
+mod namespaced;
 mod ordering;
 mod outage;
 mod previews;

@@ -152,6 +152,7 @@ pub async fn ensure_crds(cluster: &Cluster) -> anyhow::Result<()> {
                 cluster,
                 &[
                     "policies.gatehouse.dev",
+                    "namespacedpolicies.gatehouse.dev",
                     "ippools.gatehouse.dev",
                     "ipallocations.gatehouse.dev",
                     "externalcalls.gatehouse.dev",

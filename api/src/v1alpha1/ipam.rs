@@ -46,6 +46,11 @@ pub struct IPPoolSpec {
     #[schemars(length(min = 1))]
     pub cidr: String,
 
+    /// Namespaces whose NamespacedPolicies may allocate from this pool. A Policy may always; a
+    /// NamespacedPolicy only from a pool that lists its namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub namespaces: Vec<String>,
+
     /// CIDRs inside `cidr` that are never handed out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude: Vec<String>,

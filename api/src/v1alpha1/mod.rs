@@ -2,9 +2,11 @@
 mod calls;
 mod companions;
 mod ipam;
+mod namespaced;
 mod policy;
 
 pub use calls::*;
 pub use companions::*;
 pub use ipam::*;
+pub use namespaced::*;
 pub use policy::*;

@@ -289,9 +289,9 @@ pub fn validating_with(policy: &CompiledPolicy, vars: &cel::Activation<'_>) -> R
     resp
 }
 
-/// Gatehouse's own validating webhook for Policy objects: denies a Policy that [`policy::validate`]
-/// finds problems with, listing every one, so `kubectl apply` fails the way the controller's
-/// status would otherwise report later.
+/// Gatehouse's own validating webhook for Policy and NamespacedPolicy objects: denies one that
+/// [`policy::validate`] (or [`policy::validate_namespaced`]) finds problems with, listing every
+/// one, so `kubectl apply` fails the way the controller's status would otherwise report later.
 pub fn admit_policy_object(req: &Request) -> Response {
     let Some(object) = &req.object else {
         return Response::allow();
@@ -300,23 +300,29 @@ pub fn admit_policy_object(req: &Request) -> Response {
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or(&req.name);
+    let kind = object
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("Policy");
     let invalid = |message: String| {
         Response::deny(
             422,
             "Invalid",
-            format!("Policy {name:?} is invalid: {message}"),
+            format!("{kind} {name:?} is invalid: {message}"),
         )
     };
-    match serde_json::from_value::<Policy>(object.clone()) {
+    let problems = if kind == gatehouse_api::v1alpha1::NAMESPACED_POLICY_KIND {
+        serde_json::from_value::<gatehouse_api::v1alpha1::NamespacedPolicy>(object.clone())
+            .map(|p| policy::validate_namespaced(&p))
+    } else {
+        serde_json::from_value::<Policy>(object.clone()).map(|p| policy::validate(&p))
+    };
+    match problems {
         Err(e) => invalid(format!("spec: {e}")),
-        Ok(policy) => {
-            let problems = policy::validate(&policy);
-            if problems.is_empty() {
-                Response::allow()
-            } else {
-                let list: Vec<String> = problems.iter().map(ToString::to_string).collect();
-                invalid(list.join("; "))
-            }
+        Ok(problems) if problems.is_empty() => Response::allow(),
+        Ok(problems) => {
+            let list: Vec<String> = problems.iter().map(ToString::to_string).collect();
+            invalid(list.join("; "))
         }
     }
 }

@@ -16,6 +16,7 @@ pub(super) fn analyse(policy: &Policy) -> (Vec<Problem>, Option<Programs>) {
         policy.metadata.name.as_deref().unwrap_or_default(),
         &mut problems,
     );
+    super::tenant::check_source(policy, &mut problems);
     if spec.mutate.is_empty() && spec.validate.is_empty() && spec.effects.is_empty() {
         problems.push(Problem::new(
             "spec",

@@ -23,8 +23,10 @@ use gatehouse_cel::{self as cel, Expression, Site};
 use gatehouse_ipam::annotation::{IPAM_ADDRESS_ANNOTATION, IPAM_POOL_ANNOTATION};
 
 mod checks;
+mod tenant;
 
 use checks::analyse;
+pub use tenant::validate_namespaced;
 
 pub use crate::problem::Problem;
 

@@ -13,6 +13,7 @@ pub mod status;
 pub mod wiring;
 mod writes;
 
+use crate::policies::{PolicyStores, reflect_policies};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -252,7 +253,7 @@ fn record_refusals(
 
 /// The caches a pass reads.
 struct PolicyCaches {
-    policies: Store<Policy>,
+    policies: PolicyStores,
     mutating: Store<MutatingWebhookConfiguration>,
     validating: Store<ValidatingWebhookConfiguration>,
     /// Only to tell whether the pool an ipam effect names exists.
@@ -310,7 +311,7 @@ struct Watched {
 /// policies' ones are started by the first pass ([`discover`]).
 fn watch_all(client: &Client, trigger: &Arc<Notify>) -> Watched {
     let every = watcher::Config::default;
-    let (policies, policy_watch) = reflect::<Policy>(client.clone(), every(), trigger.clone());
+    let (policies, policy_watch) = reflect_policies(client, trigger);
     let by_name = every().fields(&format!("metadata.name={CONFIGURATION_NAME}"));
     let (mutating, mutating_watch) =
         reflect::<MutatingWebhookConfiguration>(client.clone(), by_name.clone(), trigger.clone());

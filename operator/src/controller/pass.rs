@@ -29,7 +29,7 @@ use super::{
 };
 use crate::runtime::reconcile::Next;
 use crate::webhook::PolicyStore;
-use gatehouse_api::v1alpha1::Policy;
+use gatehouse_api::v1alpha1::{IPPool, Policy, PolicySource};
 use gatehouse_engine as engine;
 
 /// Where the valid Policies run, as the place step decided.
@@ -75,11 +75,10 @@ struct Validated {
 /// says so, for their current spec), so it never evaluates those too.
 fn validate_all(ctx: &ControllerContext, caches: &PolicyCaches) -> Validated {
     let all = caches.policies.state();
-    let pool_exists = |name: &str| {
+    let pool = |name: &str| {
         caches
             .pools
             .get(&kube::runtime::reflector::ObjectRef::new(name))
-            .is_some()
     };
     let validated = validate_each(
         &all,
@@ -90,7 +89,7 @@ fn validate_all(ctx: &ControllerContext, caches: &PolicyCaches) -> Validated {
                 blocked => Err(blocked),
             }
         },
-        pool_exists,
+        pool,
     );
     ctx.policies.set_in_process(
         validated
@@ -105,12 +104,13 @@ fn validate_all(ctx: &ControllerContext, caches: &PolicyCaches) -> Validated {
 }
 
 /// Validates every Policy: `compile` compiles one into the server's store (or finds it there) or
-/// lists its problems, and an ipam effect needs its IPPool (`pool_exists`) to be wired, since
-/// wired it would hold every Pod it marks at its gate with no pool to serve them.
+/// lists its problems, and an ipam effect needs its IPPool (`pool`) to be wired, and to allow a
+/// NamespacedPolicy's namespace, since wired it would hold every Pod it marks at its gate with no
+/// pool to serve them.
 fn validate_each(
     all: &[Arc<Policy>],
     mut compile: impl FnMut(&Policy) -> Result<(), Vec<String>>,
-    pool_exists: impl Fn(&str) -> bool,
+    pool: impl Fn(&str) -> Option<Arc<IPPool>>,
 ) -> Validated {
     let mut validated = Validated {
         valid: Vec::new(),
@@ -118,7 +118,7 @@ fn validate_each(
     };
     for policy in all {
         let problems = match compile(policy) {
-            Ok(()) => missing_pools(policy, &pool_exists),
+            Ok(()) => pool_problems(policy, &pool),
             Err(problems) => problems,
         };
         let verdict = if problems.is_empty() && !engine::policy::admits(&policy.spec) {
@@ -331,22 +331,36 @@ fn statuses(
         .collect()
 }
 
-/// The ipam effects of `policy` whose IPPool does not exist, as problems.
-fn missing_pools(policy: &Policy, pool_exists: impl Fn(&str) -> bool) -> Vec<String> {
-    policy
+/// The ipam effects of `policy` whose IPPool does not exist, or does not list the namespace of
+/// the NamespacedPolicy `policy` was written as, as problems.
+fn pool_problems(policy: &Policy, pool: impl Fn(&str) -> Option<Arc<IPPool>>) -> Vec<String> {
+    let source = PolicySource::of(policy);
+    let ipams = policy
         .spec
         .effects
         .iter()
         .enumerate()
-        .filter_map(|(i, e)| Some((i, e.ipam.as_ref()?)))
-        .filter(|(_, ipam)| !pool_exists(&ipam.pool))
-        .map(|(i, ipam)| {
-            format!(
-                "spec.effects[{i}].ipam.pool: IPPool {:?} does not exist; the Policy is not wired until it does",
-                ipam.pool
-            )
-        })
-        .collect()
+        .filter_map(|(i, e)| Some((i, e.ipam.as_ref()?)));
+    let mut problems = Vec::new();
+    for (i, ipam) in ipams {
+        let name = &ipam.pool;
+        match (pool(name), source.namespace()) {
+            (None, _) => problems.push(format!(
+                "spec.effects[{i}].ipam.pool: IPPool {name:?} does not exist; the {} is not \
+                 wired until it does",
+                source.kind()
+            )),
+            (Some(p), Some(namespace)) if !p.spec.namespaces.iter().any(|n| n == namespace) => {
+                problems.push(format!(
+                    "spec.effects[{i}].ipam.pool: IPPool {name:?} does not allow namespace \
+                     {namespace:?} (its spec.namespaces); the NamespacedPolicy is not wired \
+                     until it does"
+                ));
+            }
+            _ => {}
+        }
+    }
+    problems
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The writes of a pass: the configurations (memory, or dry-run to find a refused Policy) and
 //! the Policies' status.
+use crate::policies::{PolicyObject, event_reference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
@@ -169,7 +170,7 @@ pub(super) async fn write_status(
         return Ok(());
     };
     let name = policy.name_any();
-    let api: Api<Policy> = Api::all(ctx.client.clone());
+    let object = PolicyObject::of(&ctx.client, policy);
     // The precondition fences a write that outlives our term, and skips a Policy that changed
     // since we read it (its watch event brings the next pass).
     let patch = serde_json::json!({
@@ -178,8 +179,8 @@ pub(super) async fn write_status(
     });
     let written = fenced(
         leader,
-        || format!("status of Policy {name}"),
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+        || format!("status of {}", object.source()),
+        object.patch_status(&patch),
     )
     .await?;
     match written {
@@ -202,7 +203,7 @@ pub(super) async fn write_status(
         secondary: None,
     };
     // An Event is a courtesy; failing to record one must not fail the reconcile.
-    if let Err(e) = ctx.recorder.publish(&event, &policy.object_ref(&())).await {
+    if let Err(e) = ctx.recorder.publish(&event, &event_reference(policy)).await {
         warn!(policy = %name, error = %e, "recording event failed");
     }
     Ok(())

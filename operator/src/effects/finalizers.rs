@@ -1,7 +1,7 @@
 //! A loop's finalizer on a Policy: added while the Policy has effects of the loop's kind,
 //! removed once what it made is collected or released. Written under the Policy's
 //! resourceVersion, so a Policy changed meanwhile is looked at again by the next pass.
-use kube::api::{Api, Patch, PatchParams};
+use crate::policies::PolicyObject;
 use kube::{Client, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
@@ -29,16 +29,15 @@ pub async fn set(
     if hold {
         finalizers.push(finalizer.to_string());
     }
-    let name = policy.name_any();
     let patch = json!({"metadata": {
         "finalizers": finalizers,
         "resourceVersion": policy.resource_version(),
     }});
-    let api: Api<Policy> = Api::all(client.clone());
+    let object = PolicyObject::of(client, policy);
     let written = fenced(
         leader,
-        || format!("finalizer {finalizer} of Policy {name}"),
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+        || format!("finalizer {finalizer} of {}", object.source()),
+        object.patch(&patch),
     )
     .await?;
     Ok(match written {

@@ -124,6 +124,7 @@ mod tests {
     fn spec(cidr: &str) -> IPPoolSpec {
         IPPoolSpec {
             cidr: cidr.into(),
+            namespaces: vec![],
             exclude: vec![],
             gateway: None,
             routes: vec![],

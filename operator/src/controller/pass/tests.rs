@@ -1,4 +1,5 @@
 use super::*;
+use gatehouse_api::v1alpha1::{IPPoolSpec, NamespacedPolicy};
 
 fn policy(name: &str, spec: serde_json::Value) -> Arc<Policy> {
     Arc::new(
@@ -38,7 +39,7 @@ fn a_pass_judges_every_policy_and_serves_only_the_valid_ones() {
         pooled("no-pool", "missing"),
     ];
     let store = PolicyStore::new();
-    let validated = validate_each(&all, |p| compile(&store, p), |pool| pool == "pods-v4");
+    let validated = validate_each(&all, |p| compile(&store, p), pool_named("pods-v4"));
     let names = |ps: &[Arc<Policy>]| ps.iter().map(|p| p.name_any()).collect::<Vec<_>>();
     assert_eq!(names(&validated.valid), ["good", "has-pool"]);
     assert_eq!(store.names().len(), 3, "the broken Policy is not served");
@@ -60,9 +61,57 @@ fn a_pass_judges_every_policy_and_serves_only_the_valid_ones() {
             compiled += usize::from(store.get(&p.name_any()).is_none());
             compile(&store, p)
         },
-        |_| true,
+        |name| Some(Arc::new(IPPool::new(name, IPPoolSpec::default()))),
     );
     assert_eq!(compiled, 0);
+}
+
+/// The pool lookup of a cluster with only the IPPool `only`.
+fn pool_named(only: &'static str) -> impl Fn(&str) -> Option<Arc<IPPool>> {
+    move |name| (name == only).then(|| Arc::new(IPPool::new(name, IPPoolSpec::default())))
+}
+
+#[test]
+fn a_namespaced_policy_allocates_only_from_a_pool_that_allows_its_namespace() {
+    let tenant = |namespace: &str| {
+        let spec = serde_json::from_value(serde_json::json!({
+            "match": {"rules": [{"operations": ["CREATE"], "apiGroups": [""],
+                                 "apiVersions": ["v1"], "resources": ["pods"]}]},
+            "effects": [{"ipam": {"pool": "shared"}}]
+        }))
+        .unwrap();
+        Arc::new(NamespacedPolicy::new(namespace, "addresses", spec).scoped_policy())
+    };
+    let shared = |name: &str| {
+        (name == "shared").then(|| {
+            Arc::new(IPPool::new(
+                name,
+                IPPoolSpec {
+                    namespaces: vec!["team-a".into()],
+                    ..IPPoolSpec::default()
+                },
+            ))
+        })
+    };
+    let all = [tenant("team-a"), tenant("team-b")];
+    let store = PolicyStore::new();
+    let validated = validate_each(&all, |p| compile(&store, p), shared);
+    assert_eq!(validated.valid.len(), 1);
+    assert_eq!(validated.valid[0].name_any(), "addresses.team-a.namespaced");
+    let refused = validated
+        .verdicts
+        .iter()
+        .find_map(|(p, v)| match v {
+            Verdict::Invalid(problems) if p.name_any() == "addresses.team-b.namespaced" => {
+                Some(problems.join("; "))
+            }
+            _ => None,
+        })
+        .unwrap();
+    assert!(
+        refused.contains("does not allow namespace \"team-b\""),
+        "{refused}"
+    );
 }
 
 fn wired() -> Verdict {

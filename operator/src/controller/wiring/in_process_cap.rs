@@ -7,7 +7,7 @@
 //! policy taxes every request of the cluster by a few microseconds of the API server's CPU,
 //! and hundreds of tenants' Policies in-process would make every request slower than the
 //! webhook would (operator/benches/README.md, issue 39). Past the cap, `Auto` keeps the
-//! Policies of the later generated policies, in (priority, name) order of their first
+//! Policies of the later generated policies, in (platform first, priority, name) order of their first
 //! member, on the webhook, and says why; `enforcement: InProcess` still forces its own.
 
 use super::admission_policy::Placement;
@@ -20,8 +20,8 @@ pub const DEFAULT_MAX_ADMISSION_POLICIES: usize = 32;
 
 /// One generated admission policy and the Policies it stands for.
 struct Generated<'p> {
-    /// The (priority, name) of its first member: the order the cap is given out in.
-    first: (i32, &'p str),
+    /// The [`cap_key`] of its first member: the order the cap is given out in.
+    first: (bool, i32, &'p str),
     /// The generated MutatingAdmissionPolicy's name; `None` for a validating Policy's own
     /// ValidatingAdmissionPolicy.
     mutating: Option<String>,
@@ -73,11 +73,22 @@ pub fn cap_in_process(
     generated.retain(|g| !dropped.iter().any(|d| d == g.name()));
 }
 
+/// Where a Policy's claim on the cap comes: the platform's Policies before NamespacedPolicies
+/// (however many tenants write theirs, the platform's keep their place in-process), then by
+/// (priority, name).
+fn cap_key(p: &Policy) -> (bool, i32, &str) {
+    (
+        gatehouse_api::v1alpha1::is_namespaced_stem(policy_name(p)),
+        p.spec.priority,
+        policy_name(p),
+    )
+}
+
 /// The generated admission policies `placements` stand for.
 fn generated_policies<'p>(placements: &[(&'p Policy, Placement)]) -> Vec<Generated<'p>> {
     let mut units: Vec<Generated<'p>> = Vec::new();
     for (p, placement) in placements {
-        let key = (p.spec.priority, policy_name(p));
+        let key = cap_key(p);
         match placement {
             Placement::InProcess(_) => units.push(Generated {
                 first: key,

@@ -33,7 +33,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
 };
 
-use gatehouse_api::v1alpha1::{GROUP, Policy, Rule};
+use gatehouse_api::v1alpha1::{GROUP, NAMESPACED_POLICY_PLURAL, Policy, Rule};
 use gatehouse_engine::Phase;
 use gatehouse_engine::coverage::{Coverage, Selector};
 use gatehouse_engine::entry::VALIDATE_POLICY_PATH;
@@ -323,7 +323,7 @@ fn validating_entry(e: &Entry) -> ValidatingWebhook {
     webhook_entry!(ValidatingWebhook, e)
 }
 
-/// Gatehouse's own check of Policy objects. `failurePolicy: Ignore` on purpose: if Gatehouse is
+/// Gatehouse's own check of Policy and NamespacedPolicy objects. `failurePolicy: Ignore` on purpose: if Gatehouse is
 /// down, Policies can still be applied (the controller marks invalid ones Ready=False), so the
 /// operator can never lock users out of its own API.
 fn self_entry(wiring: &Wiring, ca_bundle: &str) -> ValidatingWebhook {
@@ -342,8 +342,11 @@ fn self_entry(wiring: &Wiring, ca_bundle: &str) -> ValidatingWebhook {
             api_groups: Some(vec![GROUP.to_string()]),
             api_versions: Some(vec!["*".to_string()]),
             operations: Some(vec!["CREATE".to_string(), "UPDATE".to_string()]),
-            resources: Some(vec!["policies".to_string()]),
-            scope: Some("Cluster".to_string()),
+            resources: Some(vec![
+                "policies".to_string(),
+                NAMESPACED_POLICY_PLURAL.to_string(),
+            ]),
+            scope: Some("*".to_string()),
         }]),
         side_effects: SIDE_EFFECTS.to_string(),
         timeout_seconds: Some(5),

@@ -48,6 +48,7 @@ use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, namespace_selector};
 use crate::controller::wiring::defaulting::{Footprint, independent};
 use gatehouse_api::v1alpha1::{Enforcement, Policy, PolicySpec, Rule};
 use gatehouse_engine::coverage::Coverage;
+use gatehouse_engine::group::order_key;
 use gatehouse_engine::policy::is_mutating;
 
 /// Label on the generated mutating objects, so a watch can select them.
@@ -130,7 +131,9 @@ fn place_in_order(
         .copied()
         .filter(|p| is_mutating(&p.spec))
         .collect();
-    ordered.sort_by(|a, b| (a.spec.priority, name(a)).cmp(&(b.spec.priority, name(b))));
+    ordered.sort_by(|a, b| {
+        order_key(name(a), a.spec.priority).cmp(&order_key(name(b), b.spec.priority))
+    });
     let mut placements = Vec::new();
     let mut members: Vec<InProcessMember<'_>> = Vec::new();
     // The Policies so far that run on the webhook: a later one that can select a request with

@@ -8,13 +8,12 @@
 //! records are the loop's memory: a record exists from before its first Apply until its
 //! Release was accepted, so a crash, a leader change or Gatehouse being down loses nothing, and
 //! a record whose object is gone is released (the orphan sweep).
+use crate::policies::{PolicyStores, reflect_policies};
 use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
 use kube::runtime::events::Recorder;
-use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -24,9 +23,7 @@ use tokio::sync::{Notify, watch};
 use super::companions::BlockedPolicies;
 use super::effect_loop::{EffectKind, run_effect};
 use crate::runtime::lease::Leadership;
-use crate::runtime::reconcile::{
-    Failure, Next, NotLeading, Pacing, ReconcileMetrics, Window, reflect,
-};
+use crate::runtime::reconcile::{Failure, Next, NotLeading, Pacing, ReconcileMetrics, Window};
 use crate::webhook::NamespaceLabels;
 use gatehouse_api::v1alpha1::Policy;
 use gatehouse_engine::call::Action;
@@ -144,7 +141,7 @@ impl Failure for CallsError {
 
 /// The caches every replica keeps.
 struct Caches {
-    policies: Store<Policy>,
+    policies: PolicyStores,
     records: records::Records,
     namespaces: NamespaceLabels,
 }
@@ -157,11 +154,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let trigger = ctx.trigger.clone();
-    let (policies, policies_watch) = reflect::<Policy>(
-        ctx.client.clone(),
-        watcher::Config::default(),
-        trigger.clone(),
-    );
+    let (policies, policies_watch) = reflect_policies(&ctx.client, &trigger);
     let (records, records_watch) = records::watch(ctx.client.clone(), trigger.clone());
     let caches = Caches {
         policies,

@@ -1,9 +1,9 @@
 //! The status step: `status.calls` and the `CallsApplied` condition of every live Policy with
 //! call effects, written when they changed, under the Policy's resourceVersion.
+use crate::policies::PolicyObject;
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
-use kube::api::{Api, Patch, PatchParams};
 use kube::{Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
@@ -40,11 +40,11 @@ pub async fn write_all(
             "metadata": {"resourceVersion": policy.resource_version()},
             "status": {"conditions": conditions, "calls": counts},
         });
-        let api: Api<Policy> = Api::all(ctx.client.clone());
+        let object = PolicyObject::of(&ctx.client, policy);
         let written = fenced(
             leader,
-            || format!("calls status of Policy {name}"),
-            api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+            || format!("calls status of {}", object.source()),
+            object.patch_status(&patch),
         )
         .await?;
         match written {

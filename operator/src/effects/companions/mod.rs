@@ -8,22 +8,19 @@
 //! manager, deletes guarded by UID) → status (`status.companions` and `CompanionsInPlace`).
 //! A Policy with object effects holds a finalizer, so its companions are collected even when it
 //! is deleted while Gatehouse is down; `keepOnPolicyDelete` releases them instead.
+use crate::policies::{PolicyStores, reflect_policies};
 use std::sync::Arc;
 use std::time::Duration;
 
 use kube::Client;
 use kube::runtime::events::Recorder;
-use kube::runtime::reflector::Store;
-use kube::runtime::watcher;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use tokio::sync::{Notify, watch};
 
 use super::effect_loop::{EffectKind, run_effect};
 use crate::runtime::lease::Leadership;
-use crate::runtime::reconcile::{
-    Failure, Next, NotLeading, Pacing, ReconcileMetrics, Window, reflect,
-};
+use crate::runtime::reconcile::{Failure, Next, NotLeading, Pacing, ReconcileMetrics, Window};
 use crate::webhook::NamespaceLabels;
 use gatehouse_api::v1alpha1::{COMPANIONS_FINALIZER, Policy};
 
@@ -124,7 +121,7 @@ impl Failure for CompanionsError {
 
 /// The caches every replica keeps.
 struct Caches {
-    policies: Store<Policy>,
+    policies: PolicyStores,
     namespaces: NamespaceLabels,
 }
 
@@ -136,8 +133,7 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let trigger = ctx.trigger.clone();
-    let all = watcher::Config::default;
-    let (policies, policies_watch) = reflect::<Policy>(ctx.client.clone(), all(), trigger.clone());
+    let (policies, policies_watch) = reflect_policies(&ctx.client, &trigger);
     let caches = Caches {
         policies,
         namespaces: ctx.namespaces.clone(),

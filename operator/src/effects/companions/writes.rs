@@ -1,5 +1,6 @@
 //! The apply step: server-side apply of companions under Gatehouse's field manager, deletes
 //! and releases guarded by the companion's UID, the Policies' finalizers and statuses.
+use crate::policies::{PolicyObject, event_reference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType};
@@ -167,11 +168,11 @@ pub async fn write_status(
         "metadata": {"resourceVersion": policy.resource_version()},
         "status": {"conditions": conditions, "companions": &outcome.counts},
     });
-    let api: Api<Policy> = Api::all(ctx.client.clone());
+    let object = PolicyObject::of(&ctx.client, policy);
     let written = fenced(
         leader,
-        || format!("companions status of Policy {name}"),
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+        || format!("companions status of {}", object.source()),
+        object.patch_status(&patch),
     )
     .await?;
     match written {
@@ -234,7 +235,7 @@ async fn publish_not_in_place(ctx: &CompanionsContext, policy: &Policy, problems
         action: "Apply".into(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &policy.object_ref(&())).await {
+    if let Err(e) = ctx.recorder.publish(&event, &event_reference(policy)).await {
         warn!(policy = %policy.name_any(), error = %e, "recording event failed");
     }
 }

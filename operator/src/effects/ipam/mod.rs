@@ -20,6 +20,7 @@
 //! each against the API server, and deletes it (Event, `gatehouse_ipam_orphans_collected`).
 //! Owners are compared by UID, never by name: a Pod re-created under the same name is another
 //! owner, and the old allocation is an orphan.
+use crate::policies::{PolicyStores, reflect_policies};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -180,7 +181,7 @@ impl IpamMetrics {
 struct IpamCaches {
     pods: Store<Pod>,
     pools: Store<IPPool>,
-    policies: Store<Policy>,
+    policies: PolicyStores,
 }
 
 /// What one leader term remembers between passes.
@@ -205,7 +206,7 @@ pub async fn run(
     let (pools, pools_watch) = reflect::<IPPool>(ctx.client.clone(), all(), trigger.clone());
     let (allocations, allocations_watch) =
         watch_events::<IPAllocation>(ctx.client.clone(), all(), trigger.clone());
-    let (policies, policies_watch) = reflect::<Policy>(ctx.client.clone(), all(), trigger.clone());
+    let (policies, policies_watch) = reflect_policies(&ctx.client, &trigger);
     let caches = IpamCaches {
         pods,
         pools,
