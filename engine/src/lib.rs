@@ -21,6 +21,7 @@ pub mod chain;
 pub mod companion;
 pub mod coverage;
 pub mod entry;
+pub mod exception;
 pub mod group;
 pub mod mark;
 pub mod matcher;

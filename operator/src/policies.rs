@@ -1,32 +1,57 @@
-//! Both kinds of Policy as every loop reads and writes them.
+//! Both kinds of Policy, with the PolicyExceptions that exempt from them, as every loop reads
+//! and writes them.
 //!
 //! The loops run Policies: a NamespacedPolicy is read as the Policy it runs as
-//! ([`NamespacedPolicy::scoped_policy`]), and whatever is written back about it (status,
-//! finalizers, Events) goes to the NamespacedPolicy itself ([`PolicyObject`]).
+//! ([`NamespacedPolicy::scoped_policy`]), a Policy with the honoured exceptions that name it
+//! written in ([`exception::exempted`]), and whatever is written back about one (status,
+//! finalizers, Events) goes to the object it was written as ([`PolicyObject`]).
 use std::sync::Arc;
 
-use gatehouse_api::v1alpha1::{NamespacedPolicy, Policy, PolicySource};
+use gatehouse_api::v1alpha1::{NamespacedPolicy, Policy, PolicyException, PolicySource};
+use gatehouse_engine::exception;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams};
 use kube::core::{ApiResource, DynamicObject};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
-use kube::{Api, Client, Resource};
+use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::Notify;
 
 use crate::runtime::reconcile::reflect;
 
-/// The caches of both kinds.
+/// The caches of both kinds and of the exceptions.
 #[derive(Clone)]
 pub struct PolicyStores {
     cluster: Store<Policy>,
     namespaced: Store<NamespacedPolicy>,
+    exceptions: Store<PolicyException>,
+    /// The namespaces exceptions are honoured from (`--exception-namespaces`).
+    exception_namespaces: Arc<[String]>,
 }
 
 impl PolicyStores {
-    /// Every Policy and every NamespacedPolicy (as the Policy it runs as).
+    /// Every Policy (with the honoured exceptions that name it written in) and every
+    /// NamespacedPolicy (as the Policy it runs as).
     pub fn state(&self) -> Vec<Arc<Policy>> {
-        let mut all = self.cluster.state();
+        let exceptions = self.exceptions.state();
+        let honoured: Vec<&PolicyException> = exceptions
+            .iter()
+            .filter(|e| self.honours(e))
+            .map(AsRef::as_ref)
+            .collect();
+        let mut all: Vec<Arc<Policy>> = self
+            .cluster
+            .state()
+            .into_iter()
+            .map(|p| {
+                let exemptions = exception::exemptions_of(&p.name_any(), &honoured);
+                if exemptions.is_empty() {
+                    p
+                } else {
+                    Arc::new(exception::exempted(&p, &exemptions))
+                }
+            })
+            .collect();
         all.extend(
             self.namespaced
                 .state()
@@ -36,31 +61,54 @@ impl PolicyStores {
         all
     }
 
-    /// Waits until both caches have listed once.
+    /// Whether `exception` is in a namespace exceptions are honoured from.
+    pub fn honours(&self, exception: &PolicyException) -> bool {
+        let namespace = exception.metadata.namespace.as_deref().unwrap_or_default();
+        self.exception_namespaces.iter().any(|n| n == namespace)
+    }
+
+    /// The namespaces exceptions are honoured from.
+    pub fn exception_namespaces(&self) -> &[String] {
+        &self.exception_namespaces
+    }
+
+    /// Every PolicyException, honoured or not.
+    pub fn exceptions(&self) -> Vec<Arc<PolicyException>> {
+        self.exceptions.state()
+    }
+
+    /// Waits until every cache has listed once.
     pub async fn wait_until_ready(&self) {
         let _ = tokio::join!(
             self.cluster.wait_until_ready(),
-            self.namespaced.wait_until_ready()
+            self.namespaced.wait_until_ready(),
+            self.exceptions.wait_until_ready()
         );
     }
 }
 
-/// Reflectors of both kinds, each change poking `trigger`; the future drives both watches.
+/// Reflectors of both kinds and of the exceptions (honoured from `exception_namespaces`), each
+/// change poking `trigger`; the future drives the watches.
 pub fn reflect_policies(
     client: &Client,
     trigger: &Arc<Notify>,
+    exception_namespaces: &[String],
 ) -> (PolicyStores, impl Future<Output = ()> + Send + use<>) {
     let (cluster, cluster_watch) =
         reflect::<Policy>(client.clone(), watcher::Config::default(), trigger.clone());
     let (namespaced, namespaced_watch) =
         reflect::<NamespacedPolicy>(client.clone(), watcher::Config::default(), trigger.clone());
+    let (exceptions, exceptions_watch) =
+        reflect::<PolicyException>(client.clone(), watcher::Config::default(), trigger.clone());
     let watches = async move {
-        tokio::join!(cluster_watch, namespaced_watch);
+        tokio::join!(cluster_watch, namespaced_watch, exceptions_watch);
     };
     (
         PolicyStores {
             cluster,
             namespaced,
+            exceptions,
+            exception_namespaces: exception_namespaces.into(),
         },
         watches,
     )

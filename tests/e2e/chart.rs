@@ -245,7 +245,7 @@ async fn the_chart_renders_what_kustomize_installs() {
                 generated.extend(objects(&std::fs::read_to_string(&file)?)?);
             }
         }
-        ensure!(crds.len() == 5, "helm show crds: {:?}", crds.keys());
+        ensure!(crds.len() == 6, "helm show crds: {:?}", crds.keys());
         ensure!(crds == generated, "the chart's CRDs differ from crds/");
         Ok(())
     })

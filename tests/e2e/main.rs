@@ -5,6 +5,7 @@ mod calls;
 mod cel;
 mod chart;
 mod companions;
+mod exceptions;
 mod failover;
 mod faults;
 mod fixtures;

@@ -153,6 +153,7 @@ pub async fn ensure_crds(cluster: &Cluster) -> anyhow::Result<()> {
                 &[
                     "policies.gatehouse.dev",
                     "namespacedpolicies.gatehouse.dev",
+                    "policyexceptions.gatehouse.dev",
                     "ippools.gatehouse.dev",
                     "ipallocations.gatehouse.dev",
                     "externalcalls.gatehouse.dev",

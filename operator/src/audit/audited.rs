@@ -1,6 +1,7 @@
 //! One validating Policy as an audit pass takes it: how it is judged, the kinds it names, and
 //! what kept some of it from being audited.
 use gatehouse_api::v1alpha1::Policy;
+use gatehouse_engine::exception::CompiledExemption;
 use gatehouse_engine::policy::CompiledPolicy;
 
 use super::judge::{AuditedKind, NotAuditable, audit_copy};
@@ -10,6 +11,8 @@ pub struct AuditedPolicy {
     pub policy: Policy,
     /// How the audit runs it; `None` when it cannot be audited (the reason is a problem).
     pub copy: Option<CompiledPolicy>,
+    /// What the honoured PolicyExceptions exempt from it: judged `skip`.
+    pub exemptions: Vec<CompiledExemption>,
     /// The kinds it names that are listed.
     pub kinds: Vec<AuditedKind>,
     /// Why some of what it names is not audited.
@@ -41,6 +44,7 @@ impl AuditedPolicy {
         Some(AuditedPolicy {
             policy,
             copy,
+            exemptions: Vec::new(),
             kinds: Vec::new(),
             problems,
             keeps_reports: false,

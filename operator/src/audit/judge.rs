@@ -10,6 +10,7 @@ use gatehouse_api::v1alpha1::{Operation, Policy, Rule, ValidationAction};
 use gatehouse_engine::admission::{
     GroupVersionKind, GroupVersionResource, Request, RuleEvaluation, Variables, evaluate_rules,
 };
+use gatehouse_engine::exception::{CompiledExemption, Exemption};
 use gatehouse_engine::matcher::{self, Namespace};
 use gatehouse_engine::policy::{self, CompiledPolicy, InvalidPolicy};
 
@@ -148,10 +149,12 @@ pub enum Judgement {
     },
 }
 
-/// Judges `object` (of `kind`) by `policy` (an [`audit_copy`]); `namespace` holds the labels of
-/// its Namespace (for a namespaced object).
-pub fn judge(
+/// Judges `object` (of `kind`) by `policy` (an [`audit_copy`]), with the honoured exemptions
+/// from it: what they exempt is a `skip`, as at admission it would have been let through;
+/// `namespace` holds the labels of its Namespace (for a namespaced object).
+pub fn judge_excepting(
     policy: &CompiledPolicy,
+    exemptions: &[CompiledExemption],
     kind: &AuditedKind,
     object: &Value,
     namespace: Namespace<'_>,
@@ -196,34 +199,67 @@ pub fn judge(
             held: 0,
         },
         Ok(true) => {
-            let variables = Variables::new(&req);
-            let outcomes = evaluate_rules(policy, &variables.activation());
-            let mut failing = Vec::new();
-            let mut held = 0;
-            for (i, (rule, outcome)) in policy.spec().validate.iter().zip(outcomes).enumerate() {
-                let name = format!("validate[{i}]");
-                match outcome {
-                    RuleEvaluation::Held => held += 1,
-                    RuleEvaluation::Violated(ValidationAction::Deny) => {
-                        failing.push(result(name, ResultKind::Fail, "high", rule.message.clone()))
-                    }
-                    RuleEvaluation::Violated(ValidationAction::Warn) => failing.push(result(
-                        name,
-                        ResultKind::Warn,
-                        "medium",
-                        rule.message.clone(),
-                    )),
-                    RuleEvaluation::Failed { error, .. } => failing.push(result(
-                        name,
-                        ResultKind::Error,
-                        "high",
-                        format!("spec.validate[{i}].expression: {error}"),
-                    )),
-                }
+            let holding: Vec<&Exemption> = exemptions
+                .iter()
+                .filter(|e| e.holds(&req))
+                .map(|e| &e.exemption)
+                .collect();
+            if let Some(whole) = holding.iter().find(|e| e.rules.is_empty()) {
+                let message = format!("exempted by PolicyException {}", whole.source);
+                return Judgement::Judged {
+                    failing: vec![result(
+                        "exception".into(),
+                        ResultKind::Skip,
+                        "info",
+                        message,
+                    )],
+                    held: 0,
+                };
             }
+            let (failing, held) = rule_results(policy, &req, &holding, &result);
             Judgement::Judged { failing, held }
         }
     }
+}
+
+/// Each rule's result (the ones `holding` exempts `skip`) but the held ones, and how many held.
+fn rule_results(
+    policy: &CompiledPolicy,
+    req: &Request,
+    holding: &[&Exemption],
+    result: &impl Fn(String, ResultKind, &str, String) -> ReportResult,
+) -> (Vec<ReportResult>, u64) {
+    let variables = Variables::new(req);
+    let outcomes = evaluate_rules(policy, &variables.activation());
+    let mut failing = Vec::new();
+    let mut held = 0;
+    for (i, (rule, outcome)) in policy.spec().validate.iter().zip(outcomes).enumerate() {
+        let name = format!("validate[{i}]");
+        if let Some(by) = holding.iter().find(|e| e.rules.contains(&i)) {
+            let message = format!("exempted by PolicyException {}", by.source);
+            failing.push(result(name, ResultKind::Skip, "info", message));
+            continue;
+        }
+        match outcome {
+            RuleEvaluation::Held => held += 1,
+            RuleEvaluation::Violated(ValidationAction::Deny) => {
+                failing.push(result(name, ResultKind::Fail, "high", rule.message.clone()))
+            }
+            RuleEvaluation::Violated(ValidationAction::Warn) => failing.push(result(
+                name,
+                ResultKind::Warn,
+                "medium",
+                rule.message.clone(),
+            )),
+            RuleEvaluation::Failed { error, .. } => failing.push(result(
+                name,
+                ResultKind::Error,
+                "high",
+                format!("spec.validate[{i}].expression: {error}"),
+            )),
+        }
+    }
+    (failing, held)
 }
 
 #[cfg(test)]
@@ -231,6 +267,16 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    fn judge(
+        policy: &CompiledPolicy,
+        kind: &AuditedKind,
+        object: &Value,
+        namespace: Namespace<'_>,
+        now: &Timestamp,
+    ) -> Judgement {
+        judge_excepting(policy, &[], kind, object, namespace, now)
+    }
 
     fn pods() -> AuditedKind {
         AuditedKind {

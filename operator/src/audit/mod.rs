@@ -41,7 +41,7 @@ use crate::runtime::reconcile::{Failure, Next, Pacing, ReconcileMetrics, Term, W
 use crate::webhook::Namespaces;
 use gatehouse_api::v1alpha1::Policy;
 
-pub use judge::{AuditedKind, Judgement, NotAuditable, audit_copy, audit_request, judge};
+pub use judge::{AuditedKind, Judgement, NotAuditable, audit_copy, audit_request, judge_excepting};
 pub use report::{
     POLICY_ANNOTATION, POLICY_UID_LABEL, ReportLocation, TRUNCATED_ANNOTATION, Tally, report_name,
     report_object,
@@ -68,6 +68,8 @@ pub struct AuditConfig {
     pub excluded_namespaces: Vec<String>,
     /// The report API written in.
     pub report_api: report_api::ReportApiChoice,
+    /// The namespaces PolicyExceptions are honoured from.
+    pub exception_namespaces: Vec<String>,
 }
 
 /// Labels of `gatehouse_audit_objects_total`.
@@ -111,6 +113,8 @@ impl AuditMetrics {
 pub enum AuditError {
     #[error("listing Policies")]
     ListPolicies(#[source] kube::Error),
+    #[error("listing PolicyExceptions")]
+    ListExceptions(#[source] kube::Error),
     #[error("asking whether Gatehouse may list {resource}")]
     AccessReview {
         resource: String,
@@ -151,6 +155,7 @@ impl Failure for AuditError {
     fn step(&self) -> &'static str {
         match self {
             AuditError::ListPolicies(_) => "ListPolicies",
+            AuditError::ListExceptions(_) => "ListExceptions",
             AuditError::AccessReview { .. } => "AccessReview",
             AuditError::NotAllowed { .. } => "NotAllowed",
             AuditError::List { .. } => "List",

@@ -8,7 +8,7 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::audited::{AuditedPolicy, push_once};
-use super::judge::{AuditedKind, Judgement, audited_resources, judge};
+use super::judge::{AuditedKind, Judgement, audited_resources, judge_excepting};
 use super::report::{ReportLocation, Tallies, Tally};
 use super::source::{KindUnknown, Pace, Pages, may_list, resolve_kind};
 use super::writes::{clear_statuses, write_reports, write_statuses};
@@ -17,7 +17,8 @@ use crate::runtime::error_chain::chain;
 use crate::runtime::lease::Leadership;
 use crate::webhook::NO_SUCH_NAMESPACE;
 use gatehouse_api::reports::Timestamp;
-use gatehouse_api::v1alpha1::Policy;
+use gatehouse_api::v1alpha1::{Policy, PolicyException};
+use gatehouse_engine::exception::{CompiledExemption, exemptions_of};
 use gatehouse_engine::matcher::Namespace;
 
 /// Whether `p` carries what a pass wrote (the `Audited` condition or the last pass's time).
@@ -129,6 +130,33 @@ enum Resolved {
     NotServed(String),
 }
 
+/// Gives each audited Policy what the honoured PolicyExceptions exempt from it (read anew each
+/// pass, like the Policies: a restart loses nothing).
+async fn exempt(ctx: &AuditContext, audited: &mut [AuditedPolicy]) -> Result<(), AuditError> {
+    let listed = Api::<PolicyException>::all(ctx.client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(AuditError::ListExceptions)?;
+    let honoured: Vec<&PolicyException> = listed
+        .items
+        .iter()
+        .filter(|e| {
+            let namespace = e.metadata.namespace.as_deref().unwrap_or_default();
+            ctx.config
+                .exception_namespaces
+                .iter()
+                .any(|n| n == namespace)
+        })
+        .collect();
+    for entry in audited {
+        entry.exemptions = exemptions_of(entry.name(), &honoured)
+            .into_iter()
+            .filter_map(CompiledExemption::new)
+            .collect();
+    }
+    Ok(())
+}
+
 /// Runs one pass; a one-line summary of it.
 pub async fn run_pass(
     ctx: &AuditContext,
@@ -156,6 +184,7 @@ pub async fn run_pass(
         namespace_labels: BTreeMap::new(),
         objects: 0,
     };
+    exempt(ctx, &mut state.audited).await?;
     resolve_kinds(ctx, &mut state.audited).await;
     let mut pace = Pace::new(config.qps);
     let kinds: BTreeSet<AuditedKind> = state
@@ -263,7 +292,8 @@ impl PassState {
         for &i in members {
             let entry = &mut self.audited[i];
             let Some(copy) = &entry.copy else { continue };
-            let Judgement::Judged { failing, held } = judge(copy, kind, object, labels, now) else {
+            let judged = judge_excepting(copy, &entry.exemptions, kind, object, labels, now);
+            let Judgement::Judged { failing, held } = judged else {
                 continue;
             };
             entry.matched += 1;

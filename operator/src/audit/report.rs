@@ -68,6 +68,8 @@ impl Tally {
             "fail"
         } else if has(ResultKind::Warn) {
             "warn"
+        } else if has(ResultKind::Skip) {
+            "skip"
         } else {
             "pass"
         }

@@ -4,7 +4,9 @@ use std::path::{Path, PathBuf};
 use kube::CustomResourceExt;
 
 use gatehouse_api::reports::{ReportApi, ReportKind, report_crd};
-use gatehouse_api::v1alpha1::{ExternalCall, IPAllocation, IPPool, Policy, namespaced_policy_crd};
+use gatehouse_api::v1alpha1::{
+    ExternalCall, IPAllocation, IPPool, Policy, namespaced_policy_crd, policy_exception_crd,
+};
 
 /// Arguments of `gatehouse crds`.
 #[derive(clap::Args, Debug, Clone)]
@@ -73,6 +75,7 @@ pub fn generate(set: CrdSet) -> Result<Vec<(String, String)>, CrdsError> {
         CrdSet::Gatehouse => vec![
             Policy::crd(),
             namespaced_policy_crd(),
+            policy_exception_crd(),
             IPPool::crd(),
             IPAllocation::crd(),
             ExternalCall::crd(),

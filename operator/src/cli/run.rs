@@ -69,6 +69,11 @@ pub struct RunArgs {
     )]
     pub exclude_namespaces: Vec<String>,
 
+    /// Namespaces whose PolicyExceptions are honoured (default: --namespace, Gatehouse's own).
+    /// An exception anywhere else changes nothing; its Honoured condition says so.
+    #[arg(long, env = "GATEHOUSE_EXCEPTION_NAMESPACES", value_delimiter = ',')]
+    pub exception_namespaces: Vec<String>,
+
     /// Lifetime of the generated CA (e.g. 1y, 90d, 30s).
     #[arg(long, env = "GATEHOUSE_CA_VALIDITY", default_value = "1y", value_parser = super::duration::parse)]
     pub ca_validity: Duration,
@@ -241,6 +246,22 @@ impl RunArgs {
         out.dedup();
         out
     }
+    /// The namespaces PolicyExceptions are honoured from: the flag's list, or our own namespace.
+    pub fn honoured_exception_namespaces(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .exception_namespaces
+            .iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+        if out.is_empty() {
+            out.push(self.namespace.clone());
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// What the TLS manager keeps: the Secret's namespace, the SANs and the lifetimes.
     pub fn tls_config(&self, sans: Vec<San>) -> TlsConfig {
         let mut config = TlsConfig::new(self.namespace.clone(), sans);
@@ -272,6 +293,7 @@ impl RunArgs {
             max_results: self.audit_max_results,
             excluded_namespaces: self.excluded_namespaces(),
             report_api: self.report_api,
+            exception_namespaces: self.honoured_exception_namespaces(),
         }
     }
 
@@ -323,7 +345,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         process.readiness.clone(),
         process.recorder.clone(),
     )
-    .with_blocked(blocked.clone());
+    .with_blocked(blocked.clone())
+    .with_exception_namespaces(args.honoured_exception_namespaces());
     let controller_task = controller::run(
         Arc::new(controller),
         ca_bundle,
@@ -412,6 +435,7 @@ impl Process {
             metrics: CallsMetrics::register(registry),
             recorder: self.recorder.clone(),
             per_receiver: usize::from(args.calls_per_receiver),
+            exception_namespaces: args.honoured_exception_namespaces(),
         };
         let companions = CompanionsContext {
             namespaces: labels,
@@ -421,6 +445,7 @@ impl Process {
             loops: loops.clone(),
             metrics: CompanionsMetrics::register(registry),
             recorder: self.recorder.clone(),
+            exception_namespaces: args.honoured_exception_namespaces(),
         };
         Ok(EffectsContexts {
             ipam,

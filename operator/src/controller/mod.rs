@@ -3,6 +3,7 @@
 //! of Policy changes costs a handful of writes, not one per Policy.
 mod configurations;
 mod confirm;
+mod exceptions;
 mod generated;
 mod in_process;
 mod in_process_mutating;
@@ -105,6 +106,8 @@ pub enum WriteError {
     RefusedWithoutPolicies { reason: String },
     #[error("writing status of Policy {name}")]
     WriteStatus { name: String, source: kube::Error },
+    #[error("writing status of PolicyException {name}")]
+    WriteExceptionStatus { name: String, source: kube::Error },
     #[error("serializing {what}")]
     Serialize {
         what: &'static str,
@@ -135,6 +138,8 @@ pub struct ControllerContext {
     pub recorder: Recorder,
     /// Policies whose object effects cannot run as written (the companions loop's finding).
     pub blocked: BlockedPolicies,
+    /// The namespaces PolicyExceptions are honoured from (`--exception-namespaces`).
+    pub exception_namespaces: Vec<String>,
 }
 
 impl ControllerContext {
@@ -163,12 +168,21 @@ impl ControllerContext {
             readiness,
             recorder,
             blocked: BlockedPolicies::default(),
+            exception_namespaces: Vec::new(),
         }
     }
 
     /// The context reading what the companions loop finds blocked.
     pub fn with_blocked(self, blocked: BlockedPolicies) -> Self {
         Self { blocked, ..self }
+    }
+
+    /// The context honouring PolicyExceptions from `namespaces` (none by default).
+    pub fn with_exception_namespaces(self, namespaces: Vec<String>) -> Self {
+        Self {
+            exception_namespaces: namespaces,
+            ..self
+        }
     }
 }
 
@@ -278,7 +292,7 @@ pub async fn run(
     let Watched {
         mut caches,
         watches,
-    } = watch_all(&ctx.client, &trigger);
+    } = watch_all(&ctx.client, &trigger, &ctx.exception_namespaces);
     let work = async {
         caches.synced().await;
         if ca_bundle.wait_for(|b| b.is_some()).await.is_err() {
@@ -309,9 +323,9 @@ struct Watched {
 
 /// Starts the watches a pass reads, each change notifying `trigger`; the generated admission
 /// policies' ones are started by the first pass ([`discover`]).
-fn watch_all(client: &Client, trigger: &Arc<Notify>) -> Watched {
+fn watch_all(client: &Client, trigger: &Arc<Notify>, exception_namespaces: &[String]) -> Watched {
     let every = watcher::Config::default;
-    let (policies, policy_watch) = reflect_policies(client, trigger);
+    let (policies, policy_watch) = reflect_policies(client, trigger, exception_namespaces);
     let by_name = every().fields(&format!("metadata.name={CONFIGURATION_NAME}"));
     let (mutating, mutating_watch) =
         reflect::<MutatingWebhookConfiguration>(client.clone(), by_name.clone(), trigger.clone());

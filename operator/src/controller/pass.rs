@@ -16,6 +16,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::configurations::{check_conditions, owned_wiring, write_configurations};
+use super::exceptions::write_exception_statuses;
 use super::status::Verdict;
 use super::wiring::admission_policy::Placement;
 use super::wiring::mutating_policy::InProcessMutation;
@@ -59,6 +60,9 @@ pub(super) async fn reconcile_all(
     let written = enforce_and_write(input, &validated.valid, &placed, &wiring, memory).await;
     track_wired(ctx, caches, &validated.valid);
     write_statuses(input, validated.verdicts, &placed, memory, written.is_ok()).await?;
+    write_exception_statuses(ctx, &caches.policies, input.leader)
+        .await
+        .map_err(ReconcileError::WriteStatuses)?;
     written.map(|wake| wake.map_or(Next::Resync, Next::By))
 }
 

@@ -61,6 +61,8 @@ pub struct CallsContext {
     pub recorder: Recorder,
     /// Calls in flight to one receiver at most (`--calls-per-receiver`).
     pub per_receiver: usize,
+    /// The namespaces PolicyExceptions are honoured from: an exempted object gets no call.
+    pub exception_namespaces: Vec<String>,
 }
 
 /// The labels of `gatehouse_calls_total`.
@@ -154,7 +156,8 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let trigger = ctx.trigger.clone();
-    let (policies, policies_watch) = reflect_policies(&ctx.client, &trigger);
+    let (policies, policies_watch) =
+        reflect_policies(&ctx.client, &trigger, &ctx.exception_namespaces);
     let (records, records_watch) = records::watch(ctx.client.clone(), trigger.clone());
     let caches = Caches {
         policies,

@@ -58,6 +58,8 @@ pub struct CompanionsContext {
     pub metrics: CompanionsMetrics,
     /// Events on a Policy whose companions cannot be written.
     pub recorder: Recorder,
+    /// The namespaces PolicyExceptions are honoured from: an exempted object gets no companion.
+    pub exception_namespaces: Vec<String>,
 }
 
 /// The loop's own metrics (`gatehouse_companions_*`).
@@ -133,7 +135,8 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()>,
 ) {
     let trigger = ctx.trigger.clone();
-    let (policies, policies_watch) = reflect_policies(&ctx.client, &trigger);
+    let (policies, policies_watch) =
+        reflect_policies(&ctx.client, &trigger, &ctx.exception_namespaces);
     let caches = Caches {
         policies,
         namespaces: ctx.namespaces.clone(),

@@ -206,7 +206,8 @@ pub async fn run(
     let (pools, pools_watch) = reflect::<IPPool>(ctx.client.clone(), all(), trigger.clone());
     let (allocations, allocations_watch) =
         watch_events::<IPAllocation>(ctx.client.clone(), all(), trigger.clone());
-    let (policies, policies_watch) = reflect_policies(&ctx.client, &trigger);
+    // Allocation follows the mark admission set, where exceptions applied already.
+    let (policies, policies_watch) = reflect_policies(&ctx.client, &trigger, &[]);
     let caches = IpamCaches {
         pods,
         pools,
