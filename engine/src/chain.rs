@@ -366,7 +366,7 @@ fn offered(
                     ..
                 }
             );
-            let message = format!("policy {:?}: {e}", policy.name());
+            let message = format!("{}: {e}", policy.named());
             match policy.spec().effective_failure_policy() {
                 FailurePolicy::Fail => Err(Response::deny(500, "InternalError", message)),
                 FailurePolicy::Ignore => {

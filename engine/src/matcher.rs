@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::admission::{GroupVersionResource, Request, Variables};
 use super::policy::CompiledPolicy;
-use gatehouse_api::v1alpha1::{Operation, Rule, Scope};
+use gatehouse_api::v1alpha1::{NAMESPACE_NAME_LABEL, Operation, Rule, Scope};
 use gatehouse_cel::CelError;
 use gatehouse_cel::cost::CallBudget;
 
@@ -41,7 +41,9 @@ pub enum MatchError {
 pub enum Namespace<'a> {
     /// The labels of `request.namespace`, as the Namespace reflector (or a read) has them.
     Labels(&'a BTreeMap<String, String>),
-    /// Offline (`gatehouse eval`): there are no Namespace objects, every selector matches.
+    /// Offline (`gatehouse eval`): there are no Namespace objects, every selector matches but
+    /// on the label every Namespace has, its name (`kubernetes.io/metadata.name`), which the
+    /// request gives.
     Assumed,
     /// The Namespace could not be read, with the reason.
     Unknown(&'a str),
@@ -159,12 +161,36 @@ fn namespace_selector_matches(
         Namespace::Labels(map) => Ok(selector_matches(selector, |key| {
             map.get(key).map(String::as_str)
         })),
-        Namespace::Assumed => Ok(true),
+        Namespace::Assumed => Ok(name_requirements_hold(selector, &req.namespace)),
         Namespace::Unknown(reason) => Err(MatchError::NamespaceUnknown {
             namespace: req.namespace.clone(),
             reason: reason.to_string(),
         }),
     }
+}
+
+/// Whether the requirements of `selector` on the name label hold for the Namespace `name` (the
+/// others are assumed to).
+fn name_requirements_hold(selector: &LabelSelector, name: &str) -> bool {
+    let on_name = LabelSelector {
+        match_labels: selector.match_labels.as_ref().map(|labels| {
+            labels
+                .iter()
+                .filter(|(k, _)| *k == NAMESPACE_NAME_LABEL)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect()
+        }),
+        match_expressions: selector.match_expressions.as_ref().map(|requirements| {
+            requirements
+                .iter()
+                .filter(|r| r.key == NAMESPACE_NAME_LABEL)
+                .cloned()
+                .collect()
+        }),
+    };
+    selector_matches(&on_name, |key| {
+        (key == NAMESPACE_NAME_LABEL).then_some(name)
+    })
 }
 
 /// As the API server does: the selector is matched against the labels of the new object and of

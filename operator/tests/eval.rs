@@ -600,3 +600,57 @@ fn explain_says_where_each_policy_would_run() {
     ]);
     assert!(!quiet.err.contains("runs"), "{}", quiet.err);
 }
+
+#[test]
+fn a_namespaced_policy_judges_its_own_namespace_only() {
+    let policy = Scratch::new(
+        "tenant.yaml",
+        r#"apiVersion: gatehouse.dev/v1alpha1
+kind: NamespacedPolicy
+metadata: {name: owner, namespace: team-a}
+spec:
+  match:
+    rules: [{operations: [CREATE], apiGroups: [""], apiVersions: [v1], resources: [pods]}]
+  validate:
+  - {expression: "has(object.metadata.labels) && 'owner' in object.metadata.labels", message: "name an owner"}
+"#,
+    );
+    let pod = |ns: &str| {
+        Scratch::new(
+            &format!("pod-{ns}.yaml"),
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: web, namespace: {ns}}}\nspec: {{containers: [{{name: a, image: a}}]}}\n"
+            ),
+        )
+    };
+    let (own, other) = (pod("team-a"), pod("team-b"));
+    let denied = eval(&["--policy", policy.path(), "--object", own.path()]);
+    assert_eq!(
+        denied.json()["response"]["allowed"],
+        false,
+        "{}",
+        denied.out
+    );
+    assert!(denied.out.contains("name an owner"), "{}", denied.out);
+    let admitted = eval(&["--policy", policy.path(), "--object", other.path()]);
+    assert_eq!(
+        admitted.json()["response"]["allowed"],
+        true,
+        "{}",
+        admitted.out
+    );
+
+    // Reaching past its namespace is refused, with the field.
+    let wide = Scratch::new(
+        "wide.yaml",
+        &std::fs::read_to_string(policy.path())
+            .unwrap()
+            .replace("resources: [pods]", "resources: [namespaces]"),
+    );
+    let refused = eval(&["--policy", wide.path(), "--object", own.path()]);
+    assert!(
+        refused.err.contains("spec.match.rules[0].resources[0]"),
+        "{}",
+        refused.err
+    );
+}

@@ -2,7 +2,7 @@
 //! check) judges it, and the chart ships the same samples.
 use std::path::Path;
 
-use gatehouse_api::v1alpha1::Policy;
+use gatehouse_api::v1alpha1::{NamespacedPolicy, Policy};
 use serde_json::Value;
 
 fn root() -> &'static Path {
@@ -31,14 +31,21 @@ fn every_sample_policy_is_valid_and_in_the_chart() {
             "{in_chart:?}"
         );
         for doc in serde_saphyr::from_slice_multiple::<Value>(&bytes).unwrap() {
-            if doc["kind"] != "Policy" {
-                continue;
-            }
-            let policy: Policy = serde_json::from_value(doc).unwrap();
-            let problems = gatehouse_engine::validate(&policy);
+            let problems = match doc["kind"].as_str() {
+                Some("Policy") => {
+                    gatehouse_engine::validate(&serde_json::from_value::<Policy>(doc).unwrap())
+                }
+                Some("NamespacedPolicy") => {
+                    let mut np: NamespacedPolicy = serde_json::from_value(doc).unwrap();
+                    // Where kubectl would apply it without -n.
+                    np.metadata.namespace = Some("default".into());
+                    gatehouse_engine::policy::validate_namespaced(&np)
+                }
+                _ => continue,
+            };
             assert!(problems.is_empty(), "{path:?}: {problems:?}");
             policies += 1;
         }
     }
-    assert!(policies >= 5, "{policies} sample Policies");
+    assert!(policies >= 6, "{policies} sample Policies");
 }

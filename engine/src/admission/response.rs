@@ -103,7 +103,7 @@ pub fn admit_one(req: &Request, policy: &CompiledPolicy, phase: Phase) -> Respon
 }
 
 fn prefix(policy: &CompiledPolicy) -> String {
-    format!("policy {:?}", policy.name())
+    policy.named()
 }
 
 fn mutating(req: &Request, policy: &CompiledPolicy) -> Response {

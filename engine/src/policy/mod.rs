@@ -13,7 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use super::entry::ENTRY_SUFFIX;
 use super::merge::is_valid_path;
 use gatehouse_api::v1alpha1::{
-    DEFAULT_IPAM_ANNOTATION, IpamEffect, Operation, Policy, PolicySpec, ReinvocationPolicy,
+    DEFAULT_IPAM_ANNOTATION, IpamEffect, Operation, Policy, PolicySource, PolicySpec,
+    ReinvocationPolicy,
 };
 use gatehouse_cel::k8s_names::{
     DNS1123_SUBDOMAIN_MAX_LENGTH, dns1123_subdomain_form_error, has_dns1123_subdomain_form,
@@ -60,6 +61,8 @@ impl fmt::Display for InvalidPolicy {
 #[derive(Debug)]
 pub struct CompiledPolicy {
     name: String,
+    /// What it was written as.
+    source: PolicySource,
     generation: Option<i64>,
     spec: PolicySpec,
     /// `spec.match.conditions[i]`.
@@ -78,6 +81,16 @@ impl CompiledPolicy {
     /// `metadata.name`.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// How its messages name it: `policy "name"`, or `NamespacedPolicy "namespace/name"`.
+    pub fn named(&self) -> String {
+        match &self.source {
+            PolicySource::Policy { name } => format!("policy {name:?}"),
+            PolicySource::Namespaced { namespace, name } => {
+                format!("NamespacedPolicy {:?}", format!("{namespace}/{name}"))
+            }
+        }
     }
 
     /// `metadata.generation` this was compiled from.
@@ -234,6 +247,7 @@ pub fn compile(policy: &Policy) -> Result<CompiledPolicy, InvalidPolicy> {
     match analyse(policy) {
         (problems, Some(programs)) if problems.is_empty() => Ok(CompiledPolicy {
             name: policy.metadata.name.clone().unwrap_or_default(),
+            source: PolicySource::of(policy),
             generation: policy.metadata.generation,
             spec: policy.spec.clone(),
             own_entry: programs

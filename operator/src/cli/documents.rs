@@ -2,6 +2,9 @@
 //! test`: one reading, one wording of what is wrong with a file.
 use std::path::{Path, PathBuf};
 
+use gatehouse_api::v1alpha1::{
+    NAMESPACED_POLICY_KIND, NamespacedPolicy, Policy, PolicySource, namespaced_stem,
+};
 use serde_json::Value;
 
 /// Why a file's documents could not be read.
@@ -59,4 +62,44 @@ pub fn one_object(path: &Path) -> Result<Value, DocumentsError> {
         path: path.to_path_buf(),
         message,
     })
+}
+
+/// The Policy a `gatehouse.dev/v1alpha1` Policy or NamespacedPolicy document runs as (a
+/// NamespacedPolicy without a namespace is in `default`, where kubectl would apply it); `None`
+/// for any other document, an error for one that does not decode.
+pub fn runnable_policy(document: &Value) -> Option<Result<Policy, String>> {
+    if document["apiVersion"] != "gatehouse.dev/v1alpha1" {
+        return None;
+    }
+    let decoded = match document["kind"].as_str()? {
+        "Policy" => serde_json::from_value::<Policy>(document.clone()),
+        NAMESPACED_POLICY_KIND => {
+            serde_json::from_value::<NamespacedPolicy>(document.clone()).map(|mut np| {
+                np.metadata
+                    .namespace
+                    .get_or_insert_with(|| "default".into());
+                np.scoped_policy()
+            })
+        }
+        _ => return None,
+    };
+    Some(decoded.map_err(|e| e.to_string()))
+}
+
+/// The name the engine runs the Policy `reference` names under: a Policy by its name, a
+/// NamespacedPolicy as `namespace/name` (its stem).
+pub fn engine_name(reference: &str) -> String {
+    match reference.split_once('/') {
+        Some((namespace, name)) => namespaced_stem(namespace, name),
+        None => reference.to_string(),
+    }
+}
+
+/// How a user names the Policy the engine runs as `name`: `namespace/name` for a
+/// NamespacedPolicy's stem.
+pub fn user_name(policy: &Policy) -> String {
+    match PolicySource::of(policy) {
+        PolicySource::Namespaced { namespace, name } => format!("{namespace}/{name}"),
+        PolicySource::Policy { name } => name,
+    }
 }

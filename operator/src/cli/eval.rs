@@ -277,21 +277,23 @@ pub fn load_policies(paths: &[PathBuf]) -> Result<Vec<CompiledPolicy>, EvalError
                 index,
                 message,
             };
-            let api_version = doc
-                .get("apiVersion")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            let kind = doc.get("kind").and_then(Value::as_str).unwrap_or_default();
-            if api_version != "gatehouse.dev/v1alpha1" || kind != "Policy" {
+            let Some(decoded) = documents::runnable_policy(&doc) else {
+                let field = |f: &str| doc.get(f).and_then(Value::as_str).unwrap_or_default();
                 return Err(not_a_policy(format!(
-                    "{api_version:?}/{kind:?} is not a gatehouse.dev/v1alpha1 Policy"
+                    "{:?}/{:?} is not a gatehouse.dev/v1alpha1 Policy or NamespacedPolicy",
+                    field("apiVersion"),
+                    field("kind")
                 )));
-            }
-            let policy: Policy =
-                serde_json::from_value(doc).map_err(|e| not_a_policy(e.to_string()))?;
-            let Some(name) = policy.metadata.name.clone().filter(|n| !n.is_empty()) else {
-                return Err(not_a_policy("metadata.name: must be set".to_string()));
             };
+            let policy = decoded.map_err(not_a_policy)?;
+            if doc["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .is_empty()
+            {
+                return Err(not_a_policy("metadata.name: must be set".to_string()));
+            }
+            let name = documents::user_name(&policy);
             if let Some(first) = seen.insert(name.clone(), path.clone()) {
                 return Err(not_a_policy(format!(
                     "policy {name:?} is already defined in {}",

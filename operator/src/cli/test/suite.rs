@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::file::{Expectation, Expected, FileError, RequestSpec, TestFile};
-use gatehouse_api::v1alpha1::{Operation, Policy};
+use gatehouse_api::v1alpha1::Operation;
 use gatehouse_engine::admission::UserInfo;
 use gatehouse_engine::{CompiledPolicy, compile};
 
@@ -136,11 +136,6 @@ fn files(base: &Path, paths: &[PathBuf]) -> Result<Vec<PathBuf>, SuiteError> {
     Ok(found)
 }
 
-/// Whether a document is a Gatehouse Policy.
-fn is_policy(document: &Value) -> bool {
-    document["apiVersion"] == "gatehouse.dev/v1alpha1" && document["kind"] == "Policy"
-}
-
 /// The Policies of `paths`, compiled; every problem of every Policy is reported.
 fn load_policies(
     test: &Path,
@@ -150,14 +145,16 @@ fn load_policies(
     let (mut compiled, mut problems) = (Vec::new(), Vec::new());
     let mut seen = BTreeMap::new();
     for file in files(base, paths)? {
-        for document in documents::documents(&file)?.into_iter().filter(is_policy) {
+        for document in documents::documents(&file)? {
             let content = |message: String| SuiteError::Content {
                 path: file.clone(),
                 message,
             };
-            let policy: Policy =
-                serde_json::from_value(document).map_err(|e| content(e.to_string()))?;
-            let name = policy.metadata.name.clone().unwrap_or_default();
+            let Some(decoded) = documents::runnable_policy(&document) else {
+                continue;
+            };
+            let policy = decoded.map_err(content)?;
+            let name = documents::user_name(&policy);
             if let Some(first) = seen.insert(name.clone(), file.clone()) {
                 return Err(content(format!(
                     "Policy {name:?} is already defined in {}",
@@ -272,7 +269,10 @@ fn expand(
     };
     let mut cases = Vec::new();
     for (i, result) in file.results.iter().enumerate() {
-        if !policies.iter().any(|p| p.name() == result.policy) {
+        if !policies
+            .iter()
+            .any(|p| p.name() == documents::engine_name(&result.policy))
+        {
             return Err(field(
                 format!("results[{i}].policy"),
                 format!("no Policy {:?} in the policies named", result.policy),

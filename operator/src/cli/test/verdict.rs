@@ -9,8 +9,9 @@ use serde_json::Value;
 use super::file::Expected;
 use super::listed::{Listed, listed_effects};
 use super::suite::{Case, CaseRequest, Suite};
+use crate::cli::documents;
 use crate::cli::synthetic::{RequestDetails, synthesized};
-use gatehouse_api::v1alpha1::Operation;
+use gatehouse_api::v1alpha1::{NAMESPACE_NAME_LABEL, Operation};
 use gatehouse_engine::chain::{self, Decision, Judged, Matching};
 use gatehouse_engine::{CompiledPolicy, Namespace, Request};
 
@@ -56,14 +57,15 @@ struct Run<'p> {
     judged: Judged<'p>,
     /// The object as it would be stored: `None` when denied.
     stored: Option<Value>,
-    /// The labels of the request's Namespace, as the test gives them.
-    labels: &'p BTreeMap<String, String>,
+    /// The labels of the request's Namespace, as the test gives them, with the name label
+    /// every Namespace carries.
+    labels: BTreeMap<String, String>,
 }
 
 impl Run<'_> {
     /// What the test says of the request's Namespace.
     fn labels_namespace(&self) -> Namespace<'_> {
-        Namespace::Labels(self.labels)
+        Namespace::Labels(&self.labels)
     }
 
     /// How the Policies are offered the run's request.
@@ -75,8 +77,15 @@ impl Run<'_> {
     }
 }
 
-/// The labels of a Namespace the test does not list.
-static NO_LABELS: BTreeMap<String, String> = BTreeMap::new();
+/// The labels of the Namespace `name` in `suite`: as the test lists them (none when it does
+/// not), with `kubernetes.io/metadata.name`, which the API server puts on every Namespace.
+fn namespace_labels(suite: &Suite, name: &str) -> BTreeMap<String, String> {
+    let mut labels = suite.namespaces.get(name).cloned().unwrap_or_default();
+    if !name.is_empty() {
+        labels.insert(NAMESPACE_NAME_LABEL.to_string(), name.to_string());
+    }
+    labels
+}
 
 /// Checks every case of `suite`; a resource that cannot become a request fails its cases.
 pub fn check(suite: &Suite) -> Checks {
@@ -101,7 +110,8 @@ pub fn check(suite: &Suite) -> Checks {
                 }
             },
         };
-        let Some(policy) = suite.policies.iter().find(|p| p.name() == case.policy) else {
+        let engine_name = documents::engine_name(&case.policy);
+        let Some(policy) = suite.policies.iter().find(|p| p.name() == engine_name) else {
             checked.push(unrunnable(case, resource, "no such Policy".to_string()));
             continue;
         };
@@ -143,11 +153,8 @@ fn run<'p>(
         (old, _) => old.clone(),
     };
     let request = synthesized(object, old_object, &details)?;
-    let labels = suite
-        .namespaces
-        .get(&request.namespace)
-        .unwrap_or(&NO_LABELS);
-    let judged = chain::admit_judged(&request, policies, Namespace::Labels(labels));
+    let labels = namespace_labels(suite, &request.namespace);
+    let judged = chain::admit_judged(&request, policies, Namespace::Labels(&labels));
     let stored = if judged.outcome.response.allowed() {
         judged.outcome.object(&request)
     } else {
@@ -200,7 +207,7 @@ fn judge(case: &Case, resource: String, run: &Run<'_>, policy: &CompiledPolicy) 
     }
     // The chain's warnings that are this Policy's own (an ignored error, a mutation's), each
     // prefixed with its name as the webhook words them.
-    let own_prefix = format!("policy {:?}:", policy.name());
+    let own_prefix = format!("{}:", policy.named());
     let chain_warnings = &run.judged.outcome.response.warnings;
     for warning in chain_warnings.iter().filter(|w| w.starts_with(&own_prefix)) {
         if !warnings.contains(warning) {
@@ -227,7 +234,7 @@ fn judge(case: &Case, resource: String, run: &Run<'_>, policy: &CompiledPolicy) 
         Vec::new()
     };
     let mut checked = Checked {
-        policy: policy.name().to_string(),
+        policy: case.policy.clone(),
         resource,
         expected: case.expected,
         got,
