@@ -701,9 +701,12 @@ async fn await_enforced(
 ) -> anyhow::Result<()> {
     let listing = "jsonpath={range .items[*]}{.metadata.name}={.status.enforcement}{\"\\n\"}{end}";
     await_condition(what, timeout, || async {
-        let out = cluster
+        let mut out = cluster
             .kubectl_ok(["get", "policies", "-o", listing], None)
             .await?;
+        // NamespacedPolicies by name too (the tenants block names each uniquely).
+        let namespaced = ["get", "namespacedpolicies", "-A", "-o", listing];
+        out.push_str(&cluster.kubectl_ok(namespaced, None).await?);
         let listed: std::collections::HashSet<&str> = out.lines().collect();
         let all = want
             .iter()

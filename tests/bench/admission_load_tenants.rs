@@ -11,6 +11,8 @@
 //! `TENANTS` (comma-separated, default 1,16,64,256) chooses the steps; `TENANT_MODES=auto` or
 //! `=webhook` installs only that mode's Policies (to tell apart what each costs every request
 //! of the cluster: the no-webhooks phase pays the API server's own cost of the Policies' objects).
+//! The tenants write NamespacedPolicies, as tenants do; `TENANT_KIND=policy` gives each tenant
+//! cluster-scoped Policies selecting its namespace instead (the block as it was first run).
 
 use super::*;
 use ::gatehouse::controller::wiring::in_process_cap::DEFAULT_MAX_ADMISSION_POLICIES;
@@ -51,10 +53,26 @@ fn tenant_policies(i: usize, ns: &str, enforcement: &str) -> anyhow::Result<(Str
             }),
         ),
     ]
-    .iter()
-    .map(|p| serde_json::to_string(p).map(|p| format!("---\n{p}\n")))
+    .into_iter()
+    .map(|p| if namespaced() { as_namespaced(p, ns) } else { p })
+    .map(|p| serde_json::to_string(&p).map(|p| format!("---\n{p}\n")))
     .collect::<Result<String, _>>()?;
     Ok((docs, vec![m, v]))
+}
+
+/// Whether the tenants write NamespacedPolicies (`TENANT_KIND`, default `namespaced`).
+fn namespaced() -> bool {
+    std::env::var("TENANT_KIND").map_or(true, |kind| !kind.eq_ignore_ascii_case("policy"))
+}
+
+/// The bench Policy `p` as the NamespacedPolicy of `ns`: its own namespace needs no selector.
+fn as_namespaced(mut p: Value, ns: &str) -> Value {
+    p["kind"] = json!("NamespacedPolicy");
+    p["metadata"]["namespace"] = json!(ns);
+    if let Some(m) = p["spec"]["match"].as_object_mut() {
+        m.remove("namespaceSelector");
+    }
+    p
 }
 
 /// Waits until a dry-run create in tenant 0's namespaces carries its label.
