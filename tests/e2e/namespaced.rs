@@ -364,3 +364,53 @@ async fn a_policy_and_a_namespaced_policy_share_a_name() {
     })
     .await;
 }
+
+/// A tenant's companions: made in its namespace, counted in its NamespacedPolicy's status, held
+/// by its finalizer and collected with it.
+#[tokio::test]
+async fn a_tenant_policy_keeps_its_companions_in_its_namespace() {
+    scenario("gh-tenant-companions", Options::service(), async |scene| {
+        let cluster = scene.cluster;
+        let ns = scene.ns();
+        let mirror = namespaced(
+            "mirror",
+            ns,
+            json!({
+                "match": {"rules": [{"operations": ["CREATE", "UPDATE"], "apiGroups": [""],
+                                     "apiVersions": ["v1"], "resources": ["configmaps"]}],
+                          "objectSelector": {"matchLabels": {"mirror": "yes"}}},
+                "effects": [{"object": {
+                    "template": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"},
+                                 "data": {"mirrored": "yes"}},
+                    "fields": [{"path": "metadata.name", "expression": "object.metadata.name + '-mirror'"}],
+                }}],
+            }),
+        );
+        apply(cluster, &mirror).await?;
+        let source = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "settings", "namespace": ns, "labels": {"mirror": "yes"}}});
+        apply(cluster, &source).await?;
+        let what = "the companion, counted in the NamespacedPolicy's status";
+        let held = await_condition(what, WAIT, || async {
+            let companion = get_json(cluster, &["configmap", "settings-mirror", "-n", ns]).await?;
+            let policy = get_json(cluster, &["namespacedpolicy", "mirror", "-n", ns]).await?;
+            Ok(policy.filter(|p| {
+                companion.is_some() && p["status"]["companions"]["inPlace"] == 1
+            }))
+        })
+        .await?;
+        let finalizers = held["metadata"]["finalizers"].to_string();
+        ensure!(finalizers.contains("gatehouse.dev/companions"), "{finalizers}");
+
+        cluster
+            .kubectl_ok(["delete", "namespacedpolicy", "mirror", "-n", ns, "--wait=true"], None)
+            .await?;
+        await_condition("the companion collected", WAIT, || async {
+            let companion = get_json(cluster, &["configmap", "settings-mirror", "-n", ns]).await?;
+            Ok(companion.is_none().then_some(()))
+        })
+        .await?;
+        Ok(())
+    })
+    .await;
+}
