@@ -50,18 +50,23 @@ pub fn exemptions_of(policy: &str, exceptions: &[&PolicyException]) -> Vec<Exemp
         .collect()
 }
 
-/// `policy` with `exemptions` written into its spec (see the module); rules past the end of
-/// `validate` exempt nothing.
+/// `policy` with `exemptions` written into its spec (see the module): the whole-Policy ones as
+/// one match condition, whatever their number; rules past the end of `validate` exempt nothing.
 pub fn exempted(policy: &Policy, exemptions: &[Exemption]) -> Policy {
     let mut policy = policy.clone();
-    for exemption in exemptions {
-        if exemption.rules.is_empty() {
-            policy.spec.match_.conditions.push(MatchCondition {
-                name: condition_name(&exemption.source),
-                expression: format!("!({})", exemption.expression),
-            });
-            continue;
-        }
+    let whole: Vec<&Exemption> = exemptions.iter().filter(|e| e.rules.is_empty()).collect();
+    if !whole.is_empty() {
+        let sources: Vec<&str> = whole.iter().map(|e| e.source.as_str()).collect();
+        let any: Vec<String> = whole
+            .iter()
+            .map(|e| format!("({})", e.expression))
+            .collect();
+        policy.spec.match_.conditions.push(MatchCondition {
+            name: condition_name(&sources.join(",")),
+            expression: format!("!({})", any.join(" || ")),
+        });
+    }
+    for exemption in exemptions.iter().filter(|e| !e.rules.is_empty()) {
         for &index in &exemption.rules {
             if let Some(rule) = policy.spec.validate.get_mut(index) {
                 rule.expression = format!("({}) || ({})", exemption.expression, rule.expression);
@@ -99,9 +104,12 @@ pub fn match_expression(m: &ExceptionMatch) -> String {
     terms.join(" && ")
 }
 
-/// The labels a selector judges: the new object's, or on DELETE the old one's.
-const LABELS: &str = "(object != null ? (has(object.metadata.labels) ? object.metadata.labels : {}) \
-                      : (has(oldObject.metadata.labels) ? oldObject.metadata.labels : {}))";
+/// The labels a selector judges: the new object's, or on DELETE the old one's (none for an object
+/// without metadata, such as the options of a CONNECT).
+const LABELS: &str = "(object != null \
+    ? (has(object.metadata) && has(object.metadata.labels) ? object.metadata.labels : {}) \
+    : (oldObject != null && has(oldObject.metadata) && has(oldObject.metadata.labels) \
+        ? oldObject.metadata.labels : {}))";
 
 fn selector_terms(selector: &LabelSelector) -> Vec<String> {
     let mut terms = Vec::new();
@@ -120,8 +128,9 @@ fn selector_terms(selector: &LabelSelector) -> Vec<String> {
             "In" => format!("({has} && {LABELS}[{key}] in {values})"),
             "NotIn" => format!("(!({has}) || !({LABELS}[{key}] in {values}))"),
             "Exists" => format!("({has})"),
-            // DoesNotExist; the CRD's schema admits no other operator worth matching.
-            _ => format!("!({has})"),
+            "DoesNotExist" => format!("!({has})"),
+            // An operator Kubernetes does not know selects nothing: it exempts nothing.
+            _ => "false".to_string(),
         });
     }
     terms

@@ -7,7 +7,7 @@
 //! finalizers, Events) goes to the object it was written as ([`PolicyObject`]).
 use std::sync::Arc;
 
-use gatehouse_api::v1alpha1::{NamespacedPolicy, Policy, PolicyException, PolicySource};
+use gatehouse_api::v1alpha1::{NamespacedPolicy, Policy, PolicyException, PolicySource, unmarked};
 use gatehouse_engine::exception;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams};
@@ -34,21 +34,25 @@ impl PolicyStores {
     /// NamespacedPolicy (as the Policy it runs as).
     pub fn state(&self) -> Vec<Arc<Policy>> {
         let exceptions = self.exceptions.state();
-        let honoured: Vec<&PolicyException> = exceptions
+        let mut honoured: Vec<&PolicyException> = exceptions
             .iter()
             .filter(|e| self.honours(e))
             .map(AsRef::as_ref)
             .collect();
+        // One order on every replica and every pass: the exempted spec is the same each time.
+        honoured.sort_by_key(|e| (e.metadata.namespace.clone(), e.metadata.name.clone()));
         let mut all: Vec<Arc<Policy>> = self
             .cluster
             .state()
             .into_iter()
             .map(|p| {
                 let exemptions = exception::exemptions_of(&p.name_any(), &honoured);
-                if exemptions.is_empty() {
+                if exemptions.is_empty() && PolicySource::of(&p).namespace().is_none() {
                     p
                 } else {
-                    Arc::new(exception::exempted(&p, &exemptions))
+                    // A Policy is a Policy, whatever it carries.
+                    let policy = unmarked(p.as_ref().clone());
+                    Arc::new(exception::exempted(&policy, &exemptions))
                 }
             })
             .collect();

@@ -227,9 +227,12 @@ pub async fn run(count: usize, rounds: usize, concurrency: usize) -> anyhow::Res
     }
     report(&results, &procs, count, concurrency, rounds);
 
-    let mut delete = vec!["delete", "policies", "--wait=false"];
-    delete.extend(names.iter().map(String::as_str));
-    cluster.kubectl_ok(delete, None).await?;
+    // NamespacedPolicies go with their namespaces.
+    if !namespaced() {
+        let mut delete = vec!["delete", "policies", "--wait=false"];
+        delete.extend(names.iter().map(String::as_str));
+        cluster.kubectl_ok(delete, None).await?;
+    }
     gh.shutdown().await?;
     for tenant in tenants {
         tenant.auto.cleanup().await?;

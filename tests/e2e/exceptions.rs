@@ -67,20 +67,25 @@ async fn create(cluster: &Cluster, pod: &str, refusal: Option<&str>) -> anyhow::
     .map(drop)
 }
 
-/// The result the Policy's report gives the Pod `pod`, once it gives one.
+/// The result the Policy's report gives the Pod `pod` as stored now (by its UID), once it gives
+/// one.
 async fn audit_result(
     cluster: &Cluster,
     ns: &str,
     policy: &str,
     pod: &str,
 ) -> anyhow::Result<String> {
+    let stored = get_json(cluster, &["pod", pod, "-n", ns])
+        .await?
+        .context("the Pod")?;
+    let uid = &stored["metadata"]["uid"];
     let report = format!("gatehouse-{policy}");
     await_condition(&format!("{report} judges {pod}"), WAIT, || async {
         let Some(r) = get_json(cluster, &["policyreport", &report, "-n", ns]).await? else {
             return Ok(None);
         };
         Ok(r["results"].as_array().into_iter().flatten().find_map(|r| {
-            (r["resources"][0]["name"] == pod)
+            (&r["resources"][0]["uid"] == uid)
                 .then(|| r["result"].as_str().unwrap_or_default().to_string())
         }))
     })

@@ -185,8 +185,10 @@ async fn a_tenant_policy_applies_in_its_namespace_only() {
         }
 
         // Gatehouse stopped: the tenant's Fail Policy blocks its own namespace, nothing else.
+        // First that it is down (the tenant's own namespace is refused), then that nothing
+        // else is.
+        // First that it is down (its own namespace is refused), then that nothing else is.
         scene.gh.stop().await?;
-        create_pod_expecting(cluster, &labelled_pod("after", &elsewhere, json!({})), Ok(())).await?;
         let out = create_pod_expecting(
             cluster,
             &labelled_pod("after", scene.ns(), json!({"team": "a"})),
@@ -194,6 +196,11 @@ async fn a_tenant_policy_applies_in_its_namespace_only() {
         )
         .await?;
         ensure!(stderr(&out).contains("gatehouse.dev"), "{}", stderr(&out));
+        let elsewhere_pod = labelled_pod("after", &elsewhere, json!({}));
+        let admitted = cluster
+            .kubectl_output(["create", "-f", "-"], Some(&elsewhere_pod))
+            .await?;
+        ensure!(admitted.status.success(), "elsewhere: {}", stderr(&admitted));
         Ok(())
     })
     .await;

@@ -55,9 +55,9 @@ pub struct PolicyExceptionSpec {
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = kube::core::Rule::new(
-        "(has(self.namespaces) && size(self.namespaces) > 0) || (has(self.names) && size(self.names) > 0) || has(self.objectSelector)"
+        "(has(self.namespaces) && size(self.namespaces) > 0) || (has(self.names) && size(self.names) > 0) || (has(self.objectSelector) && ((has(self.objectSelector.matchLabels) && size(self.objectSelector.matchLabels) > 0) || (has(self.objectSelector.matchExpressions) && size(self.objectSelector.matchExpressions) > 0)))"
     )
-        .message("a PolicyException must match something: give namespaces, names or objectSelector")
+        .message("a PolicyException must match something: give namespaces, names or a non-empty objectSelector")
 )]
 pub struct ExceptionMatch {
     /// Namespaces of the exempted objects (any namespace when empty).

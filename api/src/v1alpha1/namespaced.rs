@@ -93,6 +93,15 @@ impl NamespacedPolicy {
     }
 }
 
+/// `policy`, a Policy as stored, without the mark only [`NamespacedPolicy::scoped_policy`] sets:
+/// a Policy carrying [`NAMESPACED_POLICY_ANNOTATION`] itself is still a Policy.
+pub fn unmarked(mut policy: Policy) -> Policy {
+    if let Some(annotations) = policy.metadata.annotations.as_mut() {
+        annotations.remove(NAMESPACED_POLICY_ANNOTATION);
+    }
+    policy
+}
+
 /// The selector of exactly the Namespace `namespace`.
 pub fn only_namespace(namespace: &str) -> LabelSelector {
     LabelSelector {
@@ -342,6 +351,20 @@ mod tests {
         let policy = np.scoped_policy();
         assert_eq!(policy.spec.match_.namespace_selector, Some(own));
         assert_eq!(policy.spec.match_.rules[0].scope, Scope::Cluster);
+    }
+
+    #[test]
+    fn a_policy_cannot_pass_for_a_namespaced_one() {
+        let mut forged = tenant().scoped_policy();
+        forged.spec = crate::v1alpha1::sample_spec(1, true, false);
+        assert!(matches!(
+            PolicySource::of(&forged),
+            PolicySource::Namespaced { .. }
+        ));
+        assert!(matches!(
+            PolicySource::of(&unmarked(forged)),
+            PolicySource::Policy { .. }
+        ));
     }
 
     #[test]

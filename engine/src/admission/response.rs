@@ -315,7 +315,8 @@ pub fn admit_policy_object(req: &Request) -> Response {
         serde_json::from_value::<gatehouse_api::v1alpha1::NamespacedPolicy>(object.clone())
             .map(|p| policy::validate_namespaced(&p))
     } else {
-        serde_json::from_value::<Policy>(object.clone()).map(|p| policy::validate(&p))
+        serde_json::from_value::<Policy>(object.clone())
+            .map(|p| policy::validate(&gatehouse_api::v1alpha1::unmarked(p)))
     };
     match problems {
         Err(e) => invalid(format!("spec: {e}")),

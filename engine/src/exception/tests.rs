@@ -162,3 +162,16 @@ fn other_policies_are_untouched_and_condition_names_are_distinct() {
     assert_ne!(condition_name("a/b"), condition_name("a/c"));
     assert!(condition_name(&"x".repeat(300)).len() <= 63);
 }
+
+#[test]
+fn whole_policy_exemptions_are_one_condition_and_an_unknown_operator_exempts_nothing() {
+    let a = exception(json!({"policies": ["team"], "match": {"names": ["a"]}}));
+    let mut b = exception(json!({"policies": ["team"], "match": {"names": ["b"]}}));
+    b.metadata.name = Some("other".into());
+    let policy = exempted(&team_policy(), &exemptions_of("team", &[&a, &b]));
+    assert_eq!(policy.spec.match_.conditions.len(), 1);
+    let odd = exception(json!({"policies": ["team"], "match": {"objectSelector":
+        {"matchExpressions": [{"key": "tier", "operator": "Gt", "values": ["1"]}]}}}));
+    let req = request("CREATE", "web", "shop", json!({}));
+    assert!(!allowed(&[odd], &req).0, "an unknown operator exempted");
+}

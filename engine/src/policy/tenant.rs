@@ -4,55 +4,55 @@
 //! pinned where the tenant left the field unset; what the tenant set against it is still there
 //! for these checks to refuse, at the field the tenant wrote.
 use gatehouse_api::v1alpha1::{
-    NAMESPACED_STEM_SUFFIX, NamespacedPolicy, Policy, PolicySource, PolicySpec, Scope,
-    only_namespace,
+    NAMESPACED_STEM_SUFFIX, NamespacedPolicy, Policy, PolicySource, PolicySpec, ReinvocationPolicy,
+    Scope, only_namespace,
 };
 use serde_json::Value;
 
 use crate::problem::Problem;
 
-/// Kinds that are cluster-scoped in every cluster, by resource (rules) and by kind (companions).
-/// A tenant's rule naming one of these could never match (its rules are narrowed to namespaced
-/// objects) and a companion of one would be written outside every namespace: both are refused.
-const CLUSTER_SCOPED: &[(&str, &str)] = &[
-    ("namespaces", "Namespace"),
-    ("nodes", "Node"),
-    ("persistentvolumes", "PersistentVolume"),
-    ("clusterroles", "ClusterRole"),
-    ("clusterrolebindings", "ClusterRoleBinding"),
-    ("customresourcedefinitions", "CustomResourceDefinition"),
-    ("apiservices", "APIService"),
-    ("storageclasses", "StorageClass"),
-    ("csidrivers", "CSIDriver"),
-    ("csinodes", "CSINode"),
-    ("volumeattachments", "VolumeAttachment"),
-    ("priorityclasses", "PriorityClass"),
-    ("runtimeclasses", "RuntimeClass"),
-    ("ingressclasses", "IngressClass"),
-    ("certificatesigningrequests", "CertificateSigningRequest"),
-    (
-        "mutatingwebhookconfigurations",
-        "MutatingWebhookConfiguration",
-    ),
-    (
-        "validatingwebhookconfigurations",
-        "ValidatingWebhookConfiguration",
-    ),
-    ("validatingadmissionpolicies", "ValidatingAdmissionPolicy"),
-    (
-        "validatingadmissionpolicybindings",
-        "ValidatingAdmissionPolicyBinding",
-    ),
-    ("mutatingadmissionpolicies", "MutatingAdmissionPolicy"),
-    (
-        "mutatingadmissionpolicybindings",
-        "MutatingAdmissionPolicyBinding",
-    ),
-    ("flowschemas", "FlowSchema"),
-    ("prioritylevelconfigurations", "PriorityLevelConfiguration"),
-    ("policies", "Policy"),
-    ("ippools", "IPPool"),
-    ("ipallocations", "IPAllocation"),
+/// Resources that are cluster-scoped in every cluster. A tenant's rule naming one could never
+/// match (its rules are narrowed to namespaced objects): it is refused.
+const CLUSTER_SCOPED: &[&str] = &[
+    "namespaces",
+    "nodes",
+    "persistentvolumes",
+    "clusterroles",
+    "clusterrolebindings",
+    "customresourcedefinitions",
+    "apiservices",
+    "storageclasses",
+    "csidrivers",
+    "csinodes",
+    "volumeattachments",
+    "priorityclasses",
+    "runtimeclasses",
+    "ingressclasses",
+    "certificatesigningrequests",
+    "mutatingwebhookconfigurations",
+    "validatingwebhookconfigurations",
+    "validatingadmissionpolicies",
+    "validatingadmissionpolicybindings",
+    "mutatingadmissionpolicies",
+    "mutatingadmissionpolicybindings",
+    "flowschemas",
+    "prioritylevelconfigurations",
+    "policies",
+    "ippools",
+    "ipallocations",
+];
+
+/// The kinds a NamespacedPolicy's companions may be (`apiVersion`, `kind`): what a namespace's
+/// `admin` may write itself and that carries no rights. Companions are written with Gatehouse's
+/// rights, so a kind that grants or limits anything (RoleBinding, ResourceQuota, LimitRange)
+/// stays the platform's.
+pub const TENANT_COMPANION_KINDS: &[(&str, &str)] = &[
+    ("v1", "ConfigMap"),
+    ("v1", "Secret"),
+    ("v1", "Service"),
+    ("v1", "ServiceAccount"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
+    ("policy/v1", "PodDisruptionBudget"),
 ];
 
 /// The checks of `policy` that depend on what it was written as: a NamespacedPolicy is held to
@@ -110,7 +110,7 @@ fn check_namespaced(spec: &PolicySpec, namespace: &str, problems: &mut Vec<Probl
         }
         for (j, resource) in rule.resources.iter().enumerate() {
             let base = resource.split('/').next().unwrap_or_default();
-            if CLUSTER_SCOPED.iter().any(|(plural, _)| *plural == base) {
+            if CLUSTER_SCOPED.contains(&base) {
                 problems.push(Problem::new(
                     format!("spec.match.rules[{i}].resources[{j}]"),
                     format!(
@@ -121,7 +121,20 @@ fn check_namespaced(spec: &PolicySpec, namespace: &str, problems: &mut Vec<Probl
             }
         }
     }
+    if spec.reinvocation_policy == ReinvocationPolicy::IfNeeded {
+        problems.push(Problem::new(
+            "spec.reinvocationPolicy",
+            "a NamespacedPolicy is not called again after the platform's Policies: IfNeeded is \
+             not allowed",
+        ));
+    }
     for (i, effect) in spec.effects.iter().enumerate() {
+        if effect.call.is_some() {
+            problems.push(Problem::new(
+                format!("spec.effects[{i}].call"),
+                "calls to external systems are the platform's: a NamespacedPolicy cannot make them",
+            ));
+        }
         if let Some(object) = &effect.object {
             check_companion(
                 &format!("spec.effects[{i}].object"),
@@ -133,8 +146,8 @@ fn check_namespaced(spec: &PolicySpec, namespace: &str, problems: &mut Vec<Probl
     }
 }
 
-/// A tenant's companions go into its own namespace: no other namespace, no cluster-scoped kind,
-/// no data cloned from elsewhere.
+/// A tenant's companions go into its own namespace: of a [`TENANT_COMPANION_KINDS`] kind, in no
+/// other namespace, with no data cloned from elsewhere.
 fn check_companion(
     path: &str,
     object: &gatehouse_api::v1alpha1::ObjectEffect,
@@ -142,13 +155,21 @@ fn check_companion(
     problems: &mut Vec<Problem>,
 ) {
     let template = &object.template;
-    if let Some(kind) = template.get("kind").and_then(Value::as_str)
-        && CLUSTER_SCOPED.iter().any(|(_, k)| *k == kind)
+    let api_version = template.get("apiVersion").and_then(Value::as_str);
+    let kind = template.get("kind").and_then(Value::as_str);
+    if let (Some(api_version), Some(kind)) = (api_version, kind)
+        && !TENANT_COMPANION_KINDS.contains(&(api_version, kind))
     {
+        let allowed: Vec<String> = TENANT_COMPANION_KINDS
+            .iter()
+            .map(|(v, k)| format!("{v} {k}"))
+            .collect();
         problems.push(Problem::new(
             format!("{path}.template.kind"),
             format!(
-                "{kind} is cluster-scoped: a NamespacedPolicy's companions stay in its namespace"
+                "{api_version} {kind}: a NamespacedPolicy's companions are of the kinds a \
+                 namespace's admin writes itself, without rights attached: {}",
+                allowed.join(", ")
             ),
         ));
     }
@@ -249,6 +270,33 @@ mod tests {
                 "spec.effects[0].object.fields[0].path",
                 "spec.effects[0].object.cloneFrom.namespace"
             ],
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn no_calls_no_reinvocation_and_companions_of_harmless_kinds_only() {
+        let mut np = tenant(&["pods"], Scope::All);
+        np.spec.reinvocation_policy = ReinvocationPolicy::IfNeeded;
+        np.spec.effects = serde_json::from_value(serde_json::json!([
+            {"call": {"url": "https://example.com/hook", "tokenSecret": "platform-token"}},
+            {"object": {"template": {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "q"}}}},
+            {"object": {"template": {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "r"}}}},
+            {"object": {"template": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}}},
+        ]))
+        .unwrap();
+        let problems = validate_namespaced(&np);
+        let paths = paths(&problems);
+        for wanted in [
+            "spec.reinvocationPolicy",
+            "spec.effects[0].call",
+            "spec.effects[1].object.template.kind",
+            "spec.effects[2].object.template.kind",
+        ] {
+            assert!(paths.contains(&wanted), "{wanted}: {problems:?}");
+        }
+        assert!(
+            !paths.iter().any(|p| p.starts_with("spec.effects[3]")),
             "{problems:?}"
         );
     }

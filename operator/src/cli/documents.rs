@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use gatehouse_api::v1alpha1::{
-    NAMESPACED_POLICY_KIND, NamespacedPolicy, Policy, PolicySource, namespaced_stem,
+    NAMESPACED_POLICY_KIND, NamespacedPolicy, Policy, PolicySource, namespaced_stem, unmarked,
 };
 use serde_json::Value;
 
@@ -72,7 +72,7 @@ pub fn runnable_policy(document: &Value) -> Option<Result<Policy, String>> {
         return None;
     }
     let decoded = match document["kind"].as_str()? {
-        "Policy" => serde_json::from_value::<Policy>(document.clone()),
+        "Policy" => serde_json::from_value::<Policy>(document.clone()).map(unmarked),
         NAMESPACED_POLICY_KIND => {
             serde_json::from_value::<NamespacedPolicy>(document.clone()).map(|mut np| {
                 np.metadata

@@ -235,31 +235,18 @@ impl RunArgs {
 
     /// The excluded namespaces: the flag's list plus our own namespace, always.
     pub fn excluded_namespaces(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .exclude_namespaces
-            .iter()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect();
+        let mut out = names_in(&self.exclude_namespaces);
         out.push(self.namespace.clone());
-        out.sort();
-        out.dedup();
-        out
+        sorted(out)
     }
+
     /// The namespaces PolicyExceptions are honoured from: the flag's list, or our own namespace.
     pub fn honoured_exception_namespaces(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .exception_namespaces
-            .iter()
-            .map(|s| s.trim().to_string())
-            .filter(|s| !s.is_empty())
-            .collect();
+        let mut out = names_in(&self.exception_namespaces);
         if out.is_empty() {
             out.push(self.namespace.clone());
         }
-        out.sort();
-        out.dedup();
-        out
+        sorted(out)
     }
 
     /// What the TLS manager keeps: the Secret's namespace, the SANs and the lifetimes.
@@ -304,6 +291,21 @@ impl RunArgs {
             gc_grace: self.gc_grace,
         }
     }
+}
+
+/// The names a comma-separated flag gave, trimmed, the empty ones left out.
+fn names_in(flag: &[String]) -> Vec<String> {
+    flag.iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+/// `names` sorted, each once.
+fn sorted(mut names: Vec<String>) -> Vec<String> {
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// Runs the operator until SIGTERM or SIGINT: builds the components and joins them.

@@ -222,19 +222,27 @@ struct LastWrite {
     resource_version: Option<String>,
 }
 
-/// Which spec of a Policy a judgement was about: the same name may be a new object (uid) or a
-/// new spec (generation).
+/// Which spec of a Policy a judgement was about: the same name may be a new object (uid), a new
+/// spec (generation) or the same spec with other PolicyExceptions written in (`effective`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct SpecVersion {
     uid: Option<String>,
     generation: Option<i64>,
+    /// A hash of the spec the loops run.
+    effective: u64,
 }
 
 impl SpecVersion {
     fn of(policy: &Policy) -> Self {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        serde_json::to_string(&policy.spec)
+            .unwrap_or_default()
+            .hash(&mut hasher);
         SpecVersion {
             uid: policy.metadata.uid.clone(),
             generation: policy.metadata.generation,
+            effective: hasher.finish(),
         }
     }
 }

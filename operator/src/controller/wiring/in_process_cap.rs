@@ -7,8 +7,9 @@
 //! policy taxes every request of the cluster by a few microseconds of the API server's CPU,
 //! and hundreds of tenants' Policies in-process would make every request slower than the
 //! webhook would (operator/benches/README.md, issue 39). Past the cap, `Auto` keeps the
-//! Policies of the later generated policies, in (platform first, priority, name) order of their first
-//! member, on the webhook, and says why; `enforcement: InProcess` still forces its own.
+//! Policies of the later generated policies, in (Policies before NamespacedPolicies, priority,
+//! name) order of their first member, on the webhook, and says why; `enforcement: InProcess`
+//! still forces its own.
 
 use super::admission_policy::Placement;
 use super::mutating_policy::InProcessMutation;
@@ -61,7 +62,7 @@ pub fn cap_in_process(
     }
     let reason = format!(
         "past the {cap} generated admission policies Auto keeps in-process \
-         (--max-admission-policies, in (priority, name) order): the API server matches \
+         (--max-admission-policies, in (Policies before NamespacedPolicies, priority, name) order): the API server matches \
          every admission policy against every namespaced request, so more would tax \
          requests that match none of them"
     );

@@ -1,6 +1,7 @@
 //! Mutating Policies → MutatingAdmissionPolicies (and their bindings) the API server runs
-//! in-process, holding the mutations of every Policy that can run there exactly, in
-//! (priority, name) order; the others stay on the webhook with the reason.
+//! in-process, holding the mutations of every Policy that can run there exactly, in mutation
+//! order (NamespacedPolicies, then Policies, each by priority and name); the others stay on the
+//! webhook with the reason.
 //!
 //! Scope before order: the API server runs MutatingAdmissionPolicies in no defined order among
 //! themselves, and only the mutations inside one run in order. Policies that can select one
@@ -46,6 +47,7 @@ pub use super::mutating_translation::{match_expression, policy_mutations};
 use super::schema_fit::SchemaFit;
 use super::{MANAGED_BY_LABEL, MATCH_POLICY, Wiring, namespace_selector};
 use crate::controller::wiring::defaulting::{Footprint, independent};
+use gatehouse_api::v1alpha1::is_namespaced_stem;
 use gatehouse_api::v1alpha1::{Enforcement, Policy, PolicySpec, Rule};
 use gatehouse_engine::coverage::Coverage;
 use gatehouse_engine::group::order_key;
@@ -156,9 +158,16 @@ fn place_in_order(
         let fit = schema_fit.get(name(p)).cloned().unwrap_or_else(|| {
             SchemaFit::Unread("the schemas of the kinds it matches are not read yet".to_string())
         });
+        // A NamespacedPolicy on the webhook never holds a Policy back from running in-process
+        // (a tenant must not move or stop the platform's Policies): it is refused instead, below.
+        let blocking: Vec<&Policy> = on_webhook
+            .iter()
+            .copied()
+            .filter(|w| is_namespaced_stem(name(p)) || !is_namespaced_stem(name(w)))
+            .collect();
         let so_far = SoFar {
             footprints: &footprints,
-            on_webhook: &on_webhook,
+            on_webhook: &blocking,
             appended: &appended,
             served,
         };
@@ -190,8 +199,40 @@ fn place_in_order(
             }
         }
     }
+    refuse_tenants_before_the_platform(&on_webhook, &members, &mut placements);
     let generated = generate(members, wiring, &mut placements);
     (placements, generated)
+}
+
+/// Refuses each NamespacedPolicy on the webhook that can select a request with a Policy that
+/// runs in-process: the API server runs the generated policies before any webhook, so the
+/// tenant's mutation would come last, and the platform has the last word.
+fn refuse_tenants_before_the_platform(
+    on_webhook: &[&Policy],
+    members: &[InProcessMember<'_>],
+    placements: &mut [(String, MutatingPlacement)],
+) {
+    for tenant in on_webhook.iter().filter(|w| is_namespaced_stem(name(w))) {
+        let Some(platform) = members
+            .iter()
+            .map(|m| m.policy)
+            .find(|m| !is_namespaced_stem(name(m)) && !disjoint_matches(tenant, m))
+        else {
+            continue;
+        };
+        let reason = format!(
+            "on the webhook it would mutate after the Policy {}, which runs in-process on the \
+             same requests (the API server runs in-process mutations first), and the platform's \
+             Policies mutate last: it must run in-process too (enforcement Auto or InProcess, \
+             with mutations the API server can run)",
+            name(platform)
+        );
+        for (placed, placement) in placements.iter_mut() {
+            if placed.as_str() == name(tenant) {
+                *placement = MutatingPlacement::Refused(reason.clone());
+            }
+        }
+    }
 }
 
 /// Why `p` runs on the webhook whatever its mutations are: Auto found it too costly in-process
@@ -260,7 +301,7 @@ impl<'p> SoFar<'_, 'p> {
         }
         if let Some(first) = self.on_webhook.iter().find(|w| !disjoint_matches(w, p)) {
             return Err(format!(
-                "Policy {} comes before it in (priority, name) order, can match the same \
+                "Policy {} comes before it in mutation order, can match the same \
                  requests and runs on the webhook, and in-process mutations run before every \
                  webhook",
                 name(first)

@@ -1,6 +1,7 @@
 //! What a pass decides, before any write: which gated Pod gets which address, which
 //! allocations go back, and which Pods are told why they still wait.
 use super::*;
+use gatehouse_api::v1alpha1::PolicySource;
 
 /// What one pass is to do.
 pub(super) struct Plan {
@@ -77,7 +78,7 @@ pub(super) fn plan(
             pod: pod.clone(),
             uid,
             gate,
-            annotation: annotation_for(&pool_name, policies),
+            annotation: annotation_for(&pool_name, pod.namespace().as_deref(), policies),
             node_annotation,
             pool: pool_name,
             address,
@@ -163,11 +164,21 @@ pub(super) fn gate_index(pod: &Pod) -> Option<usize> {
         .position(|g| g.name == IPAM_GATE)
 }
 
-/// The annotation a pool's addresses are written to: the one the (first, by name) Policy naming
-/// that pool asks for.
-pub(super) fn annotation_for(pool: &str, policies: &[Arc<Policy>]) -> String {
+/// The annotation a pool's addresses are written to in a Pod of `namespace`: the one the (first,
+/// by name) Policy naming that pool asks for, of the Policies and the NamespacedPolicies of the
+/// Pod's own namespace (another namespace's never decide for it).
+pub(super) fn annotation_for(
+    pool: &str,
+    namespace: Option<&str>,
+    policies: &[Arc<Policy>],
+) -> String {
     let mut named: Vec<&Arc<Policy>> = policies
         .iter()
+        .filter(|p| {
+            PolicySource::of(p)
+                .namespace()
+                .is_none_or(|own| Some(own) == namespace)
+        })
         .filter(|p| {
             p.spec
                 .effects

@@ -139,6 +139,30 @@ fn a_policy_after_one_on_the_webhook_cannot_move_in() {
 }
 
 #[test]
+fn a_tenant_on_the_webhook_never_holds_the_platform_back_it_is_refused() {
+    let mut tenant = policy("labels.team-a.namespaced", 1, Enforcement::Webhook);
+    tenant.spec.match_.namespace_selector = Some(gatehouse_api::v1alpha1::only_namespace("team-a"));
+    let platform = policy("platform", 100, Enforcement::InProcess);
+    let (placements, generated) = place(&[&platform, &tenant], true);
+    assert_eq!(members(&generated), [vec!["platform"]]);
+    let MutatingPlacement::Refused(reason) =
+        placement_of(&placements, tenant.metadata.name.as_deref().unwrap())
+    else {
+        panic!("{placements:?}");
+    };
+    assert!(reason.contains("Policy platform"), "{reason}");
+    // A platform Policy that can never select the tenant's requests leaves it on the webhook.
+    let mut elsewhere = policy("elsewhere", 100, Enforcement::InProcess);
+    elsewhere.spec.match_.namespace_selector =
+        Some(gatehouse_api::v1alpha1::only_namespace("team-b"));
+    let (placements, _) = place(&[&elsewhere, &tenant], true);
+    assert!(matches!(
+        placement_of(&placements, tenant.metadata.name.as_deref().unwrap()),
+        MutatingPlacement::Webhook(_)
+    ));
+}
+
+#[test]
 fn a_refused_policy_runs_nowhere_and_so_does_not_block_later_ones() {
     let mut effects = policy("effects", 10, Enforcement::InProcess);
     effects.spec.effects = vec![gatehouse_api::v1alpha1::Effect {
