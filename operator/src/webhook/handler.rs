@@ -251,8 +251,15 @@ fn answer(state: &WebhookState, review: &EntryReview) -> (bool, Vec<u8>) {
         namespace,
         matched: review.matched,
     };
-    let members: Vec<&CompiledPolicy> = review.members.iter().map(AsRef::as_ref).collect();
     let (request, phase) = (&review.request, review.phase);
+    // The members pinned to other namespaces could never match: not offered the request.
+    let offered = review
+        .members
+        .offered(request.namespace(), request.is_namespace());
+    let members: Vec<&CompiledPolicy> = offered
+        .iter()
+        .map(|&i| review.members[i].as_ref())
+        .collect();
     let outcome = match phase {
         Phase::Mutating => chain::admit_mutating(
             request,
@@ -268,7 +275,8 @@ fn answer(state: &WebhookState, review: &EntryReview) -> (bool, Vec<u8>) {
             decision = e.decision.as_str(),
             "member"
         );
-        if let Some(meters) = review.members.meters.get(e.member) {
+        let member = offered.get(e.member).copied();
+        if let Some(meters) = member.and_then(|i| review.members.meters.get(i)) {
             state.metrics.record_member(meters, phase, e);
         }
     }

@@ -4,6 +4,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use super::metrics::MemberMeters;
+use gatehouse_api::v1alpha1::NAMESPACE_NAME_LABEL;
 use gatehouse_engine::CompiledPolicy;
 use gatehouse_engine::Phase;
 use gatehouse_engine::entry;
@@ -41,18 +42,70 @@ pub struct Members {
     pub heavy: bool,
     /// One of them has a namespaceSelector.
     pub namespace_selectors: bool,
+    /// The members whose namespaceSelector is one Namespace by name (every NamespacedPolicy),
+    /// by that namespace, as indexes in order; a request in another namespace never matches
+    /// them, so it is not offered them: a review costs the same with one tenant as with 256.
+    pinned: HashMap<String, Vec<usize>>,
+    /// Every other member's index, in order.
+    unpinned: Vec<usize>,
 }
 
 impl Members {
     pub fn new(policies: Vec<Arc<CompiledPolicy>>) -> Self {
+        let mut pinned: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut unpinned = Vec::new();
+        for (i, p) in policies.iter().enumerate() {
+            match pinned_namespace(p) {
+                Some(namespace) => pinned.entry(namespace.to_string()).or_default().push(i),
+                None => unpinned.push(i),
+            }
+        }
         Members {
             meters: policies.iter().map(|_| MemberMeters::default()).collect(),
             heavy: policies.iter().any(|p| p.is_heavy()),
             namespace_selectors: policies
                 .iter()
                 .any(|p| p.spec().match_.namespace_selector.is_some()),
+            pinned,
+            unpinned,
             policies,
         }
+    }
+
+    /// The members a request in `namespace` can match, as indexes in order: all of them for a
+    /// request outside any namespace or of a Namespace itself (judged by its own labels),
+    /// otherwise those not pinned to another namespace.
+    pub fn offered(&self, namespace: &str, of_a_namespace: bool) -> Vec<usize> {
+        if namespace.is_empty() || of_a_namespace || self.pinned.is_empty() {
+            return (0..self.policies.len()).collect();
+        }
+        let Some(own) = self.pinned.get(namespace) else {
+            return self.unpinned.clone();
+        };
+        let mut offered: Vec<usize> = self.unpinned.iter().chain(own).copied().collect();
+        offered.sort_unstable();
+        offered
+    }
+}
+
+/// The one Namespace `policy`'s namespaceSelector selects by name, if that is all it selects.
+fn pinned_namespace(policy: &CompiledPolicy) -> Option<&str> {
+    let selector = policy.spec().match_.namespace_selector.as_ref()?;
+    if selector
+        .match_labels
+        .as_ref()
+        .is_some_and(|l| !l.is_empty())
+    {
+        return None;
+    }
+    match selector.match_expressions.as_deref()? {
+        [only] if only.key == NAMESPACE_NAME_LABEL && only.operator == "In" => {
+            match only.values.as_deref()? {
+                [namespace] => Some(namespace),
+                _ => None,
+            }
+        }
+        _ => None,
     }
 }
 
@@ -347,6 +400,35 @@ mod tests {
         }))
         .unwrap();
         Arc::new(gatehouse_engine::compile(&policy).unwrap())
+    }
+
+    #[test]
+    fn a_request_is_offered_only_the_members_its_namespace_can_match_in_order() {
+        let rules = serde_json::json!([{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["*"]}]);
+        let pinned = |name: &str, ns: &str| {
+            mutating(
+                name,
+                serde_json::json!({"rules": rules, "namespaceSelector": {"matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [ns]}]}}),
+            )
+        };
+        let members = Members::new(vec![
+            pinned("t-a", "team-a"),
+            mutating("everywhere", serde_json::json!({"rules": rules})),
+            pinned("t-b", "team-b"),
+            mutating(
+                "two",
+                serde_json::json!({"rules": rules, "namespaceSelector": {"matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]}}),
+            ),
+            pinned("t-a2", "team-a"),
+        ]);
+        assert_eq!(members.offered("team-a", false), [0, 1, 3, 4]);
+        assert_eq!(members.offered("team-b", false), [1, 2, 3]);
+        assert_eq!(members.offered("team-c", false), [1, 3]);
+        // Cluster-scoped requests and Namespaces themselves: every member.
+        assert_eq!(members.offered("", false), [0, 1, 2, 3, 4]);
+        assert_eq!(members.offered("team-c", true), [0, 1, 2, 3, 4]);
     }
 
     #[test]
