@@ -113,6 +113,25 @@ pub(crate) struct Scene {
     namespaces: Mutex<Vec<TestNamespace>>,
 }
 
+/// Deletes every NamespacedPolicy and PolicyException, waiting until they are gone.
+async fn delete_namespaced_objects(cluster: &Cluster) -> anyhow::Result<()> {
+    cluster
+        .kubectl_ok(
+            [
+                "delete",
+                "namespacedpolicies,policyexceptions",
+                "--all",
+                "--all-namespaces",
+                "--ignore-not-found",
+                "--wait=true",
+                "--timeout=60s",
+            ],
+            None,
+        )
+        .await?;
+    Ok(())
+}
+
 /// A unique suffix for cluster-scoped names of one scenario.
 pub(crate) fn unique(ns: &TestNamespace) -> String {
     ns.name().rsplit('-').next().unwrap_or("x").to_string()
@@ -210,6 +229,11 @@ impl Scene {
                     )
                     .await?;
             }
+            // The namespaced Gatehouse objects go while Gatehouse runs: a namespace is deleted
+            // after it stops, and until then the next scenario's Gatehouse would wire what is
+            // left in it (and nobody would release a finalizer). Scenarios take turns, and only
+            // they make these: every one there is is this scenario's.
+            delete_namespaced_objects(cluster).await?;
             let policies = policies.into_inner().unwrap_or_else(|e| e.into_inner());
             let names: Vec<&str> = policies.iter().map(String::as_str).collect();
             delete_policies(cluster, &names).await?;
