@@ -32,6 +32,7 @@ use crate::runtime::reconcile::Next;
 use crate::webhook::PolicyStore;
 use gatehouse_api::v1alpha1::{IPPool, Policy, PolicySource};
 use gatehouse_engine as engine;
+use gatehouse_engine::group::Group;
 
 /// Where the valid Policies run, as the place step decided.
 pub(super) struct Placed<'a> {
@@ -51,14 +52,14 @@ pub(super) async fn reconcile_all(
     let PassInput { ctx, caches, .. } = *input;
     let validated = validate_all(ctx, caches);
     if !input.leading {
-        track_wired(ctx, caches, &validated.valid);
+        track_wired(ctx, caches, &validated.valid, Vec::new());
         return Ok(Next::Resync);
     }
     let wiring = owned_wiring(ctx, memory).await;
     forget_old_refusals(&mut memory.rejected, &validated.valid);
     let placed = place(input, &validated.valid, &wiring, memory).await;
     let written = enforce_and_write(input, &validated.valid, &placed, &wiring, memory).await;
-    track_wired(ctx, caches, &validated.valid);
+    track_wired(ctx, caches, &validated.valid, written_groups(memory));
     write_statuses(input, validated.verdicts, &placed, memory, written.is_ok()).await?;
     write_exception_statuses(ctx, &caches.policies, input.leader)
         .await
@@ -283,14 +284,26 @@ fn step(at: fn(WriteError) -> ReconcileError) -> impl Fn(WriteError) -> Reconcil
     }
 }
 
-/// Tells the webhook server which entries the API server may still call, as read back: never a
-/// 404 for those, whoever leads. Anything else no longer valid may be forgotten once its grace
-/// is over.
-fn track_wired(ctx: &ControllerContext, caches: &PolicyCaches, valid: &[Arc<Policy>]) {
-    ctx.policies.set_wired(wiring::wired_groups(
+/// Tells the webhook server which entries the API server may still call, as read back and as
+/// this replica last wrote them (the watch may not have brought its own write back yet, and the
+/// API server may already call it): never a 404 for those, whoever leads. Anything else no
+/// longer valid may be forgotten once its grace is over.
+fn track_wired(
+    ctx: &ControllerContext,
+    caches: &PolicyCaches,
+    valid: &[Arc<Policy>],
+    written: Vec<Group>,
+) {
+    let mut groups = wiring::wired_groups(
         caches.mutating.state().iter().map(|c| c.as_ref()),
         caches.validating.state().iter().map(|c| c.as_ref()),
-    ));
+    );
+    for group in written {
+        if !groups.contains(&group) {
+            groups.push(group);
+        }
+    }
+    ctx.policies.set_wired(groups);
     let keep: HashSet<String> = valid.iter().map(|p| p.name_any()).collect();
     for name in ctx.policies.names() {
         if !keep.contains(&name) {
@@ -332,6 +345,22 @@ fn statuses(
             None => (policy, verdict),
         })
         .filter(|(_, verdict)| wired || !matches!(verdict, Verdict::Wired { .. }))
+        .collect()
+}
+
+/// The groups of the configurations this replica last wrote, from their membership annotation.
+fn written_groups(memory: &LeaderMemory) -> Vec<Group> {
+    [&memory.mutating, &memory.validating]
+        .into_iter()
+        .flatten()
+        .filter_map(|w| {
+            w.body
+                .pointer("/metadata/annotations")?
+                .get(wiring::GROUPS_ANNOTATION)?
+                .as_str()
+                .map(str::to_string)
+        })
+        .flat_map(|text| serde_json::from_str::<Vec<Group>>(&text).unwrap_or_default())
         .collect()
 }
 

@@ -161,3 +161,32 @@ fn statuses_report_refusals_and_wired_only_once_written() {
         ]
     );
 }
+
+#[test]
+fn the_groups_this_replica_wrote_count_as_wired_before_the_watch_brings_them_back() {
+    let p = policy(
+        "written",
+        serde_json::json!({"match": pods(), "validate": [{"expression": "true", "message": "m"}]}),
+    );
+    let groups = gatehouse_engine::group::groups(&[p.as_ref()]);
+    let written: Vec<Group> = groups.iter().cloned().collect();
+    assert!(!written.is_empty());
+    let annotation = serde_json::to_string(&written).unwrap();
+    let memory = LeaderMemory {
+        validating: Some(crate::controller::LastWrite {
+            body: serde_json::json!({"metadata": {"annotations": {wiring::GROUPS_ANNOTATION: annotation}}}),
+            resource_version: None,
+        }),
+        ..LeaderMemory::default()
+    };
+    assert_eq!(written_groups(&memory), written);
+    assert!(written_groups(&LeaderMemory::default()).is_empty());
+    // The webhook server then answers its path, though no configuration was read back.
+    let store = PolicyStore::new();
+    compile(&store, &p).unwrap();
+    store.set_wired(written.clone());
+    assert!(matches!(
+        store.lookup(written[0].phase, &written[0].id),
+        crate::webhook::Lookup::Group { .. }
+    ));
+}
