@@ -79,10 +79,7 @@ pub fn exempted(policy: &Policy, exemptions: &[Exemption]) -> Policy {
 /// The match condition name of the exception `source`: unique to it, a qualified name of at
 /// most 63 characters whatever the exception's name.
 fn condition_name(source: &str) -> String {
-    // FNV-1a: stable across builds and platforms, unlike the standard library's hasher.
-    let hash = source.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let hash = crate::group::fnv1a(source.as_bytes());
     format!("{EXCEPTION_CONDITION_PREFIX}{hash:016x}")
 }
 

@@ -57,16 +57,6 @@ async fn await_honoured(
     .await
 }
 
-/// Creates the Pod until it is admitted (`None`) or refused with `refusal`.
-async fn create(cluster: &Cluster, pod: &str, refusal: Option<&str>) -> anyhow::Result<()> {
-    create_until(cluster, pod, &[], |out| match refusal {
-        None => out.status.success(),
-        Some(text) => !out.status.success() && stderr(out).contains(text),
-    })
-    .await
-    .map(drop)
-}
-
 /// The result the Policy's report gives the Pod `pod` as stored now (by its UID), once it gives
 /// one.
 async fn audit_result(
@@ -143,8 +133,8 @@ async fn exceptions_exempt_exactly_what_the_platform_names() {
         )
         .await?;
         await_honoured(cluster, scene.home(), "legacy", "True").await?;
-        create(cluster, &bare_pod("legacy", &ns), None).await?;
-        create(cluster, &bare_pod("other", &ns), Some(TEAM)).await?;
+        create_expecting(cluster, &bare_pod("legacy", &ns), Ok(())).await?;
+        create_expecting(cluster, &bare_pod("other", &ns), Err(TEAM)).await?;
 
         // The same exception in the tenant's namespace, or sent under the other served version:
         // ignored, and it says why.
@@ -158,7 +148,7 @@ async fn exceptions_exempt_exactly_what_the_platform_names() {
                     .is_some_and(|m| m.contains(scene.home())),
                 "{condition}"
             );
-            create(cluster, &bare_pod(name, &ns), Some(TEAM)).await?;
+            create_expecting(cluster, &bare_pod(name, &ns), Err(TEAM)).await?;
         }
 
         // The audit: the exempted Pod is a skip, the other stored one a fail.
@@ -178,8 +168,8 @@ async fn exceptions_exempt_exactly_what_the_platform_names() {
         cluster
             .kubectl_ok(["delete", "pod", "legacy", "-n", &ns, "--wait=true"], None)
             .await?;
-        create(cluster, &bare_pod("legacy", &ns), None).await?;
-        create(cluster, &bare_pod("other", &ns), Some(TEAM)).await?;
+        create_expecting(cluster, &bare_pod("legacy", &ns), Ok(())).await?;
+        create_expecting(cluster, &bare_pod("other", &ns), Err(TEAM)).await?;
         ensure!(
             audit_result(cluster, &ns, &webhook, "legacy").await? == "skip",
             "after the restart"

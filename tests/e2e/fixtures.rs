@@ -212,6 +212,19 @@ where
     create_until(cluster, &pod(name, ns), extra_args, done).await
 }
 
+/// Creates `object` until it is admitted (`Ok`) or refused with the text of `wanted`'s `Err`.
+pub(crate) async fn create_expecting(
+    cluster: &Cluster,
+    object: &str,
+    wanted: Result<(), &str>,
+) -> anyhow::Result<std::process::Output> {
+    create_until(cluster, object, &[], |out| match wanted {
+        Ok(()) => out.status.success(),
+        Err(text) => !out.status.success() && stderr(out).contains(text),
+    })
+    .await
+}
+
 /// [`create_pod_until`] of any namespaced `object` (YAML or JSON text).
 pub(crate) async fn create_until<F>(
     cluster: &Cluster,

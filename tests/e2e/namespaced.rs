@@ -122,19 +122,6 @@ fn labelled_pod(name: &str, ns: &str, labels: Value) -> String {
     .to_string()
 }
 
-/// Creates the Pod until the outcome says `wanted` (`Ok` or the text of the refusal).
-async fn create_pod_expecting(
-    cluster: &Cluster,
-    pod: &str,
-    wanted: Result<(), &str>,
-) -> anyhow::Result<std::process::Output> {
-    create_until(cluster, pod, &[], |out| match wanted {
-        Ok(()) => out.status.success(),
-        Err(text) => !out.status.success() && stderr(out).contains(text),
-    })
-    .await
-}
-
 const TEAM_LABEL: &str = "every Pod of this team carries the label team";
 
 /// Test 1: the tenant writes its Policy with `admin` only; it applies in its namespace alone;
@@ -157,9 +144,9 @@ async fn a_tenant_policy_applies_in_its_namespace_only() {
         let status = await_namespaced_ready(cluster, scene.ns(), "require-team").await?;
         ensure!(status["enforcement"] == "Webhook", "status: {status}");
 
-        create_pod_expecting(cluster, &labelled_pod("bare", scene.ns(), json!({})), Err(TEAM_LABEL)).await?;
-        create_pod_expecting(cluster, &labelled_pod("teamed", scene.ns(), json!({"team": "a"})), Ok(())).await?;
-        create_pod_expecting(cluster, &labelled_pod("bare", &elsewhere, json!({})), Ok(())).await?;
+        create_expecting(cluster, &labelled_pod("bare", scene.ns(), json!({})), Err(TEAM_LABEL)).await?;
+        create_expecting(cluster, &labelled_pod("teamed", scene.ns(), json!({"team": "a"})), Ok(())).await?;
+        create_expecting(cluster, &labelled_pod("bare", &elsewhere, json!({})), Ok(())).await?;
 
         // Reaching past the namespace is refused at apply, with the field.
         for (spec, field) in [
@@ -189,7 +176,7 @@ async fn a_tenant_policy_applies_in_its_namespace_only() {
         // else is.
         // First that it is down (its own namespace is refused), then that nothing else is.
         scene.gh.stop().await?;
-        let out = create_pod_expecting(
+        let out = create_expecting(
             cluster,
             &labelled_pod("after", scene.ns(), json!({"team": "a"})),
             Err("failed calling webhook"),
@@ -288,9 +275,9 @@ async fn last_word(scene: &mut Scene, enforcement: &str, enforced: &str) -> anyh
         ),
     ];
     for (name, labels, refusal) in refusals {
-        create_pod_expecting(cluster, &labelled_pod(name, ns, labels), Err(refusal)).await?;
+        create_expecting(cluster, &labelled_pod(name, ns, labels), Err(refusal)).await?;
     }
-    create_pod_expecting(
+    create_expecting(
         cluster,
         &labelled_pod("stored", ns, json!({"owner": "me"})),
         Ok(()),

@@ -33,7 +33,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
 };
 
-use gatehouse_api::v1alpha1::{GROUP, NAMESPACED_POLICY_PLURAL, Policy, Rule};
+use gatehouse_api::v1alpha1::{
+    GROUP, NAMESPACE_NAME_LABEL, NAMESPACED_POLICY_PLURAL, Policy, Rule,
+};
 use gatehouse_engine::Phase;
 use gatehouse_engine::coverage::{Coverage, Selector};
 use gatehouse_engine::entry::VALIDATE_POLICY_PATH;
@@ -50,8 +52,6 @@ pub const GROUPS_ANNOTATION: &str = "gatehouse.dev/groups";
 const MAX_TIMEOUT_SECONDS: i32 = 30;
 /// Entry that validates Policy objects themselves.
 pub const SELF_ENTRY_NAME: &str = "policies.validation.gatehouse.dev";
-/// Label the API server sets on every Namespace; the exclusion selects on it.
-const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 /// Label on the owned configurations, so they can be found (and watched) by label.
 pub const MANAGED_BY_LABEL: (&str, &str) = ("app.kubernetes.io/managed-by", "gatehouse");
 
